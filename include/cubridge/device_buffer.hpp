@@ -1,0 +1,94 @@
+#pragma once
+// Owning device memory, allocated through either API and freed by the one that allocated it.
+// Which API is part of the type: driver_buffer<T> (cuMemAlloc / cuMemFree) and runtime_buffer<T>
+// (cudaMalloc / cudaFree). Both view as device_span<T>, usable by either API.
+
+#include <cubridge/error.hpp>
+#include <cubridge/context_ref.hpp>
+#include <cubridge/device_span.hpp>
+
+#include <cstddef>
+#include <memory>
+#include <type_traits>
+#include <utility>
+
+namespace cubridge {
+
+/// The API that allocated (and will free) a buffer.
+enum class allocator_api { driver, runtime };
+
+namespace detail {
+/// Allocates `bytes` in `ctx` (pushed for the call) through `api`. @throws error naming the size
+/// and the context.
+void* allocate_device(allocator_api api, context_ref ctx, std::size_t bytes);
+/// Frees what allocate_device returned, through the same API. Never throws.
+void free_device(allocator_api api, context_ref ctx, void* pointer) noexcept;
+}  // namespace detail
+
+/// Owning, move-only array of `size` T in device memory of one context. Keeps its context alive
+/// when made from an owning context. Contents are uninitialised.
+template <class T, allocator_api Api>
+class device_buffer {
+  static_assert(std::is_trivially_copyable_v<T>, "device memory holds trivially copyable types");
+
+ public:
+  /// Allocates `size` elements in `ctx`. @throws error (e.g. CUDA_ERROR_OUT_OF_MEMORY) naming
+  /// the byte count and the context.
+  [[nodiscard]] static device_buffer allocate(context_arg ctx, std::size_t size) {
+    void* p = detail::allocate_device(Api, ctx.ref(), size * sizeof(T));
+    return device_buffer(std::move(ctx), static_cast<T*>(p), size);
+  }
+
+  device_buffer(device_buffer&& other) noexcept
+      : ctx_(std::move(other.ctx_)),
+        data_(std::exchange(other.data_, nullptr)),
+        size_(std::exchange(other.size_, 0)) {}
+  device_buffer& operator=(device_buffer&& other) noexcept {
+    if (this != &other) {
+      reset();
+      ctx_ = std::move(other.ctx_);
+      data_ = std::exchange(other.data_, nullptr);
+      size_ = std::exchange(other.size_, 0);
+    }
+    return *this;
+  }
+  device_buffer(const device_buffer&) = delete;
+  device_buffer& operator=(const device_buffer&) = delete;
+  ~device_buffer() { reset(); }
+
+  [[nodiscard]] T* data() const noexcept { return data_; }
+  [[nodiscard]] CUdeviceptr address() const noexcept { return span().address(); }
+  [[nodiscard]] std::size_t size() const noexcept { return size_; }
+  [[nodiscard]] std::size_t size_bytes() const noexcept { return size_ * sizeof(T); }
+  [[nodiscard]] context_ref context() const noexcept { return ctx_.ref(); }
+  [[nodiscard]] device_span<T> span() const noexcept { return {data_, size_}; }
+  operator device_span<T>() const noexcept { return span(); }  // NOLINT
+  operator device_span<const T>() const noexcept { return span(); }  // NOLINT
+  static constexpr allocator_api api = Api;
+
+  /// Gives up ownership; the caller frees the pointer through the same API.
+  [[nodiscard]] T* release() noexcept {
+    size_ = 0;
+    return std::exchange(data_, nullptr);
+  }
+
+ private:
+  device_buffer(context_arg ctx, T* data, std::size_t size) noexcept
+      : ctx_(std::move(ctx)), data_(data), size_(size) {}
+  void reset() noexcept {
+    if (data_) detail::free_device(Api, ctx_.ref(), std::exchange(data_, nullptr));
+    size_ = 0;
+  }
+  context_arg ctx_;
+  T* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+/// Device memory from cuMemAlloc, freed with cuMemFree.
+template <class T>
+using driver_buffer = device_buffer<T, allocator_api::driver>;
+/// Device memory from cudaMalloc (in whatever context is pushed), freed with cudaFree.
+template <class T>
+using runtime_buffer = device_buffer<T, allocator_api::runtime>;
+
+}  // namespace cubridge

@@ -1,0 +1,34 @@
+#pragma once
+// Where and how wide a kernel launch is.
+
+#include <cubridge/stream_ref.hpp>
+
+#include <string>
+
+namespace cubridge {
+
+/// Grid, block or cluster extent.
+struct dims {
+  unsigned x = 1;
+  unsigned y = 1;
+  unsigned z = 1;
+  [[nodiscard]] constexpr unsigned long long volume() const noexcept {
+    return static_cast<unsigned long long>(x) * y * z;
+  }
+  friend constexpr bool operator==(const dims&, const dims&) = default;
+};
+
+/// Everything about a launch but the kernel and its arguments.
+struct launch_config {
+  dims grid;
+  dims block;
+  unsigned dynamic_shared_bytes = 0;
+  stream_ref stream = stream_ref::legacy_default();
+  /// Thread-block cluster extent; {0,0,0} means no cluster (a plain cuLaunchKernel).
+  dims cluster{0, 0, 0};
+
+  /// "grid (4,1,1) block (256,1,1) shared 0 B on stream 0x0".
+  [[nodiscard]] std::string describe() const;
+};
+
+}  // namespace cubridge

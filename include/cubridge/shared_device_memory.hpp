@@ -1,0 +1,53 @@
+#pragma once
+// Device memory shared by every context of a device, through the VMM API (cuMemCreate +
+// cuMemAddressReserve + cuMemMap + cuMemSetAccess). Access is granted per device, which is the
+// documented way to use one buffer from several contexts (FACTS.md: a buffer mapped while A was
+// current was written in B and stayed valid after B was destroyed).
+
+#include <cubridge/error.hpp>
+#include <cubridge/device.hpp>
+#include <cubridge/device_span.hpp>
+
+#include <cstddef>
+
+namespace cubridge {
+
+/// Owning, move-only VMM allocation of at least `bytes` (rounded up to the device's allocation
+/// granularity), readable and writable from every context on the device. It belongs to no
+/// context, so it outlives any of them.
+class shared_device_memory {
+ public:
+  /// @throws error naming the device and the size (e.g. CUDA_ERROR_OUT_OF_MEMORY, or
+  ///         CUDA_ERROR_NOT_SUPPORTED on a device without VMM).
+  [[nodiscard]] static shared_device_memory allocate(device dev, std::size_t bytes);
+
+  shared_device_memory(shared_device_memory&& other) noexcept;
+  shared_device_memory& operator=(shared_device_memory&& other) noexcept;
+  shared_device_memory(const shared_device_memory&) = delete;
+  shared_device_memory& operator=(const shared_device_memory&) = delete;
+  ~shared_device_memory();
+
+  [[nodiscard]] CUdeviceptr address() const noexcept { return address_; }
+  /// Bytes mapped (the request rounded up to the granularity).
+  [[nodiscard]] std::size_t size_bytes() const noexcept { return size_; }
+  [[nodiscard]] cubridge::device device() const noexcept { return device_; }
+  /// The physical allocation handle (for export to other processes).
+  [[nodiscard]] CUmemGenericAllocationHandle handle() const noexcept { return handle_; }
+  /// A typed view of the first size_bytes() / sizeof(T) elements.
+  template <class T>
+  [[nodiscard]] device_span<T> span() const noexcept {
+    return device_span<T>::from_native(address_, size_ / sizeof(T));
+  }
+
+ private:
+  shared_device_memory(cubridge::device dev, CUmemGenericAllocationHandle handle,
+                       CUdeviceptr address, std::size_t size) noexcept
+      : device_(dev), handle_(handle), address_(address), size_(size) {}
+  void reset() noexcept;
+  cubridge::device device_;
+  CUmemGenericAllocationHandle handle_ = 0;
+  CUdeviceptr address_ = 0;
+  std::size_t size_ = 0;
+};
+
+}  // namespace cubridge

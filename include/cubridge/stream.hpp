@@ -1,0 +1,31 @@
+#pragma once
+// An owned stream (cuStreamCreate) in a context it keeps alive.
+
+#include <cubridge/stream_ref.hpp>
+
+#include <utility>
+
+namespace cubridge {
+
+/// Owning, move-only CUstream / cudaStream_t; a moved-from stream holds no handle.
+class stream : public stream_ref {
+ public:
+  /// Creates a stream in `ctx` (CU_STREAM_NON_BLOCKING by default: it does not synchronise with
+  /// the legacy default stream). @throws error naming the context.
+  [[nodiscard]] static stream create(context_arg ctx, unsigned flags = CU_STREAM_NON_BLOCKING);
+
+  stream(stream&& other) noexcept;
+  stream& operator=(stream&& other) noexcept;
+  stream(const stream&) = delete;
+  stream& operator=(const stream&) = delete;
+  ~stream();
+
+  /// Gives up ownership; the caller destroys the handle.
+  [[nodiscard]] CUstream release() noexcept;
+
+ private:
+  stream(context_arg ctx, CUstream handle) noexcept;
+  context_arg ctx_;
+};
+
+}  // namespace cubridge

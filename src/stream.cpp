@@ -1,0 +1,121 @@
+#include <cubridge/detail/check.hpp>
+#include <cubridge/detail/describe.hpp>
+#include <cubridge/driver.hpp>
+#include <cubridge/event.hpp>
+#include <cubridge/scoped_current.hpp>
+#include <cubridge/stream.hpp>
+
+#include <utility>
+
+namespace cubridge {
+
+namespace {
+std::string name_stream(CUstream s) { return "stream " + detail::hex(s); }
+std::string name_event(CUevent e) { return "event " + detail::hex(e); }
+}  // namespace
+
+context_ref stream_ref::context() const {
+  CUcontext owner = nullptr;
+  CUBRIDGE_CU(cuStreamGetCtx, (handle_, &owner), "asking which context owns " + name_stream(handle_));
+  return context_ref::from_native(owner);
+}
+
+void stream_ref::synchronize() const {
+  CUBRIDGE_CU(cuStreamSynchronize, (handle_), name_stream(handle_));
+}
+
+bool stream_ref::ready() const {
+  const CUresult r = driver::api().cuStreamQuery(handle_);
+  if (r == CUDA_ERROR_NOT_READY) return false;
+  if (r != CUDA_SUCCESS)
+    detail::throw_driver_error(r, "cuStreamQuery", name_stream(handle_),
+                               std::source_location::current());
+  return true;
+}
+
+void stream_ref::wait(event_ref event) const {
+  CUBRIDGE_CU(cuStreamWaitEvent, (handle_, event.get(), 0),
+              name_stream(handle_) + " waiting for " + name_event(event.get()));
+}
+
+stream stream::create(context_arg ctx, unsigned flags) {
+  scoped_current guard(ctx.ref());
+  CUstream handle = nullptr;
+  CUBRIDGE_CU(cuStreamCreate, (&handle, flags), "creating a stream in " + ctx.ref().describe());
+  return stream(std::move(ctx), handle);
+}
+
+stream::stream(context_arg ctx, CUstream handle) noexcept
+    : stream_ref(handle), ctx_(std::move(ctx)) {}
+
+stream::stream(stream&& other) noexcept
+    : stream_ref(std::exchange(other.handle_, nullptr)), ctx_(std::move(other.ctx_)) {}
+
+stream& stream::operator=(stream&& other) noexcept {
+  if (this != &other) {
+    if (handle_) detail::check_release(driver::api().cuStreamDestroy(handle_), "cuStreamDestroy");
+    handle_ = std::exchange(other.handle_, nullptr);
+    ctx_ = std::move(other.ctx_);
+  }
+  return *this;
+}
+
+stream::~stream() {
+  if (handle_) detail::check_release(driver::api().cuStreamDestroy(handle_), "cuStreamDestroy");
+}
+
+CUstream stream::release() noexcept { return std::exchange(handle_, nullptr); }
+
+void event_ref::record(stream_ref stream) const {
+  CUBRIDGE_CU(cuEventRecord, (handle_, stream.get()),
+              name_event(handle_) + " on " + name_stream(stream.get()));
+}
+
+void event_ref::synchronize() const {
+  CUBRIDGE_CU(cuEventSynchronize, (handle_), name_event(handle_));
+}
+
+bool event_ref::ready() const {
+  const CUresult r = driver::api().cuEventQuery(handle_);
+  if (r == CUDA_ERROR_NOT_READY) return false;
+  if (r != CUDA_SUCCESS)
+    detail::throw_driver_error(r, "cuEventQuery", name_event(handle_),
+                               std::source_location::current());
+  return true;
+}
+
+float event_ref::elapsed_ms_since(event_ref start) const {
+  float ms = 0;
+  CUBRIDGE_CU(cuEventElapsedTime, (&ms, start.get(), handle_),
+              "from " + name_event(start.get()) + " to " + name_event(handle_));
+  return ms;
+}
+
+event event::create(context_arg ctx, unsigned flags) {
+  scoped_current guard(ctx.ref());
+  CUevent handle = nullptr;
+  CUBRIDGE_CU(cuEventCreate, (&handle, flags), "creating an event in " + ctx.ref().describe());
+  return event(std::move(ctx), handle);
+}
+
+event::event(context_arg ctx, CUevent handle) noexcept : event_ref(handle), ctx_(std::move(ctx)) {}
+
+event::event(event&& other) noexcept
+    : event_ref(std::exchange(other.handle_, nullptr)), ctx_(std::move(other.ctx_)) {}
+
+event& event::operator=(event&& other) noexcept {
+  if (this != &other) {
+    if (handle_) detail::check_release(driver::api().cuEventDestroy(handle_), "cuEventDestroy");
+    handle_ = std::exchange(other.handle_, nullptr);
+    ctx_ = std::move(other.ctx_);
+  }
+  return *this;
+}
+
+event::~event() {
+  if (handle_) detail::check_release(driver::api().cuEventDestroy(handle_), "cuEventDestroy");
+}
+
+CUevent event::release() noexcept { return std::exchange(handle_, nullptr); }
+
+}  // namespace cubridge

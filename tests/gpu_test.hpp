@@ -1,0 +1,42 @@
+#pragma once
+// Shared helpers of the GPU tests: skip with a reason where there is no GPU, and the paths of
+// the test kernels built from tests/kernels/test_kernels.cu.
+
+#include <cubridge/device.hpp>
+#include <cubridge/driver.hpp>
+#include <cubridge/module.hpp>
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace cubridge::testing {
+
+/// Why GPU tests cannot run here, or empty when they can.
+inline std::string gpu_unavailable_reason() {
+  if (!driver::available()) return driver::unavailable_reason();
+  if (device::count() == 0) return "the CUDA driver reports no device";
+  return {};
+}
+
+inline const char* test_cubin_path() { return CUBRIDGE_TEST_CUBIN; }          // sm_90
+inline const char* test_cubin_other_path() { return CUBRIDGE_TEST_CUBIN_OTHER; }  // sm_80
+inline const char* test_ptx_path() { return CUBRIDGE_TEST_PTX; }              // compute_90
+inline const char* test_fatbin_path() { return CUBRIDGE_TEST_FATBIN; }        // sm_80, sm_90, PTX
+
+}  // namespace cubridge::testing
+
+/// First statement of every GPU test: skips it, with the reason, where there is no GPU.
+#define CUBRIDGE_REQUIRE_GPU()                                                    \
+  do {                                                                            \
+    if (const auto reason = ::cubridge::testing::gpu_unavailable_reason();        \
+        !reason.empty())                                                          \
+      GTEST_SKIP() << "no GPU: " << reason;                                       \
+  } while (false)
+
+/// Fails the test if a Driver API call fails (for raw calls the tests make to cross-check).
+#define CUBRIDGE_ASSERT_CU(call)                                                  \
+  do {                                                                            \
+    const CUresult r_ = (call);                                                   \
+    ASSERT_EQ(r_, CUDA_SUCCESS) << #call;                                         \
+  } while (false)

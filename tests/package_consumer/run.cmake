@@ -1,0 +1,25 @@
+# Installs cubridge from the build tree into a fresh prefix, then configures, builds and runs a
+# consumer project that finds it with find_package(cubridge).
+file(REMOVE_RECURSE ${WORK_DIR})
+execute_process(COMMAND ${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${WORK_DIR}/prefix
+                RESULT_VARIABLE r)
+if(r)
+  message(FATAL_ERROR "install failed: ${r}")
+endif()
+execute_process(COMMAND ${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/package_consumer/project
+                -B ${WORK_DIR}/build -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix RESULT_VARIABLE r)
+if(r)
+  message(FATAL_ERROR "configuring the consumer failed: ${r}")
+endif()
+execute_process(COMMAND ${CMAKE_COMMAND} --build ${WORK_DIR}/build RESULT_VARIABLE r)
+if(r)
+  message(FATAL_ERROR "building the consumer failed: ${r}")
+endif()
+execute_process(COMMAND ${WORK_DIR}/build/consumer RESULT_VARIABLE r OUTPUT_VARIABLE out)
+message(STATUS "consumer said: ${out}")
+if(r)
+  message(FATAL_ERROR "the consumer failed: ${r}")
+endif()
+if(NOT out MATCHES "cubridge consumer: (driver [0-9]+|no GPU: .+)")
+  message(FATAL_ERROR "unexpected consumer output: ${out}")
+endif()

@@ -1,0 +1,53 @@
+#include <cubridge/context.hpp>
+#include <cubridge/device_buffer.hpp>
+#include <cubridge/library.hpp>
+#include <cubridge/scoped_current.hpp>
+
+#include "gpu_test.hpp"
+
+#include <vector>
+
+namespace {
+
+std::vector<unsigned> fill_in(const cubridge::kernel& fill, const cubridge::context& ctx,
+                              unsigned value) {
+  constexpr std::size_t n = 4096;
+  auto out = cubridge::driver_buffer<unsigned>::allocate(ctx, n);
+  cubridge::scoped_current guard(ctx);
+  fill.launch({.grid = {n / 256}, .block = {256}}, out.span(), value, n);
+  std::vector<unsigned> host(n);
+  EXPECT_EQ(cubridge::driver::api().cuMemcpy(reinterpret_cast<CUdeviceptr>(host.data()),
+                                             out.address(), n * sizeof(unsigned)),
+            CUDA_SUCCESS);
+  return host;
+}
+
+TEST(Library, OneLoadServesEveryContext) {
+  CUBRIDGE_REQUIRE_GPU();
+  auto a = cubridge::context::create(cubridge::device::get(0));
+  auto b = cubridge::context::create(cubridge::device::get(0));
+  auto lib = cubridge::library::load_file(cubridge::testing::test_cubin_path());
+  EXPECT_EQ(lib.name(), "test_kernels.sm_90.cubin");
+  auto fill = lib.get_kernel("fill_u32");
+  EXPECT_EQ(fill.source(), cubridge::kernel::origin::library);
+  ASSERT_EQ(fill.parameters().size(), 3u);
+  for (unsigned v : fill_in(fill, a, 1u)) ASSERT_EQ(v, 1u);
+  for (unsigned v : fill_in(fill, b, 2u)) ASSERT_EQ(v, 2u);
+  EXPECT_GT(fill.attribute(CU_FUNC_ATTRIBUTE_NUM_REGS), 0);
+}
+
+TEST(Library, RefusesGarbageAndMissingKernels) {
+  CUBRIDGE_REQUIRE_GPU();
+  std::vector<std::byte> garbage(100, std::byte{0x42});
+  EXPECT_THROW((void)cubridge::library::load(garbage), cubridge::image_error);
+  auto lib = cubridge::library::load_file(cubridge::testing::test_fatbin_path(), {.name = "filters"});
+  try {
+    (void)lib.get_kernel("nope");
+    FAIL() << "no throw";
+  } catch (const cubridge::error& e) {
+    EXPECT_NE(std::string(e.what()).find("kernel 'nope' in library 'filters'"), std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace

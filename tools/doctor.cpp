@@ -1,0 +1,109 @@
+// `cubridge doctor`: what this process would pay at start-up, and why.
+#include "doctor.hpp"
+
+#include <cubridge/device.hpp>
+#include <cubridge/driver.hpp>
+#include <cubridge/error.hpp>
+
+#include <cuda_runtime_api.h>
+
+#include <cstdlib>
+#include <sstream>
+
+namespace cubridge::tool {
+namespace {
+
+std::string env_or(const char* name, const char* fallback) {
+  const char* v = std::getenv(name);
+  return v ? v : fallback;
+}
+
+nlohmann::json environment() {
+  nlohmann::json env;
+  const std::string loading = env_or("CUDA_MODULE_LOADING", "");
+  env["CUDA_MODULE_LOADING"] = loading.empty() ? "(unset: LAZY)" : loading;
+  env["module_loading_note"] =
+      loading == "EAGER" ? "every kernel of every module is loaded at module load: slower start, "
+                           "no first-launch surprise"
+                         : "kernels load at first use: fast start, the first launch of each kernel "
+                           "pays its load (prewarm moves that out of the first request)";
+  env["CUDA_CACHE_DISABLE"] = env_or("CUDA_CACHE_DISABLE", "(unset: 0)");
+  env["CUDA_CACHE_PATH"] = env_or("CUDA_CACHE_PATH", "(unset: ~/.nv/ComputeCache)");
+  env["CUDA_CACHE_MAXSIZE"] = env_or("CUDA_CACHE_MAXSIZE", "(unset: driver default)");
+  env["jit_cache_note"] = env_or("CUDA_CACHE_DISABLE", "0") == std::string("1")
+                              ? "the driver JIT cache is off: every PTX load compiles again "
+                                "(~100 ms for a one-line kernel)"
+                              : "PTX compiled by the driver is cached on disk; the first load on a "
+                                "machine still pays the full JIT";
+  return env;
+}
+
+}  // namespace
+
+nlohmann::json diagnose() {
+  nlohmann::json report;
+  int runtime_version = 0;
+  report["runtime_version"] =
+      cudaRuntimeGetVersion(&runtime_version) == cudaSuccess ? runtime_version : 0;
+  report["environment"] = environment();
+  report["driver"]["available"] = driver::available();
+  if (!driver::available()) {
+    report["driver"]["reason"] = driver::unavailable_reason();
+    return report;
+  }
+  report["driver"]["path"] = driver::library_path();
+  report["driver"]["version"] = driver::version();
+  CUmoduleLoadingMode mode{};
+  if (driver::api().cuModuleGetLoadingMode(&mode) == CUDA_SUCCESS)
+    report["driver"]["module_loading"] = mode == CU_MODULE_LAZY_LOADING ? "LAZY" : "EAGER";
+  nlohmann::json devices = nlohmann::json::array();
+  for (int i = 0; i < device::count(); ++i) {
+    const auto dev = device::get(i);
+    const auto cc = dev.capability();
+    const auto state = dev.primary_state();
+    devices.push_back({{"ordinal", i},
+                       {"name", dev.name()},
+                       {"compute_capability", std::to_string(cc.major) + "." + std::to_string(cc.minor)},
+                       {"memory_bytes", dev.total_memory()},
+                       {"multiprocessors", dev.multiprocessor_count()},
+                       {"primary_context_active", state.active},
+                       {"primary_context_flags", state.flags}});
+  }
+  report["devices"] = devices;
+  return report;
+}
+
+std::string render_table(const nlohmann::json& r) {
+  std::ostringstream out;
+  const auto& d = r["driver"];
+  out << "driver            ";
+  if (!d["available"].get<bool>()) {
+    out << "UNAVAILABLE: " << d["reason"].get<std::string>() << "\n";
+  } else {
+    const int v = d["version"].get<int>();
+    out << v / 1000 << "." << v % 1000 / 10 << "  " << d["path"].get<std::string>() << "\n";
+    out << "module loading    " << d.value("module_loading", std::string("?")) << "\n";
+  }
+  const int rv = r["runtime_version"].get<int>();
+  out << "runtime           " << rv / 1000 << "." << rv % 1000 / 10 << " (linked statically)\n";
+  if (r.contains("devices")) {
+    for (const auto& dev : r["devices"]) {
+      out << "device " << dev["ordinal"].get<int>() << "          " << dev["name"].get<std::string>()
+          << ", sm_" << dev["compute_capability"].get<std::string>() << ", "
+          << dev["memory_bytes"].get<std::size_t>() / (1024 * 1024) << " MiB, "
+          << dev["multiprocessors"].get<int>() << " SMs, primary context "
+          << (dev["primary_context_active"].get<bool>() ? "active" : "inactive") << " (flags "
+          << dev["primary_context_flags"].get<unsigned>() << ")\n";
+    }
+  }
+  const auto& e = r["environment"];
+  out << "CUDA_MODULE_LOADING " << e["CUDA_MODULE_LOADING"].get<std::string>() << ": "
+      << e["module_loading_note"].get<std::string>() << "\n";
+  out << "CUDA_CACHE_DISABLE  " << e["CUDA_CACHE_DISABLE"].get<std::string>() << ": "
+      << e["jit_cache_note"].get<std::string>() << "\n";
+  out << "CUDA_CACHE_PATH     " << e["CUDA_CACHE_PATH"].get<std::string>() << "\n";
+  out << "CUDA_CACHE_MAXSIZE  " << e["CUDA_CACHE_MAXSIZE"].get<std::string>() << "\n";
+  return out.str();
+}
+
+}  // namespace cubridge::tool
