@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 
 #include <string>
+#include <string_view>
 #include <mutex>
 
 namespace cubridge::driver {
@@ -17,6 +18,20 @@ struct loaded_driver {
 
 using get_proc_address_fn = CUresult (*)(const char*, void**, int, cuuint64_t,
                                          CUdriverProcAddressQueryResult*);
+
+/// The CUDA version whose ABI of `name` matches its declaration in cuda.h. cuda.h renames
+/// functions whose signature changed (cuCtxCreate -> cuCtxCreate_v4), and for those asking for
+/// CUDA_VERSION gives the declared signature. A few functions gained a newer ABI that cuda.h
+/// declares under a new name instead (cuCtxSynchronize_v2 takes a context, cuStreamGetCtx_v2 a
+/// green context): for them CUDA_VERSION would hand out the new signature under the old name,
+/// so they are asked for at 12.0, the version of their plain declaration.
+int abi_version(std::string_view name) {
+  static constexpr std::string_view plain_abi_12[] = {"cuCtxGetDevice", "cuCtxSynchronize",
+                                                     "cuStreamGetCtx"};
+  for (auto n : plain_abi_12)
+    if (n == name) return 12000;
+  return CUDA_VERSION;
+}
 
 loaded_driver load() {
   loaded_driver d;
@@ -33,7 +48,7 @@ loaded_driver load() {
   }
   auto resolve = [&](const char* name, void** slot) {
     CUdriverProcAddressQueryResult status{};
-    const CUresult r = get_proc(name, slot, CUDA_VERSION, CU_GET_PROC_ADDRESS_DEFAULT, &status);
+    const CUresult r = get_proc(name, slot, abi_version(name), CU_GET_PROC_ADDRESS_DEFAULT, &status);
     if (r != CUDA_SUCCESS || status != CU_GET_PROC_ADDRESS_SUCCESS || !*slot) {
       if (d.failure.empty())
         d.failure = "CUDA driver too old: libcuda.so.1 has no " + std::string(name) + " for CUDA " +

@@ -245,7 +245,7 @@ struct cubin_case {
   const char* name;
 };
 
-void PrintTo(const cubin_case& c, std::ostream* os) { *os << c.name << " (" << c.path << ")"; }
+void PrintTo(const cubin_case& c, std::ostream* os) { *os << c.name; }
 
 class ImageCubinFixture : public ::testing::TestWithParam<cubin_case> {};
 

@@ -319,7 +319,8 @@ std::string runtime_kernel_in_a_driver_context() {
     square_plus_index<<<blocks, 256>>>(iin.data(), iout.data(), n);
     const cudaError_t launched_default = cudaGetLastError();
     CHECK_MSG(out, launched_default == cudaSuccess, cudaGetErrorString(launched_default));
-    CHECK(out, cu().cuCtxSynchronize() == CUDA_SUCCESS);
+    const cudaError_t synchronized = cudaDeviceSynchronize();  // the current (driver) context
+    CHECK_MSG(out, synchronized == cudaSuccess, cudaGetErrorString(synchronized));
     CHECK_MSG(out, !primary_active(), "a <<<>>> launch activated the primary context");
     // Read back through the driver.
     CHECK(out, cu().cuMemcpy(as_address(output.data()), dout.address(), dout.size_bytes()) ==

@@ -8,6 +8,8 @@
 #include <cubridge/device_span.hpp>
 
 #include <cstddef>
+#include <cstdint>
+#include <string>
 #include <memory>
 #include <type_traits>
 #include <utility>
@@ -35,6 +37,9 @@ class device_buffer {
   /// Allocates `size` elements in `ctx`. @throws error (e.g. CUDA_ERROR_OUT_OF_MEMORY) naming
   /// the byte count and the context.
   [[nodiscard]] static device_buffer allocate(context_arg ctx, std::size_t size) {
+    CUBRIDGE_EXPECTS(size <= SIZE_MAX / sizeof(T), "allocation of " + std::to_string(size) +
+                                                      " elements of " + std::to_string(sizeof(T)) +
+                                                      " bytes overflows");
     void* p = detail::allocate_device(Api, ctx.ref(), size * sizeof(T));
     return device_buffer(std::move(ctx), static_cast<T*>(p), size);
   }

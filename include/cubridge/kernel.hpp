@@ -37,6 +37,16 @@ struct kernel_argument<device_span<T>> {
   using type = T*;
   static T* convert(const device_span<T>& s) noexcept { return s.data(); }
 };
+}  // namespace detail
+enum class allocator_api;
+template <class T, allocator_api Api>
+class device_buffer;
+namespace detail {
+template <class T, allocator_api Api>
+struct kernel_argument<device_buffer<T, Api>> {
+  using type = T*;
+  static T* convert(const device_buffer<T, Api>& b) noexcept { return b.data(); }
+};
 template <class A>
 using kernel_argument_t = typename kernel_argument<std::remove_cvref_t<A>>::type;
 }  // namespace detail
@@ -45,6 +55,9 @@ template <class... Args>
 class typed_kernel;
 
 /// A launchable kernel. Copyable; every copy keeps the module or library it came from loaded.
+/// Launches go to the calling thread's current context (push one with scoped_current), which
+/// for a module kernel must be its module's context; the launch's stream must belong to it too.
+/// The launch path itself never switches contexts: that would cost more than the launch check.
 class kernel {
  public:
   /// Where the handle came from: a module (context-bound CUfunction) or a library (CUkernel,
@@ -69,7 +82,7 @@ class kernel {
 
   /// Launches with `args`, checked against parameters(): a wrong count or size throws
   /// launch_argument_error naming the kernel, the parameter index and both sizes, and nothing is
-  /// launched. device_span<T> arguments pass as T*. @throws error if the driver refuses.
+  /// launched. device_span<T> and device_buffer<T> arguments pass as T*. @throws error if the driver refuses.
   template <class... Args>
   void launch(const launch_config& config, const Args&... args) const {
     static_assert((std::is_trivially_copyable_v<detail::kernel_argument_t<Args>> && ...),

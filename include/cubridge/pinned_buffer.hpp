@@ -2,8 +2,11 @@
 // Page-locked host memory (cuMemAllocHost): the fast path for host <-> device copies.
 
 #include <cubridge/context_ref.hpp>
+#include <cubridge/error.hpp>
 
 #include <cstddef>
+#include <cstdint>
+#include <string>
 #include <span>
 #include <type_traits>
 #include <utility>
@@ -23,6 +26,9 @@ class pinned_buffer {
  public:
   /// @throws error naming the byte count and the context.
   [[nodiscard]] static pinned_buffer allocate(context_arg ctx, std::size_t size) {
+    CUBRIDGE_EXPECTS(size <= SIZE_MAX / sizeof(T), "allocation of " + std::to_string(size) +
+                                                      " elements of " + std::to_string(sizeof(T)) +
+                                                      " bytes overflows");
     void* p = detail::allocate_pinned(ctx.ref(), size * sizeof(T));
     return pinned_buffer(std::move(ctx), static_cast<T*>(p), size);
   }
