@@ -188,6 +188,11 @@ const std::string& library::name() const noexcept { return state_->name; }
 kernel library::get_kernel(std::string_view name) const {
   CUBRIDGE_EXPECTS(state_ != nullptr, "library was moved from");
   const std::string kernel_name(name);
+  // The driver reports a library kernel's parameters only with a context current
+  // (cuKernelGetParamInfo gives CUDA_ERROR_INVALID_CONTEXT otherwise, seen on the H200).
+  CUBRIDGE_EXPECTS(context_ref::current(),
+                   "looking up kernel '" + kernel_name + "' in library '" + state_->name +
+                       "' needs a current context (push one with scoped_current)");
   CUkernel handle = nullptr;
   CUBRIDGE_CU(cuLibraryGetKernel, (&handle, state_->handle, kernel_name.c_str()),
               "kernel '" + kernel_name + "' in library '" + state_->name + "'");

@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <string>
 
 namespace cubridge::testing {
@@ -39,4 +40,27 @@ inline const char* test_fatbin_path() { return CUBRIDGE_TEST_FATBIN; }        //
   do {                                                                            \
     const CUresult r_ = (call);                                                   \
     ASSERT_EQ(r_, CUDA_SUCCESS) << #call;                                         \
+  } while (false)
+
+namespace cubridge::testing {
+/// True when CUBRIDGE_TEST_IN_PROCESS=1: tests that normally isolate themselves in a child
+/// process run in this one instead (scripts/gpu-check runs each of them alone under
+/// compute-sanitizer that way, rather than instrumenting a parent that only waits).
+inline bool in_process() {
+  const char* v = std::getenv("CUBRIDGE_TEST_IN_PROCESS");
+  return v && std::string(v) == "1";
+}
+}  // namespace cubridge::testing
+
+/// Runs `statement`, which ends the process (exit code 0 on success), in a child process (the
+/// threadsafe death-test style re-executes the binary, so CUDA starts fresh there), or in this
+/// process when cubridge::testing::in_process().
+#define CUBRIDGE_EXPECT_CLEAN_EXIT(statement, stderr_regex)                         \
+  do {                                                                              \
+    if (::cubridge::testing::in_process()) {                                        \
+      statement;                                                                    \
+    } else {                                                                        \
+      GTEST_FLAG_SET(death_test_style, "threadsafe");                               \
+      EXPECT_EXIT(statement, ::testing::ExitedWithCode(0), stderr_regex);           \
+    }                                                                               \
   } while (false)

@@ -213,7 +213,7 @@ std::string cublas_sgemm_in_a_driver_context() {
 
 TEST_F(Interop, CublasSgemmInADriverContextLeavesThePrimaryInactive) {
   CUBRIDGE_REQUIRE_GPU();
-  EXPECT_EXIT(run_and_exit(cublas_sgemm_in_a_driver_context), ::testing::ExitedWithCode(0), "");
+  CUBRIDGE_EXPECT_CLEAN_EXIT(run_and_exit(cublas_sgemm_in_a_driver_context), "");
 }
 
 // --- (2) driver first + cuFFT ---------------------------------------------------------------------
@@ -284,7 +284,7 @@ std::string cufft_in_a_driver_context() {
 
 TEST_F(Interop, CufftInADriverContextLeavesThePrimaryInactive) {
   CUBRIDGE_REQUIRE_GPU();
-  EXPECT_EXIT(run_and_exit(cufft_in_a_driver_context), ::testing::ExitedWithCode(0), "");
+  CUBRIDGE_EXPECT_CLEAN_EXIT(run_and_exit(cufft_in_a_driver_context), "");
 }
 
 // --- (3) a <<<>>> kernel in a driver context on driver memory -------------------------------------
@@ -346,7 +346,7 @@ std::string runtime_kernel_in_a_driver_context() {
 
 TEST_F(Interop, RuntimeKernelRunsInADriverContextOnDriverMemory) {
   CUBRIDGE_REQUIRE_GPU();
-  EXPECT_EXIT(run_and_exit(runtime_kernel_in_a_driver_context), ::testing::ExitedWithCode(0), "");
+  CUBRIDGE_EXPECT_CLEAN_EXIT(run_and_exit(runtime_kernel_in_a_driver_context), "");
 }
 
 // --- (4) runtime first: adopt the primary, driver kernels on cudaMalloc memory --------------------
@@ -397,7 +397,7 @@ std::string driver_kernel_on_runtime_memory() {
 
 TEST_F(Interop, RuntimeFirstAdoptedPrimaryRunsDriverKernelsOnCudaMallocMemory) {
   CUBRIDGE_REQUIRE_GPU();
-  EXPECT_EXIT(run_and_exit(driver_kernel_on_runtime_memory), ::testing::ExitedWithCode(0), "");
+  CUBRIDGE_EXPECT_CLEAN_EXIT(run_and_exit(driver_kernel_on_runtime_memory), "");
 }
 
 // --- (5) a cudaStreamCreate stream adopted for driver launches ------------------------------------
@@ -450,7 +450,7 @@ std::string runtime_stream_in_the_primary_context() {
 
 TEST_F(Interop, CudaStreamOfThePrimaryContextTakesDriverLaunches) {
   CUBRIDGE_REQUIRE_GPU();
-  EXPECT_EXIT(run_and_exit(runtime_stream_in_the_primary_context), ::testing::ExitedWithCode(0), "");
+  CUBRIDGE_EXPECT_CLEAN_EXIT(run_and_exit(runtime_stream_in_the_primary_context), "");
 }
 
 std::string runtime_stream_in_a_driver_context() {
@@ -478,7 +478,7 @@ std::string runtime_stream_in_a_driver_context() {
 
 TEST_F(Interop, CudaStreamOfADriverContextTakesDriverLaunches) {
   CUBRIDGE_REQUIRE_GPU();
-  EXPECT_EXIT(run_and_exit(runtime_stream_in_a_driver_context), ::testing::ExitedWithCode(0), "");
+  CUBRIDGE_EXPECT_CLEAN_EXIT(run_and_exit(runtime_stream_in_a_driver_context), "");
 }
 
 }  // namespace

@@ -28,7 +28,17 @@ TEST(Library, OneLoadServesEveryContext) {
   auto b = cubridge::context::create(cubridge::device::get(0));
   auto lib = cubridge::library::load_file(cubridge::testing::test_cubin_path());
   EXPECT_EQ(lib.name(), "test_kernels.sm_90.cubin");
-  auto fill = lib.get_kernel("fill_u32");
+  try {
+    (void)lib.get_kernel("fill_u32");
+    FAIL() << "a lookup without a current context must be refused";
+  } catch (const cubridge::error& e) {
+    EXPECT_TRUE(e.is(cubridge::errc::precondition));
+    EXPECT_NE(std::string(e.what()).find("needs a current context"), std::string::npos) << e.what();
+  }
+  const auto fill = [&] {
+    cubridge::scoped_current guard(a);
+    return lib.get_kernel("fill_u32");
+  }();
   EXPECT_EQ(fill.source(), cubridge::kernel::origin::library);
   ASSERT_EQ(fill.parameters().size(), 3u);
   for (unsigned v : fill_in(fill, a, 1u)) ASSERT_EQ(v, 1u);
@@ -41,6 +51,8 @@ TEST(Library, RefusesGarbageAndMissingKernels) {
   std::vector<std::byte> garbage(100, std::byte{0x42});
   EXPECT_THROW((void)cubridge::library::load(garbage), cubridge::image_error);
   auto lib = cubridge::library::load_file(cubridge::testing::test_fatbin_path(), {.name = "filters"});
+  auto ctx = cubridge::context::create(cubridge::device::get(0));
+  cubridge::scoped_current guard(ctx);
   try {
     (void)lib.get_kernel("nope");
     FAIL() << "no throw";

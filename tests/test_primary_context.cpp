@@ -65,8 +65,7 @@ TEST(PrimaryContext, AdoptRefusesWhenADriverContextIsCurrent) {
 // cudaDeviceReset wrecks the process's runtime state, so it runs in a child process.
 TEST(PrimaryContext, ResetBehindOurBackIsDetected) {
   CUBRIDGE_REQUIRE_GPU();
-  GTEST_FLAG_SET(death_test_style, "threadsafe");
-  EXPECT_EXIT(
+  CUBRIDGE_EXPECT_CLEAN_EXIT(
       {
         auto primary = cubridge::primary_context::adopt_runtime();
         if (primary.was_reset()) std::exit(2);
@@ -79,8 +78,7 @@ TEST(PrimaryContext, ResetBehindOurBackIsDetected) {
           std::fprintf(stderr, "%s\n", e.what());
         }
         std::exit(0);
-      },
-      ::testing::ExitedWithCode(0), "primary context .* of device 0 retained with id [0-9]+ was");
+      }, "primary context .* of device 0 retained with id [0-9]+ was");
 }
 
 }  // namespace

@@ -26,7 +26,9 @@ class library {
 
   [[nodiscard]] CUlibrary get() const noexcept;
   [[nodiscard]] const std::string& name() const noexcept;
-  /// @throws error naming library and kernel
+  /// The kernel named `name`; needs a current context (any), in which the driver reads its
+  /// parameter list. @throws error naming library and kernel; errc::precondition without a
+  /// current context.
   [[nodiscard]] kernel get_kernel(std::string_view name) const;
 
  private:
