@@ -1,6 +1,7 @@
 // The cubridge command.
 #include "doctor.hpp"
 #include "exit_codes.hpp"
+#include "inspect.hpp"
 
 #include <cubridge/error.hpp>
 #include <cubridge/image.hpp>
@@ -19,6 +20,15 @@ int main(int argc, char** argv) {
   bool json = false;
   doctor->add_flag("--json", json, "Print the report as JSON");
 
+  auto* inspect = app.add_subcommand("inspect", "What a cubin, fatbin or PTX file holds (no GPU needed)");
+  std::string image_path;
+  bool inspect_json = false;
+  int check_sm = 0;
+  inspect->add_option("file", image_path, "The image file")->required();
+  inspect->add_flag("--json", inspect_json, "Print the result as JSON");
+  inspect->add_option("--sm", check_sm, "Also say whether it runs on this compute capability (e.g. 90)")
+      ->check(CLI::Range(10, 999));
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -26,6 +36,18 @@ int main(int argc, char** argv) {
   }
 
   try {
+    if (inspect->parsed()) {
+      const auto info = cubridge::inspect_image_file(image_path);
+      if (inspect_json) {
+        auto out = describe_image(info);
+        if (check_sm) out["runs_on_sm_" + std::to_string(check_sm)] = cubridge::can_run_on(info, check_sm / 10, check_sm % 10);
+        std::cout << out.dump(2) << "\n";
+      } else {
+        std::cout << render_image(info, image_path);
+        if (check_sm) cubridge::require_runs_on(info, check_sm / 10, check_sm % 10, image_path);
+        if (check_sm) std::cout << "  runs on sm_" << check_sm << "\n";
+      }
+    }
     if (doctor->parsed()) {
       const auto report = diagnose();
       if (json)
