@@ -1,0 +1,197 @@
+#pragma once
+// The bookkeeping under hot swap, free of CUDA so that it is tested on CPUs and under TSan:
+// which version is current, which launches still use which version, and when an old version
+// may be destroyed (for a module: unloaded).
+//
+//   - acquire() pins the current version for one launch (host side): a lease. A version is never
+//     destroyed while a lease on it exists, so no launch races an unload.
+//   - lease::record(stream, token) notes the GPU work the launch queued (for CUDA: an event
+//     recorded on the launch's stream). Work on one stream completes in order, so only the
+//     latest token per stream is kept: memory stays bounded however many launches run.
+//   - promote(payload) makes a new version current atomically: every acquire() that starts after
+//     promote() returns sees it, on every thread. The version it replaces stays loaded as the
+//     rollback target; the one before that is retired.
+//   - rollback() swaps current and previous.
+//   - reclaim(done) destroys retired versions that no lease pins and whose every token is done.
+//     Call it from a background thread (hot_module does), never from a serving thread.
+
+#include <cubridge/error.hpp>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <utility>
+#include <vector>
+
+namespace cubridge {
+
+/// Versions of a Payload (for hot swap: a loaded module). Thread-safe. `StreamKey` names where
+/// GPU work was queued (a CUstream); `Token` marks its completion (a CUevent).
+template <class Payload, class StreamKey, class Token>
+class version_chain {
+ public:
+  /// One version: an id that grows with every promote, and the payload.
+  struct version {
+    version(std::uint64_t id_, Payload payload_) : id(id_), payload(std::move(payload_)) {}
+    const std::uint64_t id;
+    const Payload payload;
+
+   private:
+    friend class version_chain;
+    mutable std::atomic<long> leases{0};  // live leases; reclaim reads it with acquire
+    mutable std::mutex mutex;
+    mutable std::vector<std::pair<StreamKey, Token>> pending;  // latest token per stream
+  };
+
+  /// A launch's pin on one version. Cheap to move; copy it into whatever outlives the launch.
+  class lease {
+   public:
+    lease(const lease& other) noexcept : version_(other.version_) { pin(); }
+    lease(lease&& other) noexcept : version_(std::move(other.version_)) {}
+    lease& operator=(lease other) noexcept {
+      std::swap(version_, other.version_);
+      return *this;
+    }
+    ~lease() { unpin(); }
+
+    [[nodiscard]] const version& get() const noexcept { return *version_; }
+    [[nodiscard]] const Payload& payload() const noexcept { return version_->payload; }
+    [[nodiscard]] std::uint64_t id() const noexcept { return version_->id; }
+    /// Notes that work using this version was queued on `stream` and is complete when `token`
+    /// is; replaces an older token of the same stream.
+    void record(const StreamKey& stream, Token token) const {
+      std::lock_guard lock(version_->mutex);
+      for (auto& [key, latest] : version_->pending)
+        if (key == stream) {
+          latest = std::move(token);
+          return;
+        }
+      version_->pending.emplace_back(stream, std::move(token));
+    }
+
+   private:
+    friend class version_chain;
+    explicit lease(std::shared_ptr<const version> v) noexcept : version_(std::move(v)) { pin(); }
+    void pin() const noexcept {
+      if (version_) version_->leases.fetch_add(1, std::memory_order_relaxed);
+    }
+    // Release: this lease's record() calls happen before reclaim() sees the count drop.
+    void unpin() const noexcept {
+      if (version_) version_->leases.fetch_sub(1, std::memory_order_release);
+    }
+    std::shared_ptr<const version> version_;
+  };
+
+  /// Counts for reports and tests.
+  struct stats {
+    std::uint64_t current_id = 0;
+    std::uint64_t promotions = 0;
+    std::size_t retired = 0;    ///< waiting for leases or GPU work
+    std::uint64_t reclaimed = 0;
+  };
+
+  /// A chain whose first version holds `first`.
+  explicit version_chain(Payload first)
+      : current_(std::make_shared<const version>(1, std::move(first))), next_id_(2) {}
+
+  version_chain(const version_chain&) = delete;
+  version_chain& operator=(const version_chain&) = delete;
+
+  /// Pins the current version: a pointer copy under a mutex of its own, held for nanoseconds.
+  /// (std::atomic<std::shared_ptr> would do, but libstdc++ 12 implements it with a lock that
+  /// ThreadSanitizer cannot see, and this code must be provably race-free under TSan.)
+  [[nodiscard]] lease acquire() const {
+    std::lock_guard lock(current_mutex_);
+    return lease(current_);
+  }
+
+  /// Makes `payload` the current version; returns its id. The replaced version becomes the
+  /// rollback target; the previous rollback target is retired.
+  std::uint64_t promote(Payload payload) {
+    std::lock_guard lock(writer_mutex_);
+    auto fresh = std::make_shared<const version>(next_id_++, std::move(payload));
+    const auto id = fresh->id;
+    auto replaced = exchange_current(std::move(fresh));
+    if (previous_) retired_.push_back(std::move(previous_));
+    previous_ = std::move(replaced);
+    ++promotions_;
+    return id;
+  }
+
+  /// Makes the previous version current again (and the current one the rollback target).
+  /// @throws error (errc::precondition) when there is no previous version.
+  std::uint64_t rollback() {
+    std::lock_guard lock(writer_mutex_);
+    CUBRIDGE_EXPECTS(previous_ != nullptr, "rollback with no previous version");
+    previous_ = exchange_current(std::move(previous_));
+    ++promotions_;
+    return acquire().id();
+  }
+
+  /// Id of the version a rollback would return to, if any.
+  [[nodiscard]] std::optional<std::uint64_t> previous_id() const {
+    std::lock_guard lock(writer_mutex_);
+    if (!previous_) return std::nullopt;
+    return previous_->id;
+  }
+
+  /// Destroys retired versions that nothing pins and whose tokens are all done (`done(token)`
+  /// returns true). Payload destructors (module unloads) run here, on the caller's thread,
+  /// outside the chain's lock. Returns how many were destroyed.
+  template <class DonePredicate>
+  std::size_t reclaim(DonePredicate&& done) {
+    std::vector<std::shared_ptr<const version>> doomed;
+    {
+      std::lock_guard lock(writer_mutex_);
+      for (auto it = retired_.begin(); it != retired_.end();) {
+        // No lease: current_ no longer points to it, so none can appear (a lease is pinned under
+        // current_mutex_, before promote() swapped it out and retired it under writer_mutex_).
+        const bool unpinned = (*it)->leases.load(std::memory_order_acquire) == 0;
+        if (unpinned && all_done(**it, done)) {
+          doomed.push_back(std::move(*it));
+          it = retired_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      reclaimed_ += doomed.size();
+    }
+    const auto n = doomed.size();
+    doomed.clear();  // destroy outside the lock
+    return n;
+  }
+
+  [[nodiscard]] stats get_stats() const {
+    std::lock_guard lock(writer_mutex_);
+    return {acquire().id(), promotions_, retired_.size(), reclaimed_};
+  }
+
+ private:
+  template <class DonePredicate>
+  static bool all_done(const version& v, DonePredicate& done) {
+    std::lock_guard lock(v.mutex);
+    for (const auto& [stream, token] : v.pending)
+      if (!done(token)) return false;
+    return true;
+  }
+
+  std::shared_ptr<const version> exchange_current(std::shared_ptr<const version> next) {
+    std::lock_guard lock(current_mutex_);
+    std::swap(current_, next);
+    return next;
+  }
+
+  mutable std::mutex current_mutex_;  // guards current_ only; never held while calling out
+  std::shared_ptr<const version> current_;
+  mutable std::mutex writer_mutex_;  // promote, rollback, reclaim, stats
+  std::shared_ptr<const version> previous_;
+  std::vector<std::shared_ptr<const version>> retired_;
+  std::uint64_t next_id_;
+  std::uint64_t promotions_ = 0;
+  std::uint64_t reclaimed_ = 0;
+};
+
+}  // namespace cubridge
