@@ -35,7 +35,7 @@ namespace cubridge::driver {
   X(cuModuleGetLoadingMode)                                                                     \
   X(cuLibraryLoadData) X(cuLibraryUnload) X(cuLibraryGetKernel) X(cuLibraryGetGlobal)           \
   X(cuKernelGetFunction) X(cuKernelGetParamInfo) X(cuKernelGetAttribute)                        \
-  X(cuFuncGetParamInfo) X(cuFuncGetAttribute) X(cuFuncGetName) X(cuFuncLoad)                    \
+  X(cuFuncGetParamInfo) X(cuFuncGetAttribute) X(cuFuncGetName) X(cuFuncLoad) X(cuFuncIsLoaded)   \
   X(cuLaunchKernel) X(cuLaunchKernelEx)
 
 /// Cached pointers to the driver's entry points, one member per name above.

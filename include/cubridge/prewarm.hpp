@@ -1,0 +1,55 @@
+#pragma once
+// Moves CUDA's lazy first-use costs out of a service's first request: under the default LAZY
+// module loading the driver loads each kernel at its first launch (or lookup), the runtime sets
+// itself up at its first call, libraries create their handles at first use. A prewarm plan names
+// what a service will use; run() pays for all of it up front and reports what each step cost.
+
+#include <cubridge/context_ref.hpp>
+#include <cubridge/kernel.hpp>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace cubridge {
+
+/// What one prewarm step did and cost.
+struct prewarm_step {
+  std::string what;           ///< e.g. "kernel 'fill_u32' loaded"
+  double milliseconds = 0;    ///< host time the step took
+  bool already_done = false;  ///< nothing was left to do (e.g. the kernel was already loaded)
+};
+
+/// Every step of one run(), in order.
+struct prewarm_report {
+  std::vector<prewarm_step> steps;
+  [[nodiscard]] double total_milliseconds() const noexcept;
+};
+
+/// The things a service will use, to be materialised ahead of its first request.
+class prewarm_plan {
+ public:
+  /// Initialise the Runtime API in the context (what a first runtime call would pay).
+  prewarm_plan& runtime();
+  /// Load `k` in the context: cuFuncLoad for a module kernel; cuKernelGetFunction + cuFuncLoad
+  /// for a library kernel (which also loads its library into the context).
+  prewarm_plan& kernel(const cubridge::kernel& k);
+  /// Any other first-use cost, e.g. `[&] { cublasCreate(&handle); }`; runs with the context
+  /// current. Exceptions it throws propagate out of run().
+  prewarm_plan& step(std::string what, std::function<void()> action);
+
+  /// Runs every step in order with `ctx` current (the caller's context stack is restored).
+  /// @throws error naming the step that failed.
+  prewarm_report run(context_ref ctx) const;
+
+ private:
+  struct entry {
+    enum class kind { runtime, kernel, custom } type;
+    std::string what;
+    std::vector<cubridge::kernel> kernels;  // one element for kind::kernel
+    std::function<void()> action;
+  };
+  std::vector<entry> entries_;
+};
+
+}  // namespace cubridge
