@@ -1,0 +1,114 @@
+// First launch after prewarm vs first launch without it vs a steady launch (issue #3).
+//
+// A first launch happens once per process, so Google Benchmark's loop cannot measure it: each
+// sample is a fresh child process (this program re-executed with --child MODE), which loads the
+// module, optionally prewarms, and times one launch + synchronize with a steady clock. The steady
+// launch is timed the same way (launch + synchronize) after warm-up, in the parent.
+//   bench_prewarm [--samples N]   (prints medians and the ratios; target: prewarmed <= 2x steady)
+#include <cubridge/context.hpp>
+#include <cubridge/device_buffer.hpp>
+#include <cubridge/driver.hpp>
+#include <cubridge/module.hpp>
+#include <cubridge/prewarm.hpp>
+#include <cubridge/scoped_current.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+extern char** environ;
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+/// Microseconds of one launch of fill_u32 + synchronize in `ctx`.
+double timed_launch(const cubridge::kernel& fill, cubridge::driver_buffer<unsigned>& out) {
+  const auto start = clock_type::now();
+  fill.launch({.grid = {4}, .block = {256}}, out.span(), 1u, std::size_t{1024});
+  if (cubridge::driver::api().cuCtxSynchronize() != CUDA_SUCCESS) return -1;
+  return std::chrono::duration<double, std::micro>(clock_type::now() - start).count();
+}
+
+int child(bool prewarm) {
+  auto ctx = cubridge::context::create(cubridge::device::get(0));
+  auto m = cubridge::module::load_file(ctx, CUBRIDGE_BENCH_CUBIN);
+  auto fill = m.get_kernel("fill_u32");
+  auto out = cubridge::driver_buffer<unsigned>::allocate(ctx, 1024);
+  if (prewarm) (void)cubridge::prewarm_plan().kernel(fill).run(ctx);
+  cubridge::scoped_current current(ctx);
+  std::printf("%.3f\n", timed_launch(fill, out));
+  return 0;
+}
+
+/// Runs this program with --child MODE and returns the number it printed.
+double sample(const char* self, const char* mode) {
+  int pipe_fds[2];
+  if (pipe(pipe_fds) != 0) return -1;
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, pipe_fds[1], STDOUT_FILENO);
+  posix_spawn_file_actions_addclose(&actions, pipe_fds[0]);
+  char* argv[] = {const_cast<char*>(self), const_cast<char*>("--child"), const_cast<char*>(mode),
+                  nullptr};
+  pid_t pid = 0;
+  const int rc = posix_spawn(&pid, self, &actions, nullptr, argv, environ);
+  posix_spawn_file_actions_destroy(&actions);
+  close(pipe_fds[1]);
+  char buffer[64] = {};
+  const auto n = rc == 0 ? read(pipe_fds[0], buffer, sizeof buffer - 1) : -1;
+  close(pipe_fds[0]);
+  int status = 0;
+  if (rc == 0) waitpid(pid, &status, 0);
+  if (n <= 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) return -1;
+  return std::atof(buffer);
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (!cubridge::driver::available()) {
+    std::printf("bench_prewarm: no GPU: %s\n", cubridge::driver::unavailable_reason().c_str());
+    return 77;
+  }
+  if (argc == 3 && std::strcmp(argv[1], "--child") == 0) return child(std::strcmp(argv[2], "prewarmed") == 0);
+  int samples = 15;
+  if (argc == 3 && std::strcmp(argv[1], "--samples") == 0) samples = std::max(1, std::atoi(argv[2]));
+
+  std::vector<double> cold, prewarmed, steady;
+  for (int i = 0; i < samples; ++i) {  // alternate, so drift hits both alike
+    cold.push_back(sample("/proc/self/exe", "cold"));
+    prewarmed.push_back(sample("/proc/self/exe", "prewarmed"));
+  }
+  {
+    auto ctx = cubridge::context::create(cubridge::device::get(0));
+    auto m = cubridge::module::load_file(ctx, CUBRIDGE_BENCH_CUBIN);
+    auto fill = m.get_kernel("fill_u32");
+    auto out = cubridge::driver_buffer<unsigned>::allocate(ctx, 1024);
+    cubridge::scoped_current current(ctx);
+    for (int i = 0; i < 100; ++i) (void)timed_launch(fill, out);  // warm-up
+    for (int i = 0; i < 200; ++i) steady.push_back(timed_launch(fill, out));
+  }
+  if (std::count(cold.begin(), cold.end(), -1.0) || std::count(prewarmed.begin(), prewarmed.end(), -1.0)) {
+    std::fprintf(stderr, "bench_prewarm: a child failed\n");
+    return 1;
+  }
+  const double c = median(cold), p = median(prewarmed), s = median(steady);
+  std::printf("launch + synchronize, median of %d fresh processes (steady: of 200 launches)\n", samples);
+  std::printf("  first launch, no prewarm   %10.1f us  %6.2fx steady\n", c, c / s);
+  std::printf("  first launch after prewarm %10.1f us  %6.2fx steady  (target <= 2x)\n", p, p / s);
+  std::printf("  steady launch              %10.1f us\n", s);
+  return 0;
+}
