@@ -28,6 +28,7 @@ std::string_view describe(errc code) noexcept {
     case errc::context_reset: return "context was reset or destroyed by someone else";
     case errc::precondition: return "precondition violated";
     case errc::io: return "input/output failure";
+    case errc::version_rejected: return "module version rejected";
   }
   return "unknown cubridge error";
 }
@@ -43,6 +44,7 @@ std::string_view to_string(errc code) noexcept {
     case errc::context_reset: return "CUBRIDGE_CONTEXT_RESET";
     case errc::precondition: return "CUBRIDGE_PRECONDITION";
     case errc::io: return "CUBRIDGE_IO";
+    case errc::version_rejected: return "CUBRIDGE_VERSION_REJECTED";
   }
   return "CUBRIDGE_UNKNOWN";
 }
@@ -73,6 +75,8 @@ void throw_errc(errc code, std::string call, std::string involved, std::source_l
       throw image_error(source, value, name, text, std::move(call), std::move(involved), where);
     case errc::bad_launch_arguments:
       throw launch_argument_error(source, value, name, text, std::move(call), std::move(involved), where);
+    case errc::version_rejected:
+      throw version_rejected_error(source, value, name, text, std::move(call), std::move(involved), where);
     case errc::context_reset:
       throw context_reset_error(source, value, name, text, std::move(call), std::move(involved), where);
     default:

@@ -219,3 +219,54 @@ TEST(VersionChain, ConcurrentServingSwappingAndReclaiming) { serve_swap_and_recl
 TEST(VersionChain, ConcurrentServingWithRollbacks) { serve_swap_and_reclaim(true); }
 
 }  // namespace
+
+namespace {
+
+TEST(VersionChain, NotedStreamsGetTheirTokenOnceUnpinned) {
+  auto live = std::make_shared<std::atomic<int>>(0);
+  chain c(tracked(1, live));
+  std::vector<int> made_for;
+  std::vector<token> made;
+  auto make = [&](const int& stream) {
+    made_for.push_back(stream);
+    made.push_back(pending_token());
+    return made.back();
+  };
+  {
+    auto l = c.acquire();
+    l.note(4);
+    l.note(5);
+    l.note(4);  // the same stream again: still one entry
+    c.promote(tracked(2, live));
+    c.promote(tracked(3, live));
+    EXPECT_EQ(c.reclaim(done, make), 0u);
+    EXPECT_TRUE(made_for.empty()) << "no token while a lease can still queue work";
+  }
+  EXPECT_EQ(c.reclaim(done, make), 0u);
+  ASSERT_EQ(made_for, (std::vector<int>{4, 5}));
+  made[0]->store(true);
+  EXPECT_EQ(c.reclaim(done, make), 0u);
+  made[1]->store(true);
+  EXPECT_EQ(c.reclaim(done, make), 1u);
+  EXPECT_EQ(made_for.size(), 2u) << "tokens are made once";
+}
+
+TEST(VersionChain, ANoteAfterARecordNeedsAFreshToken) {
+  auto live = std::make_shared<std::atomic<int>>(0);
+  chain c(tracked(1, live));
+  auto early = pending_token();
+  early->store(true);
+  {
+    auto l = c.acquire();
+    l.record(9, early);
+    l.note(9);  // later work on the same stream: the early token no longer covers it
+  }
+  c.promote(tracked(2, live));
+  c.promote(tracked(3, live));
+  auto late = pending_token();
+  EXPECT_EQ(c.reclaim(done, [&](const int&) { return late; }), 0u);
+  late->store(true);
+  EXPECT_EQ(c.reclaim(done), 1u);
+}
+
+}  // namespace

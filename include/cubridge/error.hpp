@@ -26,6 +26,7 @@ enum class errc {
   context_reset,          ///< a context was destroyed or reset behind the program's back
   precondition,           ///< a caller broke a documented precondition
   io,                     ///< reading a file failed
+  version_rejected,       ///< a new module version failed validation; the current one serves on
 };
 
 /// Name of an errc value, e.g. "CUBRIDGE_BAD_IMAGE".
@@ -80,6 +81,13 @@ class image_error : public error {
 
 /// Raised when launch arguments do not match the kernel's parameter list.
 class launch_argument_error : public error {
+ public:
+  using error::error;
+};
+
+/// Raised when a staged module version fails validation (missing kernel, changed parameters,
+/// resources, smoke test). The version that was serving keeps serving.
+class version_rejected_error : public error {
  public:
   using error::error;
 };

@@ -23,6 +23,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <stdexcept>
 #include <utility>
 #include <vector>
 
@@ -43,7 +44,9 @@ class version_chain {
     friend class version_chain;
     mutable std::atomic<long> leases{0};  // live leases; reclaim reads it with acquire
     mutable std::mutex mutex;
-    mutable std::vector<std::pair<StreamKey, Token>> pending;  // latest token per stream
+    // Streams this version's launches used, each with the token of its latest work, or none
+    // yet (then reclaim() makes one: an event recorded once no launch can add more work).
+    mutable std::vector<std::pair<StreamKey, std::optional<Token>>> pending;
   };
 
   /// A launch's pin on one version. Cheap to move; copy it into whatever outlives the launch.
@@ -62,7 +65,15 @@ class version_chain {
     [[nodiscard]] std::uint64_t id() const noexcept { return version_->id; }
     /// Notes that work using this version was queued on `stream` and is complete when `token`
     /// is; replaces an older token of the same stream.
-    void record(const StreamKey& stream, Token token) const {
+    void record(const StreamKey& stream, Token token) const { set(stream, std::move(token)); }
+    /// Notes that work using this version was queued on `stream`, without a token: reclaim()
+    /// makes one later, after the last lease is gone (cheaper than an event per launch).
+    void note(const StreamKey& stream) const { set(stream, std::nullopt); }
+
+   private:
+    friend class version_chain;
+    explicit lease(std::shared_ptr<const version> v) noexcept : version_(std::move(v)) { pin(); }
+    void set(const StreamKey& stream, std::optional<Token> token) const {
       std::lock_guard lock(version_->mutex);
       for (auto& [key, latest] : version_->pending)
         if (key == stream) {
@@ -71,10 +82,6 @@ class version_chain {
         }
       version_->pending.emplace_back(stream, std::move(token));
     }
-
-   private:
-    friend class version_chain;
-    explicit lease(std::shared_ptr<const version> v) noexcept : version_(std::move(v)) { pin(); }
     void pin() const noexcept {
       if (version_) version_->leases.fetch_add(1, std::memory_order_relaxed);
     }
@@ -139,10 +146,11 @@ class version_chain {
   }
 
   /// Destroys retired versions that nothing pins and whose tokens are all done (`done(token)`
-  /// returns true). Payload destructors (module unloads) run here, on the caller's thread,
-  /// outside the chain's lock. Returns how many were destroyed.
-  template <class DonePredicate>
-  std::size_t reclaim(DonePredicate&& done) {
+  /// returns true). A stream noted without a token gets one from `make_token(stream)` once the
+  /// version is unpinned. Payload destructors (module unloads) run here, on the caller's
+  /// thread, outside the chain's lock. Returns how many were destroyed.
+  template <class DonePredicate, class MakeToken>
+  std::size_t reclaim(DonePredicate&& done, MakeToken&& make_token) {
     std::vector<std::shared_ptr<const version>> doomed;
     {
       std::lock_guard lock(writer_mutex_);
@@ -150,7 +158,7 @@ class version_chain {
         // No lease: current_ no longer points to it, so none can appear (a lease is pinned under
         // current_mutex_, before promote() swapped it out and retired it under writer_mutex_).
         const bool unpinned = (*it)->leases.load(std::memory_order_acquire) == 0;
-        if (unpinned && all_done(**it, done)) {
+        if (unpinned && all_done(**it, done, make_token)) {
           doomed.push_back(std::move(*it));
           it = retired_.erase(it);
         } else {
@@ -164,18 +172,29 @@ class version_chain {
     return n;
   }
 
+  /// As above, for callers that record every token themselves.
+  template <class DonePredicate>
+  std::size_t reclaim(DonePredicate&& done) {
+    return reclaim(done, [](const StreamKey&) -> Token {
+      throw std::logic_error("version_chain: a stream was noted without a token");
+    });
+  }
+
   [[nodiscard]] stats get_stats() const {
     std::lock_guard lock(writer_mutex_);
     return {acquire().id(), promotions_, retired_.size(), reclaimed_};
   }
 
  private:
-  template <class DonePredicate>
-  static bool all_done(const version& v, DonePredicate& done) {
+  template <class DonePredicate, class MakeToken>
+  static bool all_done(const version& v, DonePredicate& done, MakeToken& make_token) {
     std::lock_guard lock(v.mutex);
-    for (const auto& [stream, token] : v.pending)
-      if (!done(token)) return false;
-    return true;
+    bool all = true;
+    for (auto& [stream, token] : v.pending) {
+      if (!token) token = make_token(stream);
+      all = all && done(*token);
+    }
+    return all;
   }
 
   std::shared_ptr<const version> exchange_current(std::shared_ptr<const version> next) {

@@ -1,0 +1,144 @@
+#pragma once
+// A named, versioned module in a context that can be replaced while kernels of it keep
+// launching: stage (load + validate off the serving path), promote (atomic switch), rollback.
+//
+//   auto filters = cubridge::hot_module::load(ctx, "filters", v1_cubin);
+//   auto blur = filters.get_kernel("blur");            // always launches the current version
+//   blur.launch(config, in, out, n);                   // on any thread
+//   ...
+//   auto v2 = filters.stage(v2_cubin);                 // throws version_rejected_error if bad
+//   filters.promote(std::move(v2));                    // launches from now on use v2
+//   filters.rollback();                                // back to v1 in one call
+//
+// Old versions are unloaded on a background thread once no launch can still use them: no lease
+// (host side) pins them, and an event recorded after their last launch on every stream they
+// used has completed (version_chain.hpp). Give the driver machine code only: a PTX image makes
+// the driver JIT in this process, which stalls every thread (FACTS.md); compile first.
+
+#include <cubridge/context_ref.hpp>
+#include <cubridge/event.hpp>
+#include <cubridge/kernel.hpp>
+#include <cubridge/module.hpp>
+#include <cubridge/version_chain.hpp>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace cubridge {
+
+/// One loaded version: the module and its kernels, in the hot module's kernel order.
+struct hot_version {
+  module loaded;
+  std::vector<kernel> kernels;
+};
+
+/// A version loaded and validated, not yet serving. Promote it or drop it (which unloads it).
+class staged_version {
+ public:
+  staged_version(staged_version&&) noexcept = default;
+  staged_version& operator=(staged_version&&) noexcept = default;
+  [[nodiscard]] const module& loaded() const noexcept { return version_.loaded; }
+
+ private:
+  friend class hot_module;
+  explicit staged_version(hot_version v) noexcept : version_(std::move(v)) {}
+  hot_version version_;
+};
+
+/// What stage() checks beyond the kernels' presence and parameter layouts.
+struct stage_options {
+  /// Runs on the staged module before it can be promoted (e.g. launch a kernel on known input and
+  /// compare); throwing anything rejects the version.
+  std::function<void(const module&)> smoke_test;
+  /// Name for messages (e.g. the file it came from).
+  std::string source_name;
+};
+
+/// Counters for reports.
+struct hot_module_stats {
+  std::uint64_t current_version = 0;
+  std::uint64_t promotions = 0;
+  std::uint64_t rejected = 0;
+  std::size_t retired_waiting = 0;  ///< old versions still pinned by launches or GPU work
+  std::uint64_t unloaded = 0;
+};
+
+class hot_kernel;
+
+/// Owning, move-only versioned module. Thread-safe: launches, stage, promote and rollback may run
+/// on any threads at once.
+class hot_module {
+ public:
+  /// Loads the first version into `ctx`. Its kernels (from the image, see image.hpp) define the
+  /// interface every later version must keep. @throws image_error, error as module::load.
+  [[nodiscard]] static hot_module load(context_arg ctx, std::string name,
+                                       std::span<const std::byte> image);
+
+  hot_module(hot_module&&) noexcept = default;
+  hot_module& operator=(hot_module&&) noexcept = default;
+  ~hot_module();
+
+  /// Loads `image` and validates it against the interface: every kernel present with the same
+  /// parameter layout, launch configurations used so far still fit (threads per block, shared
+  /// memory), and the smoke test passes. The serving version is untouched whatever happens.
+  /// @throws version_rejected_error naming the cause; image_error for bad bytes or another GPU.
+  [[nodiscard]] staged_version stage(std::span<const std::byte> image,
+                                     const stage_options& options = {}) const;
+  /// Makes `version` current: every launch that starts after promote() returns uses it, on every
+  /// thread; launches already issued finish on the version they started with. Returns its id.
+  std::uint64_t promote(staged_version version);
+  /// Makes the previous version current again. Returns its id. @throws error if there is none.
+  std::uint64_t rollback();
+
+  /// A kernel of the interface, launching whatever version is current at each launch.
+  /// @throws error (errc::precondition) for a name the first version did not export.
+  [[nodiscard]] hot_kernel get_kernel(std::string_view name) const;
+
+  [[nodiscard]] const std::string& name() const noexcept;
+  [[nodiscard]] context_ref context() const noexcept;
+  [[nodiscard]] hot_module_stats stats() const;
+  /// Unloads whatever retired versions can be unloaded now (the background thread does this on
+  /// its own; tests and shutdown call it to be sure). Returns how many were unloaded.
+  std::size_t reclaim() const;
+
+ private:
+  friend class hot_kernel;
+  struct state;
+  explicit hot_module(std::shared_ptr<state> s) noexcept : state_(std::move(s)) {}
+  std::shared_ptr<state> state_;
+};
+
+/// A kernel of a hot module: each launch takes the current version, launches its kernel and
+/// notes the stream, so that the version is unloaded only after that work completed.
+class hot_kernel {
+ public:
+  [[nodiscard]] const std::string& name() const noexcept { return name_; }
+
+  /// Launches the current version's kernel with `args` (checked as kernel::launch checks them).
+  /// Returns the id of the version that ran. @throws launch_argument_error, error.
+  template <class... Args>
+  std::uint64_t launch(const launch_config& config, const Args&... args) const {
+    auto lease = acquire();
+    lease.payload().kernels[index_].launch(config, args...);
+    finish(lease, config);
+    return lease.id();
+  }
+
+ private:
+  friend class hot_module;
+  using chain = version_chain<hot_version, CUstream, event>;
+  hot_kernel(std::shared_ptr<hot_module::state> s, std::size_t index, std::string name) noexcept
+      : state_(std::move(s)), index_(index), name_(std::move(name)) {}
+  [[nodiscard]] chain::lease acquire() const;
+  void finish(const chain::lease& lease, const launch_config& config) const;
+  std::shared_ptr<hot_module::state> state_;
+  std::size_t index_;
+  std::string name_;
+};
+
+}  // namespace cubridge

@@ -1,0 +1,239 @@
+#include <cubridge/detail/check.hpp>
+#include <cubridge/driver.hpp>
+#include <cubridge/hot_module.hpp>
+#include <cubridge/image.hpp>
+#include <cubridge/scoped_current.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+namespace cubridge {
+
+namespace {
+
+/// Largest launch configuration a kernel has been launched with: a new version must fit it.
+struct launch_usage {
+  std::atomic<unsigned long long> threads_per_block{0};
+  std::atomic<unsigned> dynamic_shared_bytes{0};
+};
+
+template <class T>
+void raise_to(std::atomic<T>& slot, T value) noexcept {
+  T seen = slot.load(std::memory_order_relaxed);
+  while (value > seen && !slot.compare_exchange_weak(seen, value, std::memory_order_relaxed)) {
+  }
+}
+
+std::vector<std::string> interface_of(std::span<const std::byte> image, const std::string& name) {
+  const auto info = inspect_image(image);
+  std::vector<std::string> names;
+  for (const auto& k : info.kernels) names.push_back(k.name);
+  if (names.empty())
+    detail::throw_errc(errc::precondition, "hot_module::load",
+                       "module '" + name + "': the first version exports no kernel that the "
+                       "image inspector can see (a fatbin whose entries are all compressed?)");
+  return names;
+}
+
+}  // namespace
+
+struct hot_module::state {
+  state(context_arg c, std::string n, std::vector<std::string> names, hot_version first)
+      : ctx(std::move(c)),
+        name(std::move(n)),
+        kernel_names(std::move(names)),
+        usage(kernel_names.size()),
+        versions(std::move(first)),
+        reclaimer([this] { reclaim_loop(); }) {}
+
+  state(const state&) = delete;
+  state& operator=(const state&) = delete;
+
+  ~state() {
+    {
+      std::lock_guard lock(reclaimer_mutex);
+      stopping = true;
+    }
+    wake.notify_all();
+    reclaimer.join();
+  }
+
+  /// Unloads what can be unloaded; never throws (a broken context is reported by launches).
+  std::size_t reclaim_now() noexcept {
+    try {
+      scoped_current current(ctx.ref());
+      return versions.reclaim(
+          [](const event& e) {
+            // Done, or failed for good (a sticky fault): either way nothing more will run.
+            return driver::api().cuEventQuery(e.get()) != CUDA_ERROR_NOT_READY;
+          },
+          [this](const CUstream& s) {
+            auto e = event::create(ctx);
+            e.record(stream_ref::from_native(s));
+            return e;
+          });
+    } catch (...) {
+      return 0;
+    }
+  }
+
+  void reclaim_loop() {
+    std::unique_lock lock(reclaimer_mutex);
+    while (!stopping) {
+      // Sleep until a promotion retires something; then poll briefly until it is unloaded.
+      if (versions.get_stats().retired == 0)
+        wake.wait(lock);
+      else
+        wake.wait_for(lock, std::chrono::milliseconds(1));
+      if (stopping) break;
+      lock.unlock();
+      unloaded += reclaim_now();
+      lock.lock();
+    }
+  }
+
+  [[noreturn]] void reject(const std::string& source, const std::string& cause) {
+    rejected.fetch_add(1);
+    detail::throw_errc(errc::version_rejected, "hot_module::stage",
+                       "module '" + name + "' version from " + source + ": " + cause +
+                           "; the current version keeps serving");
+  }
+
+  context_arg ctx;
+  std::string name;
+  std::vector<std::string> kernel_names;
+  std::vector<launch_usage> usage;  // per kernel, same order as kernel_names
+  hot_kernel::chain versions;
+  std::atomic<std::uint64_t> rejected{0};
+  std::atomic<std::uint64_t> unloaded{0};
+
+  std::mutex reclaimer_mutex;
+  std::condition_variable wake;
+  bool stopping = false;
+  std::thread reclaimer;  // last: starts once everything above exists
+};
+
+hot_module hot_module::load(context_arg ctx, std::string name, std::span<const std::byte> image) {
+  auto names = interface_of(image, name);
+  auto loaded = module::load(ctx, image, {.name = name + " v1"});
+  hot_version first{std::move(loaded), {}};
+  for (const auto& k : names) first.kernels.push_back(first.loaded.get_kernel(k));
+  return hot_module(
+      std::make_shared<state>(std::move(ctx), std::move(name), std::move(names), std::move(first)));
+}
+
+hot_module::~hot_module() = default;
+
+staged_version hot_module::stage(std::span<const std::byte> image,
+                                 const stage_options& options) const {
+  CUBRIDGE_EXPECTS(state_ != nullptr, "hot_module was moved from");
+  auto& s = *state_;
+  const std::string source = options.source_name.empty() ? "memory" : options.source_name;
+  std::optional<module> loaded;
+  try {
+    loaded.emplace(module::load(s.ctx, image, {.name = s.name + " (staged from " + source + ")"}));
+  } catch (const image_error&) {
+    s.rejected.fetch_add(1);
+    throw;
+  }
+  // The interface: the same kernels with the same parameters, fitting the launches in use.
+  const auto current = s.versions.acquire();
+  hot_version staged{std::move(*loaded), {}};
+  for (std::size_t i = 0; i < s.kernel_names.size(); ++i) {
+    const auto& kname = s.kernel_names[i];
+    std::optional<kernel> k;
+    try {
+      k.emplace(staged.loaded.get_kernel(kname));
+    } catch (const error&) {
+      s.reject(source, "kernel '" + kname + "' is missing");
+    }
+    const auto before = current.payload().kernels[i].parameters();
+    const auto after = k->parameters();
+    if (before.size() != after.size())
+      s.reject(source, "kernel '" + kname + "' took " + std::to_string(before.size()) +
+                           " parameters, now " + std::to_string(after.size()));
+    for (std::size_t p = 0; p < before.size(); ++p)
+      if (before[p].size != after[p].size || before[p].offset != after[p].offset)
+        s.reject(source, "kernel '" + kname + "' parameter " + std::to_string(p) + " was " +
+                             std::to_string(before[p].size) + " bytes at offset " +
+                             std::to_string(before[p].offset) + ", now " +
+                             std::to_string(after[p].size) + " bytes at offset " +
+                             std::to_string(after[p].offset));
+    const auto threads = s.usage[i].threads_per_block.load();
+    const auto max_threads =
+        static_cast<unsigned long long>(k->attribute(CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK));
+    if (threads > max_threads)
+      s.reject(source, "kernel '" + kname + "' is launched with " + std::to_string(threads) +
+                           " threads per block, the new version allows " +
+                           std::to_string(max_threads));
+    const auto shared = s.usage[i].dynamic_shared_bytes.load();
+    const auto max_shared =
+        static_cast<unsigned>(k->attribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES));
+    if (shared > max_shared)
+      s.reject(source, "kernel '" + kname + "' is launched with " + std::to_string(shared) +
+                           " bytes of dynamic shared memory, the new version allows " +
+                           std::to_string(max_shared));
+    staged.kernels.push_back(std::move(*k));
+  }
+  if (options.smoke_test) {
+    try {
+      options.smoke_test(staged.loaded);
+    } catch (const std::exception& e) {
+      s.reject(source, std::string("smoke test failed: ") + e.what());
+    } catch (...) {
+      s.reject(source, "smoke test failed");
+    }
+  }
+  return staged_version(std::move(staged));
+}
+
+std::uint64_t hot_module::promote(staged_version version) {
+  CUBRIDGE_EXPECTS(state_ != nullptr, "hot_module was moved from");
+  const auto id = state_->versions.promote(std::move(version.version_));
+  state_->wake.notify_all();
+  return id;
+}
+
+std::uint64_t hot_module::rollback() {
+  CUBRIDGE_EXPECTS(state_ != nullptr, "hot_module was moved from");
+  const auto id = state_->versions.rollback();
+  state_->wake.notify_all();
+  return id;
+}
+
+hot_kernel hot_module::get_kernel(std::string_view name) const {
+  CUBRIDGE_EXPECTS(state_ != nullptr, "hot_module was moved from");
+  for (std::size_t i = 0; i < state_->kernel_names.size(); ++i)
+    if (state_->kernel_names[i] == name) return hot_kernel(state_, i, std::string(name));
+  detail::throw_errc(errc::precondition, "hot_module::get_kernel",
+                     "module '" + state_->name + "' has no kernel '" + std::string(name) + "'");
+}
+
+const std::string& hot_module::name() const noexcept { return state_->name; }
+context_ref hot_module::context() const noexcept { return state_->ctx.ref(); }
+
+hot_module_stats hot_module::stats() const {
+  const auto chain_stats = state_->versions.get_stats();
+  return {chain_stats.current_id, chain_stats.promotions, state_->rejected.load(),
+          chain_stats.retired, state_->unloaded.load()};
+}
+
+std::size_t hot_module::reclaim() const {
+  const auto n = state_->reclaim_now();
+  state_->unloaded += n;
+  return n;
+}
+
+hot_kernel::chain::lease hot_kernel::acquire() const { return state_->versions.acquire(); }
+
+void hot_kernel::finish(const chain::lease& lease, const launch_config& config) const {
+  lease.note(config.stream.get());
+  auto& usage = state_->usage[index_];
+  raise_to(usage.threads_per_block, config.block.volume());
+  raise_to(usage.dynamic_shared_bytes, config.dynamic_shared_bytes);
+}
+
+}  // namespace cubridge

@@ -1,0 +1,179 @@
+#include <cubridge/context.hpp>
+#include <cubridge/device_buffer.hpp>
+#include <cubridge/hot_module.hpp>
+#include <cubridge/scoped_current.hpp>
+#include <cubridge/stream.hpp>
+
+#include "gpu_test.hpp"
+
+#include <atomic>
+#include <random>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+namespace {
+
+std::vector<std::byte> hot_image(const char* tag) {
+  return cubridge::read_file_bytes(std::string(CUBRIDGE_TEST_HOT_DIR) + "/hot_" + tag + ".sm_90.cubin");
+}
+
+unsigned read_back(const cubridge::driver_buffer<unsigned>& buffer, std::size_t index = 0) {
+  unsigned value = 0;
+  EXPECT_EQ(cubridge::driver::api().cuMemcpy(reinterpret_cast<CUdeviceptr>(&value),
+                                             buffer.address() + index * sizeof(unsigned),
+                                             sizeof value),
+            CUDA_SUCCESS);
+  return value;
+}
+
+class HotModule : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    CUBRIDGE_REQUIRE_GPU();
+    if (cubridge::device::get(0).capability().major != 9) GTEST_SKIP() << "test images are sm_90";
+    ctx_.emplace(cubridge::context::create(cubridge::device::get(0)));
+    current_.emplace(*ctx_);
+    hot_.emplace(cubridge::hot_module::load(*ctx_, "versions", hot_image("v1")));
+    out_.emplace(cubridge::driver_buffer<unsigned>::allocate(*ctx_, 256));
+  }
+  /// Launches write_version over 256 threads and returns what the GPU wrote.
+  unsigned run_write_version() {
+    auto k = hot_->get_kernel("write_version");
+    (void)k.launch({.block = {256}}, out_->span());
+    EXPECT_EQ(cubridge::driver::api().cuCtxSynchronize(), CUDA_SUCCESS);
+    return read_back(*out_, 255);
+  }
+  std::optional<cubridge::context> ctx_;
+  std::optional<cubridge::scoped_current> current_;
+  std::optional<cubridge::hot_module> hot_;
+  std::optional<cubridge::driver_buffer<unsigned>> out_;
+};
+
+TEST_F(HotModule, PromoteSwitchesLaterLaunchesAndRollbackReturns) {
+  EXPECT_EQ(run_write_version(), 1u);
+  EXPECT_EQ(hot_->promote(hot_->stage(hot_image("v2"))), 2u);
+  EXPECT_EQ(run_write_version(), 2u);
+  EXPECT_EQ(hot_->rollback(), 1u);
+  EXPECT_EQ(run_write_version(), 1u);
+  EXPECT_EQ(hot_->stats().promotions, 2u);
+}
+
+TEST_F(HotModule, InFlightWorkFinishesOnItsVersionAndIsUnloadedAfter) {
+  auto spin = hot_->get_kernel("spin_then_write");
+  auto slow_out = cubridge::driver_buffer<unsigned>::allocate(*ctx_, 1);
+  auto s = cubridge::stream::create(*ctx_);
+  // ~300 ms of version 1 still running while two promotions retire it.
+  spin.launch({.stream = s}, slow_out.span(), 300'000'000ull);
+  hot_->promote(hot_->stage(hot_image("v2")));
+  hot_->promote(hot_->stage(hot_image("v1")));  // version 3 (v1's code again); v1 retires
+  EXPECT_EQ(run_write_version(), 1u);
+  EXPECT_EQ(hot_->stats().retired_waiting, 1u);
+  EXPECT_EQ(hot_->reclaim(), 0u) << "version 1's kernel still runs on the GPU";
+  s.synchronize();
+  EXPECT_EQ(read_back(slow_out), 1u) << "in-flight work finished on the version it started with";
+  for (int i = 0; i < 100 && hot_->stats().retired_waiting; ++i) {
+    hot_->reclaim();
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(hot_->stats().retired_waiting, 0u);
+  EXPECT_EQ(hot_->stats().unloaded, 1u);
+}
+
+TEST_F(HotModule, BadVersionsAreRefusedAndTheCurrentKeepsServing) {
+  auto expect_rejected = [&](const std::vector<std::byte>& image, const char* cause,
+                             cubridge::stage_options options = {}) {
+    try {
+      (void)hot_->stage(image, options);
+      ADD_FAILURE() << "accepted a version that should fail with: " << cause;
+    } catch (const cubridge::version_rejected_error& e) {
+      EXPECT_NE(std::string(e.what()).find(cause), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("the current version keeps serving"), std::string::npos);
+    }
+  };
+  expect_rejected(hot_image("missing"), "kernel 'spin_then_write' is missing");
+  expect_rejected(hot_image("changed"), "kernel 'write_version' took 1 parameters, now 2");
+  cubridge::stage_options failing_smoke;
+  failing_smoke.smoke_test = [](const cubridge::module&) { throw std::runtime_error("wrong output"); };
+  expect_rejected(hot_image("v2"), "smoke test failed: wrong output", failing_smoke);
+
+  std::vector<std::byte> garbage(2048);
+  std::mt19937 rng(1);
+  for (auto& b : garbage) b = static_cast<std::byte>(rng());
+  EXPECT_THROW((void)hot_->stage(garbage), cubridge::image_error);
+  EXPECT_THROW((void)hot_->stage({}), cubridge::image_error);
+  EXPECT_THROW((void)hot_->stage(cubridge::read_file_bytes(cubridge::testing::test_cubin_other_path())),
+               cubridge::image_error);
+
+  EXPECT_EQ(hot_->stats().rejected, 6u);
+  EXPECT_EQ(hot_->stats().current_version, 1u);
+  EXPECT_EQ(run_write_version(), 1u);
+}
+
+TEST_F(HotModule, LaunchConfigurationsInUseMustFitANewVersion) {
+  auto k = hot_->get_kernel("write_version");
+  auto wide = cubridge::driver_buffer<unsigned>::allocate(*ctx_, 1024);
+  k.launch({.block = {1024}}, wide.span());
+  ASSERT_EQ(cubridge::driver::api().cuCtxSynchronize(), CUDA_SUCCESS);
+  // v2 allows 1024 threads per block as well: accepted.
+  EXPECT_NO_THROW((void)hot_->stage(hot_image("v2")));
+}
+
+TEST_F(HotModule, AThousandSwapsUnderLaunchesReturnMemoryToBaseline) {
+  const auto v1 = hot_image("v1");
+  const auto v2 = hot_image("v2");
+  auto k = hot_->get_kernel("write_version");
+  std::size_t free_before = 0, total = 0;
+  ASSERT_EQ(cubridge::driver::api().cuMemGetInfo(&free_before, &total), CUDA_SUCCESS);
+  for (int i = 0; i < 1000; ++i) {
+    hot_->promote(hot_->stage(i % 2 ? v1 : v2));
+    k.launch({.block = {256}}, out_->span());
+  }
+  ASSERT_EQ(cubridge::driver::api().cuCtxSynchronize(), CUDA_SUCCESS);
+  for (int i = 0; i < 200 && hot_->stats().retired_waiting; ++i) {
+    hot_->reclaim();
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  const auto stats = hot_->stats();
+  EXPECT_EQ(stats.retired_waiting, 0u);
+  EXPECT_EQ(stats.unloaded, 999u) << "all but the current version and the rollback target";
+  std::size_t free_after = 0;
+  ASSERT_EQ(cubridge::driver::api().cuMemGetInfo(&free_after, &total), CUDA_SUCCESS);
+  EXPECT_LE(free_before, free_after + (std::size_t{1} << 20)) << "device memory back to baseline";
+}
+
+TEST_F(HotModule, ConcurrentLaunchersNeverFailAcrossSwaps) {
+  const auto v1 = hot_image("v1");
+  const auto v2 = hot_image("v2");
+  std::atomic<bool> stop{false};
+  std::atomic<std::uint64_t> promoted{1};
+  std::atomic<long> launches{0}, stale{0}, failures{0};
+  std::vector<std::thread> servers;
+  for (int t = 0; t < 4; ++t)
+    servers.emplace_back([&] {
+      try {
+        cubridge::scoped_current current(*ctx_);
+        auto s = cubridge::stream::create(*ctx_);
+        auto out = cubridge::driver_buffer<unsigned>::allocate(*ctx_, 256);
+        auto k = hot_->get_kernel("write_version");
+        while (!stop.load()) {
+          const auto floor = promoted.load();
+          if (k.launch({.block = {256}, .stream = s}, out.span()) < floor) stale.fetch_add(1);
+          launches.fetch_add(1);
+          if (launches.load() % 64 == 0) s.synchronize();
+        }
+        s.synchronize();
+      } catch (const std::exception& e) {
+        failures.fetch_add(1);
+        ADD_FAILURE() << e.what();
+      }
+    });
+  for (int i = 0; i < 200; ++i) promoted.store(hot_->promote(hot_->stage(i % 2 ? v1 : v2)));
+  stop.store(true);
+  for (auto& t : servers) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(stale.load(), 0) << "a launch after promote() returned ran an older version";
+  EXPECT_GT(launches.load(), 200);
+}
+
+}  // namespace
