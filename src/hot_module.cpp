@@ -178,6 +178,19 @@ staged_version hot_module::stage(std::span<const std::byte> image,
                            std::to_string(max_shared));
     staged.kernels.push_back(std::move(*k));
   }
+  for (const auto& variable : options.carry_globals) {
+    std::optional<device_span<std::byte>> old_bytes, new_bytes;
+    try {
+      old_bytes.emplace(current.payload().loaded.get_global(variable));
+      new_bytes.emplace(staged.loaded.get_global(variable));
+    } catch (const error&) {
+      s.reject(source, "__device__ variable '" + variable + "' to carry over is missing");
+    }
+    if (old_bytes->size() != new_bytes->size())
+      s.reject(source, "__device__ variable '" + variable + "' to carry over was " +
+                           std::to_string(old_bytes->size()) + " bytes, now " +
+                           std::to_string(new_bytes->size()));
+  }
   if (options.smoke_test) {
     try {
       options.smoke_test(staged.loaded);
@@ -187,11 +200,22 @@ staged_version hot_module::stage(std::span<const std::byte> image,
       s.reject(source, "smoke test failed");
     }
   }
-  return staged_version(std::move(staged));
+  return staged_version(std::move(staged), options.carry_globals);
 }
 
 std::uint64_t hot_module::promote(staged_version version) {
   CUBRIDGE_EXPECTS(state_ != nullptr, "hot_module was moved from");
+  if (!version.carry_globals_.empty()) {
+    scoped_current current(state_->ctx.ref());
+    const auto serving = state_->versions.acquire();
+    for (const auto& variable : version.carry_globals_) {
+      const auto from = serving.payload().loaded.get_global(variable);
+      const auto to = version.version_.loaded.get_global(variable);
+      CUBRIDGE_CU(cuMemcpy, (to.address(), from.address(), from.size()),
+                  "carrying __device__ variable '" + variable + "' of module '" + state_->name +
+                      "' into the new version");
+    }
+  }
   const auto id = state_->versions.promote(std::move(version.version_));
   state_->wake.notify_all();
   return id;
@@ -210,6 +234,21 @@ hot_kernel hot_module::get_kernel(std::string_view name) const {
     if (state_->kernel_names[i] == name) return hot_kernel(state_, i, std::string(name));
   detail::throw_errc(errc::precondition, "hot_module::get_kernel",
                      "module '" + state_->name + "' has no kernel '" + std::string(name) + "'");
+}
+
+std::uint64_t hot_module::read_global(std::string_view variable, std::span<std::byte> out) const {
+  CUBRIDGE_EXPECTS(state_ != nullptr, "hot_module was moved from");
+  scoped_current current(state_->ctx.ref());
+  const auto serving = state_->versions.acquire();
+  const auto bytes = serving.payload().loaded.get_global(variable);
+  const std::string what = "__device__ variable '" + std::string(variable) + "' of module '" +
+                           state_->name + "' version " + std::to_string(serving.id());
+  if (bytes.size() != out.size())
+    detail::throw_errc(errc::precondition, "hot_module::read_global",
+                       what + " is " + std::to_string(bytes.size()) + " bytes, the destination " +
+                           std::to_string(out.size()));
+  CUBRIDGE_CU(cuMemcpy, (reinterpret_cast<CUdeviceptr>(out.data()), bytes.address(), out.size()), what);
+  return serving.id();
 }
 
 const std::string& hot_module::name() const noexcept { return state_->name; }

@@ -110,6 +110,39 @@ TEST_F(HotModule, BadVersionsAreRefusedAndTheCurrentKeepsServing) {
   EXPECT_EQ(run_write_version(), 1u);
 }
 
+TEST_F(HotModule, DeviceVariablesAreCarriedOverOnRequest) {
+  auto count = hot_->get_kernel("count_served");
+  auto served = [&] {
+    unsigned long long value = 0;
+    hot_->read_global("served", std::as_writable_bytes(std::span(&value, 1)));
+    return value;
+  };
+  for (int i = 0; i < 3; ++i) count.launch({});  // version 1 adds 1 per launch
+  ASSERT_EQ(cubridge::driver::api().cuCtxSynchronize(), CUDA_SUCCESS);
+  EXPECT_EQ(served(), 3u);
+
+  cubridge::stage_options carry;
+  carry.carry_globals = {"served"};
+  hot_->promote(hot_->stage(hot_image("v2"), carry));
+  EXPECT_EQ(served(), 3u) << "carried into version 2";
+  count.launch({});  // version 2 adds 2
+  ASSERT_EQ(cubridge::driver::api().cuCtxSynchronize(), CUDA_SUCCESS);
+  EXPECT_EQ(served(), 5u);
+
+  hot_->promote(hot_->stage(hot_image("v1")));  // not carried: a fresh zero
+  EXPECT_EQ(served(), 0u);
+
+  cubridge::stage_options missing;
+  missing.carry_globals = {"no_such_variable"};
+  try {
+    (void)hot_->stage(hot_image("v2"), missing);
+    FAIL() << "no throw";
+  } catch (const cubridge::version_rejected_error& e) {
+    EXPECT_NE(std::string(e.what()).find("'no_such_variable' to carry over is missing"),
+              std::string::npos) << e.what();
+  }
+}
+
 TEST_F(HotModule, LaunchConfigurationsInUseMustFitANewVersion) {
   auto k = hot_->get_kernel("write_version");
   auto wide = cubridge::driver_buffer<unsigned>::allocate(*ctx_, 1024);

@@ -46,8 +46,10 @@ class staged_version {
 
  private:
   friend class hot_module;
-  explicit staged_version(hot_version v) noexcept : version_(std::move(v)) {}
+  staged_version(hot_version v, std::vector<std::string> carry) noexcept
+      : version_(std::move(v)), carry_globals_(std::move(carry)) {}
   hot_version version_;
+  std::vector<std::string> carry_globals_;
 };
 
 /// What stage() checks beyond the kernels' presence and parameter layouts.
@@ -57,6 +59,9 @@ struct stage_options {
   std::function<void(const module&)> smoke_test;
   /// Name for messages (e.g. the file it came from).
   std::string source_name;
+  /// `__device__` variables whose contents promote() copies from the serving version into this
+  /// one just before the switch (counters, tables). Each must exist in both with the same size.
+  std::vector<std::string> carry_globals;
 };
 
 /// Counters for reports.
@@ -90,7 +95,9 @@ class hot_module {
   [[nodiscard]] staged_version stage(std::span<const std::byte> image,
                                      const stage_options& options = {}) const;
   /// Makes `version` current: every launch that starts after promote() returns uses it, on every
-  /// thread; launches already issued finish on the version they started with. Returns its id.
+  /// thread; launches already issued finish on the version they started with. Carried
+  /// `__device__` variables are copied first (work still running on the old version may change
+  /// them after the copy). Returns its id. @throws error if a copy fails (nothing switched).
   std::uint64_t promote(staged_version version);
   /// Makes the previous version current again. Returns its id. @throws error if there is none.
   std::uint64_t rollback();
@@ -98,6 +105,11 @@ class hot_module {
   /// A kernel of the interface, launching whatever version is current at each launch.
   /// @throws error (errc::precondition) for a name the first version did not export.
   [[nodiscard]] hot_kernel get_kernel(std::string_view name) const;
+
+  /// Copies the serving version's `__device__` variable `variable` into `out` (sizes must match),
+  /// with the version pinned for the copy. Returns the id of the version read.
+  /// @throws error naming the variable (missing, size mismatch, copy failure).
+  std::uint64_t read_global(std::string_view variable, std::span<std::byte> out) const;
 
   [[nodiscard]] const std::string& name() const noexcept;
   [[nodiscard]] context_ref context() const noexcept;

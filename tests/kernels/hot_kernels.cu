@@ -5,6 +5,13 @@
 #define VERSION 1
 #endif
 
+// State a service keeps on the GPU, carried from version to version on request.
+__device__ unsigned long long served = 0;
+
+extern "C" __global__ void count_served() {
+  if (threadIdx.x == 0 && blockIdx.x == 0) served += VERSION;
+}
+
 #ifdef CHANGED_PARAMS
 extern "C" __global__ void write_version(unsigned* out, int unused) {
   out[blockIdx.x * blockDim.x + threadIdx.x] = VERSION + unused * 0;
