@@ -1,4 +1,5 @@
 // The cubridge command.
+#include "coldstart/coldstart.hpp"
 #include "doctor.hpp"
 #include "exit_codes.hpp"
 #include "inspect.hpp"
@@ -29,11 +30,15 @@ int main(int argc, char** argv) {
   inspect->add_option("--sm", check_sm, "Also say whether it runs on this compute capability (e.g. 90)")
       ->check(CLI::Range(10, 999));
 
+  // `coldstart`, and `coldstart-probe`, the hidden child it runs once per measurement.
+  coldstart::command coldstart_command(app);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? exit_ok : exit_usage;
   }
+  if (coldstart_command.parsed()) return coldstart_command.run();  // reports its own errors
 
   try {
     if (inspect->parsed()) {
