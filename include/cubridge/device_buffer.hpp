@@ -5,6 +5,7 @@
 
 #include <cubridge/error.hpp>
 #include <cubridge/context_ref.hpp>
+#include <cubridge/detail/owned_array.hpp>
 #include <cubridge/device_span.hpp>
 
 #include <cstddef>
@@ -25,17 +26,24 @@ namespace detail {
 void* allocate_device(allocator_api api, context_ref ctx, std::size_t bytes);
 /// Frees what allocate_device returned, through the same API. Never throws.
 void free_device(allocator_api api, context_ref ctx, void* pointer) noexcept;
+
+/// Frees device memory through the API that allocated it.
+template <allocator_api Api>
+struct device_free {
+  void operator()(context_ref ctx, void* pointer) const noexcept { free_device(Api, ctx, pointer); }
+};
 }  // namespace detail
 
 /// Owning, move-only array of `size` T in device memory of one context. Keeps its context alive
 /// when made from an owning context. Contents are uninitialised.
 template <class T, allocator_api Api>
-class device_buffer {
+class device_buffer : public detail::owned_array<T, detail::device_free<Api>> {
   static_assert(std::is_trivially_copyable_v<T>, "device memory holds trivially copyable types");
+  using base = detail::owned_array<T, detail::device_free<Api>>;
 
  public:
   /// Allocates `size` elements in `ctx`. @throws error (e.g. CUDA_ERROR_OUT_OF_MEMORY) naming
-  /// the byte count and the context.
+  /// the byte count and the context; errc::precondition if the byte count overflows.
   [[nodiscard]] static device_buffer allocate(context_arg ctx, std::size_t size) {
     CUBRIDGE_EXPECTS(size <= SIZE_MAX / sizeof(T), "allocation of " + std::to_string(size) +
                                                       " elements of " + std::to_string(sizeof(T)) +
@@ -44,49 +52,15 @@ class device_buffer {
     return device_buffer(std::move(ctx), static_cast<T*>(p), size);
   }
 
-  device_buffer(device_buffer&& other) noexcept
-      : ctx_(std::move(other.ctx_)),
-        data_(std::exchange(other.data_, nullptr)),
-        size_(std::exchange(other.size_, 0)) {}
-  device_buffer& operator=(device_buffer&& other) noexcept {
-    if (this != &other) {
-      reset();
-      ctx_ = std::move(other.ctx_);
-      data_ = std::exchange(other.data_, nullptr);
-      size_ = std::exchange(other.size_, 0);
-    }
-    return *this;
-  }
-  device_buffer(const device_buffer&) = delete;
-  device_buffer& operator=(const device_buffer&) = delete;
-  ~device_buffer() { reset(); }
-
-  [[nodiscard]] T* data() const noexcept { return data_; }
   [[nodiscard]] CUdeviceptr address() const noexcept { return span().address(); }
-  [[nodiscard]] std::size_t size() const noexcept { return size_; }
-  [[nodiscard]] std::size_t size_bytes() const noexcept { return size_ * sizeof(T); }
-  [[nodiscard]] context_ref context() const noexcept { return ctx_.ref(); }
-  [[nodiscard]] device_span<T> span() const noexcept { return {data_, size_}; }
+  [[nodiscard]] device_span<T> span() const noexcept { return {this->data(), this->size()}; }
   operator device_span<T>() const noexcept { return span(); }  // NOLINT
   operator device_span<const T>() const noexcept { return span(); }  // NOLINT
   static constexpr allocator_api api = Api;
 
-  /// Gives up ownership; the caller frees the pointer through the same API.
-  [[nodiscard]] T* release() noexcept {
-    size_ = 0;
-    return std::exchange(data_, nullptr);
-  }
-
  private:
   device_buffer(context_arg ctx, T* data, std::size_t size) noexcept
-      : ctx_(std::move(ctx)), data_(data), size_(size) {}
-  void reset() noexcept {
-    if (data_) detail::free_device(Api, ctx_.ref(), std::exchange(data_, nullptr));
-    size_ = 0;
-  }
-  context_arg ctx_;
-  T* data_ = nullptr;
-  std::size_t size_ = 0;
+      : base(std::move(ctx), data, size) {}
 };
 
 /// Device memory from cuMemAlloc, freed with cuMemFree.
