@@ -102,6 +102,44 @@ struct hot_module::state {
                            "; the current version keeps serving");
   }
 
+  /// An instantiated graph that follows the current version.
+  struct tracked_graph {
+    CUgraph graph = nullptr;
+    CUgraphExec exec = nullptr;
+    std::vector<std::pair<CUgraphNode, std::size_t>> nodes;  // node, interface kernel index
+    std::uint64_t bound_version = 0;                         // the version its nodes launch
+    std::mutex mutex;  // a graph exec is not thread-safe: retarget and launch one at a time
+  };
+
+  /// Points `g`'s nodes at `to`'s kernels, if they point elsewhere. Caller holds g.mutex.
+  void retarget(tracked_graph& g, const hot_kernel::chain::lease& to) {
+    if (g.bound_version == to.id()) return;
+    for (const auto& [node, index] : g.nodes) {
+      CUDA_KERNEL_NODE_PARAMS params{};
+      const std::string what = "kernel node of '" + kernel_names[index] + "' in a graph of module '" +
+                               name + "', retargeted to version " + std::to_string(to.id());
+      CUBRIDGE_CU(cuGraphKernelNodeGetParams, (node, &params), what);
+      params.func = to.payload().kernels[index].launch_handle();
+      params.kern = nullptr;
+      params.ctx = nullptr;
+      CUBRIDGE_CU(cuGraphKernelNodeSetParams, (node, &params), what);
+      CUBRIDGE_CU(cuGraphExecKernelNodeSetParams, (g.exec, node, &params), what);
+    }
+    g.bound_version = to.id();
+  }
+
+  /// Retargets every tracked graph to the current version (after promote and rollback).
+  void retarget_all() {
+    std::lock_guard list_lock(graphs_mutex);
+    if (graphs.empty()) return;
+    scoped_current current(ctx.ref());
+    const auto to = versions.acquire();
+    for (auto& g : graphs) {
+      std::lock_guard lock(g->mutex);
+      retarget(*g, to);
+    }
+  }
+
   context_arg ctx;
   std::string name;
   std::vector<std::string> kernel_names;
@@ -109,6 +147,8 @@ struct hot_module::state {
   hot_kernel::chain versions;
   std::atomic<std::uint64_t> rejected{0};
   std::atomic<std::uint64_t> unloaded{0};
+  std::mutex graphs_mutex;
+  std::vector<std::unique_ptr<tracked_graph>> graphs;
 
   std::mutex reclaimer_mutex;
   std::condition_variable wake;
@@ -218,6 +258,7 @@ std::uint64_t hot_module::promote(staged_version version) {
   }
   const auto id = state_->versions.promote(std::move(version.version_));
   state_->wake.notify_all();
+  state_->retarget_all();
   return id;
 }
 
@@ -225,6 +266,7 @@ std::uint64_t hot_module::rollback() {
   CUBRIDGE_EXPECTS(state_ != nullptr, "hot_module was moved from");
   const auto id = state_->versions.rollback();
   state_->wake.notify_all();
+  state_->retarget_all();
   return id;
 }
 
@@ -264,6 +306,84 @@ std::size_t hot_module::reclaim() const {
   const auto n = state_->reclaim_now();
   state_->unloaded += n;
   return n;
+}
+
+void hot_module::track_graph(CUgraph graph, CUgraphExec exec) {
+  CUBRIDGE_EXPECTS(state_ != nullptr, "hot_module was moved from");
+  auto& s = *state_;
+  auto tracked = std::make_unique<state::tracked_graph>();
+  tracked->graph = graph;
+  tracked->exec = exec;
+  const std::string what = "tracking a graph of module '" + s.name + "'";
+  std::size_t count = 0;
+  CUBRIDGE_CU(cuGraphGetNodes, (graph, nullptr, &count), what);
+  std::vector<CUgraphNode> nodes(count);
+  CUBRIDGE_CU(cuGraphGetNodes, (graph, nodes.data(), &count), what);
+  const auto current = s.versions.acquire();
+  for (CUgraphNode node : nodes) {
+    CUgraphNodeType type{};
+    CUBRIDGE_CU(cuGraphNodeGetType, (node, &type), what);
+    if (type != CU_GRAPH_NODE_TYPE_KERNEL) continue;
+    CUDA_KERNEL_NODE_PARAMS params{};
+    CUBRIDGE_CU(cuGraphKernelNodeGetParams, (node, &params), what);
+    const auto& kernels = current.payload().kernels;
+    for (std::size_t i = 0; i < kernels.size(); ++i)
+      if (params.func == kernels[i].launch_handle()) tracked->nodes.emplace_back(node, i);
+  }
+  if (tracked->nodes.empty())
+    detail::throw_errc(errc::precondition, "hot_module::track_graph",
+                       "no kernel node of the graph launches the current version of module '" +
+                           s.name + "'");
+  tracked->bound_version = current.id();
+  std::lock_guard lock(s.graphs_mutex);
+  s.graphs.push_back(std::move(tracked));
+}
+
+void hot_module::untrack_graph(CUgraphExec exec) {
+  CUBRIDGE_EXPECTS(state_ != nullptr, "hot_module was moved from");
+  std::lock_guard lock(state_->graphs_mutex);
+  std::erase_if(state_->graphs, [&](const auto& g) { return g->exec == exec; });
+}
+
+std::uint64_t hot_module::launch_graph(CUgraphExec exec, stream_ref stream) const {
+  CUBRIDGE_EXPECTS(state_ != nullptr, "hot_module was moved from");
+  auto& s = *state_;
+  state::tracked_graph* g = nullptr;
+  {
+    std::lock_guard lock(s.graphs_mutex);
+    for (auto& candidate : s.graphs)
+      if (candidate->exec == exec) g = candidate.get();
+  }
+  CUBRIDGE_EXPECTS(g != nullptr, "launch_graph of a graph that module '" + s.name +
+                                     "' does not track (track_graph first)");
+  std::lock_guard lock(g->mutex);
+  const auto lease = s.versions.acquire();
+  s.retarget(*g, lease);  // a promote may not have reached this graph yet
+  CUBRIDGE_CU(cuGraphLaunch, (exec, stream.get()),
+              "a graph of module '" + s.name + "' on version " + std::to_string(lease.id()));
+  lease.note(stream.get());
+  return lease.id();
+}
+
+CUgraphNode hot_kernel::add_node(CUgraph graph, const kernel& k, const launch_config& c,
+                                 void** arguments) const {
+  CUDA_KERNEL_NODE_PARAMS params{};
+  params.func = k.launch_handle();
+  params.gridDimX = c.grid.x;
+  params.gridDimY = c.grid.y;
+  params.gridDimZ = c.grid.z;
+  params.blockDimX = c.block.x;
+  params.blockDimY = c.block.y;
+  params.blockDimZ = c.block.z;
+  params.sharedMemBytes = c.dynamic_shared_bytes;
+  params.kernelParams = arguments;
+  CUgraphNode node = nullptr;
+  CUBRIDGE_CU(cuGraphAddKernelNode, (&node, graph, nullptr, 0, &params),
+              "kernel node of '" + name_ + "' in module '" + state_->name + "'");
+  auto& usage = state_->usage[index_];
+  raise_to(usage.threads_per_block, c.block.volume());
+  raise_to(usage.dynamic_shared_bytes, c.dynamic_shared_bytes);
+  return node;
 }
 
 hot_kernel::chain::lease hot_kernel::acquire() const { return state_->versions.acquire(); }

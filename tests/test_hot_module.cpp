@@ -143,6 +143,43 @@ TEST_F(HotModule, DeviceVariablesAreCarriedOverOnRequest) {
   }
 }
 
+TEST_F(HotModule, TrackedGraphsFollowPromotionAndRollback) {
+  const auto& cu = cubridge::driver::api();
+  auto k = hot_->get_kernel("write_version");
+  CUgraph graph = nullptr;
+  ASSERT_EQ(cu.cuGraphCreate(&graph, 0), CUDA_SUCCESS);
+  (void)k.add_graph_node(graph, {.block = {256}}, out_->span());
+  CUgraphExec exec = nullptr;
+  ASSERT_EQ(cu.cuGraphInstantiateWithFlags(&exec, graph, 0), CUDA_SUCCESS);
+  hot_->track_graph(graph, exec);
+  auto s = cubridge::stream::create(*ctx_);
+  auto run_graph = [&] {
+    const auto id = hot_->launch_graph(exec, s);
+    s.synchronize();
+    return std::pair{id, read_back(*out_, 255)};
+  };
+  EXPECT_EQ(run_graph(), (std::pair<std::uint64_t, unsigned>{1, 1}));
+  hot_->promote(hot_->stage(hot_image("v2")));
+  EXPECT_EQ(run_graph(), (std::pair<std::uint64_t, unsigned>{2, 2})) << "retargeted on promote";
+  hot_->rollback();
+  EXPECT_EQ(run_graph(), (std::pair<std::uint64_t, unsigned>{1, 1})) << "and on rollback";
+  hot_->untrack_graph(exec);
+  EXPECT_THROW((void)hot_->launch_graph(exec, s), cubridge::error);
+  EXPECT_EQ(cu.cuGraphExecDestroy(exec), CUDA_SUCCESS);
+  EXPECT_EQ(cu.cuGraphDestroy(graph), CUDA_SUCCESS);
+}
+
+TEST_F(HotModule, AGraphWithoutItsKernelsCannotBeTracked) {
+  const auto& cu = cubridge::driver::api();
+  CUgraph graph = nullptr;
+  ASSERT_EQ(cu.cuGraphCreate(&graph, 0), CUDA_SUCCESS);
+  CUgraphExec exec = nullptr;
+  ASSERT_EQ(cu.cuGraphInstantiateWithFlags(&exec, graph, 0), CUDA_SUCCESS);
+  EXPECT_THROW(hot_->track_graph(graph, exec), cubridge::error);
+  cu.cuGraphExecDestroy(exec);
+  cu.cuGraphDestroy(graph);
+}
+
 TEST_F(HotModule, LaunchConfigurationsInUseMustFitANewVersion) {
   auto k = hot_->get_kernel("write_version");
   auto wide = cubridge::driver_buffer<unsigned>::allocate(*ctx_, 1024);

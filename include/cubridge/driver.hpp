@@ -36,7 +36,10 @@ namespace cubridge::driver {
   X(cuLibraryLoadData) X(cuLibraryUnload) X(cuLibraryGetKernel) X(cuLibraryGetGlobal)           \
   X(cuKernelGetFunction) X(cuKernelGetParamInfo) X(cuKernelGetAttribute)                        \
   X(cuFuncGetParamInfo) X(cuFuncGetAttribute) X(cuFuncGetName) X(cuFuncLoad) X(cuFuncIsLoaded)   \
-  X(cuLaunchKernel) X(cuLaunchKernelEx)
+  X(cuLaunchKernel) X(cuLaunchKernelEx)                                                          \
+  X(cuGraphGetNodes) X(cuGraphNodeGetType) X(cuGraphAddKernelNode) X(cuGraphKernelNodeGetParams) \
+  X(cuGraphKernelNodeSetParams) X(cuGraphExecKernelNodeSetParams) X(cuGraphLaunch)              \
+  X(cuGraphCreate) X(cuGraphDestroy) X(cuGraphInstantiateWithFlags) X(cuGraphExecDestroy)
 
 /// Cached pointers to the driver's entry points, one member per name above.
 struct entry_points {

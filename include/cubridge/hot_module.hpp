@@ -27,6 +27,8 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <tuple>
+#include <type_traits>
 #include <vector>
 
 namespace cubridge {
@@ -102,6 +104,19 @@ class hot_module {
   /// Makes the previous version current again. Returns its id. @throws error if there is none.
   std::uint64_t rollback();
 
+  /// Follows an instantiated CUDA graph whose kernel nodes launch kernels of this module (e.g.
+  /// added with hot_kernel::add_graph_node): after each promote or rollback its nodes are
+  /// retargeted to the current version (cuGraphExecKernelNodeSetParams, and the graph's own
+  /// nodes so later instantiations agree). Launch it with launch_graph(), which keeps the
+  /// version it ran loaded until that work completed. `graph` and `exec` must stay alive until
+  /// untrack_graph(). @throws error (errc::precondition) if no node launches this module.
+  void track_graph(CUgraph graph, CUgraphExec exec);
+  /// Stops following `exec`. Not concurrently with launch_graph(exec).
+  void untrack_graph(CUgraphExec exec);
+  /// Launches a tracked graph on `stream` (cuGraphLaunch), on the current version. Returns the
+  /// id of the version it ran. @throws error naming the module and the graph.
+  std::uint64_t launch_graph(CUgraphExec exec, stream_ref stream) const;
+
   /// A kernel of the interface, launching whatever version is current at each launch.
   /// @throws error (errc::precondition) for a name the first version did not export.
   [[nodiscard]] hot_kernel get_kernel(std::string_view name) const;
@@ -141,6 +156,26 @@ class hot_kernel {
     return lease.id();
   }
 
+  /// Adds a kernel node to `graph` that launches the current version with `args` (checked as
+  /// launch() checks them; their values are copied into the node). Track the instantiated graph
+  /// with hot_module::track_graph. The config's stream and cluster are not used.
+  /// @throws launch_argument_error, error.
+  template <class... Args>
+  CUgraphNode add_graph_node(CUgraph graph, const launch_config& config,
+                             const Args&... args) const {
+    auto lease = acquire();
+    const auto& k = lease.payload().kernels[index_];
+    (void)k.template typed<Args...>();  // the argument check
+    std::tuple<detail::kernel_argument_t<Args>...> values{
+        detail::kernel_argument<std::remove_cvref_t<Args>>::convert(args)...};
+    return std::apply(
+        [&](auto&... v) {
+          void* pointers[] = {static_cast<void*>(&v)..., nullptr};
+          return add_node(graph, k, config, pointers);
+        },
+        values);
+  }
+
  private:
   friend class hot_module;
   using chain = version_chain<hot_version, CUstream, event>;
@@ -148,6 +183,8 @@ class hot_kernel {
       : state_(std::move(s)), index_(index), name_(std::move(name)) {}
   [[nodiscard]] chain::lease acquire() const;
   void finish(const chain::lease& lease, const launch_config& config) const;
+  CUgraphNode add_node(CUgraph graph, const kernel& k, const launch_config& config,
+                       void** arguments) const;
   std::shared_ptr<hot_module::state> state_;
   std::size_t index_;
   std::string name_;
