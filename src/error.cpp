@@ -29,6 +29,7 @@ std::string_view describe(errc code) noexcept {
     case errc::precondition: return "precondition violated";
     case errc::io: return "input/output failure";
     case errc::version_rejected: return "module version rejected";
+    case errc::bad_bundle: return "module bundle refused";
   }
   return "unknown cubridge error";
 }
@@ -45,6 +46,7 @@ std::string_view to_string(errc code) noexcept {
     case errc::precondition: return "CUBRIDGE_PRECONDITION";
     case errc::io: return "CUBRIDGE_IO";
     case errc::version_rejected: return "CUBRIDGE_VERSION_REJECTED";
+    case errc::bad_bundle: return "CUBRIDGE_BAD_BUNDLE";
   }
   return "CUBRIDGE_UNKNOWN";
 }

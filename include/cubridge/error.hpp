@@ -27,6 +27,7 @@ enum class errc {
   precondition,           ///< a caller broke a documented precondition
   io,                     ///< reading a file failed
   version_rejected,       ///< a new module version failed validation; the current one serves on
+  bad_bundle,             ///< a signed module bundle was refused (see bundle_error::reason)
 };
 
 /// Name of an errc value, e.g. "CUBRIDGE_BAD_IMAGE".

@@ -1,0 +1,716 @@
+// Signed module bundles; the format is specified in docs/bundle-format.md.
+#include <cubridge/bundle.hpp>
+#include <cubridge/image.hpp>
+
+#include <sodium.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <string>
+#include <utility>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+namespace cubridge {
+namespace {
+
+constexpr std::string_view magic = "CUBRIDGEB";
+constexpr std::uint8_t format_version = 1;
+constexpr std::string_view signature_domain = "cubridge bundle v1";
+constexpr std::size_t signature_bytes = 64;
+constexpr std::size_t header_bytes = 9 + 1;  // magic, format version
+constexpr std::size_t max_name_bytes = 128;
+constexpr std::string_view public_key_prefix = "cubridge-ed25519-public ";
+constexpr std::string_view secret_key_prefix = "cubridge-ed25519-secret ";
+
+static_assert(crypto_sign_BYTES == signature_bytes);
+static_assert(crypto_sign_PUBLICKEYBYTES == 32 && crypto_sign_SEEDBYTES == 32);
+
+[[noreturn]] void refuse(bundle_reason reason, std::string call, std::string involved,
+                         std::source_location where = std::source_location::current()) {
+  throw bundle_error(reason, std::move(call), std::move(involved), where);
+}
+
+void ensure_sodium() {
+  // sodium_init is thread-safe and idempotent; the static makes later calls free.
+  static const int result = sodium_init();
+  if (result < 0)
+    detail::throw_errc(errc::precondition, "sodium_init", "libsodium failed to initialise");
+}
+
+const unsigned char* as_uchar(const std::byte* p) {
+  return reinterpret_cast<const unsigned char*>(p);
+}
+unsigned char* as_uchar(std::byte* p) {
+  return reinterpret_cast<unsigned char*>(p);
+}
+
+std::string hex(std::span<const std::byte> bytes) {
+  static constexpr char digits[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(bytes.size() * 2);
+  for (std::byte b : bytes) {
+    out += digits[std::to_integer<unsigned>(b) >> 4];
+    out += digits[std::to_integer<unsigned>(b) & 0xF];
+  }
+  return out;
+}
+
+int hex_digit(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+// Parses exactly out.size() * 2 hex digits; false on anything else.
+bool parse_hex(std::string_view text, std::span<std::byte> out) {
+  if (text.size() != out.size() * 2) return false;
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    const int hi = hex_digit(text[2 * i]);
+    const int lo = hex_digit(text[2 * i + 1]);
+    if (hi < 0 || lo < 0) return false;
+    out[i] = static_cast<std::byte>(hi * 16 + lo);
+  }
+  return true;
+}
+
+bool is_lower_hex(std::string_view text, std::size_t length) {
+  return text.size() == length && std::all_of(text.begin(), text.end(), [](char c) {
+           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+         });
+}
+
+std::string sha256_hex(std::span<const std::byte> payload) {
+  std::array<std::byte, crypto_hash_sha256_BYTES> digest{};
+  crypto_hash_sha256(as_uchar(digest.data()), as_uchar(payload.data()), payload.size());
+  return hex(digest);
+}
+
+// What the signature covers: the domain-separation string, then the manifest bytes.
+std::vector<unsigned char> signed_message(std::string_view manifest) {
+  std::vector<unsigned char> message(signature_domain.size() + manifest.size());
+  std::memcpy(message.data(), signature_domain.data(), signature_domain.size());
+  if (!manifest.empty())
+    std::memcpy(message.data() + signature_domain.size(), manifest.data(), manifest.size());
+  return message;
+}
+
+// --- manifest field checks (shared by signing and verifying) -------------------------------
+
+// Empty when fine, else what is wrong.
+std::string check_name(std::string_view name) {
+  if (name.empty()) return "name is empty";
+  if (name.size() > max_name_bytes) return "name is longer than 128 bytes";
+  if (name == ".") return "name is '.'";
+  if (name.find("..") != std::string_view::npos) return "name contains '..'";
+  for (char c : name) {
+    const auto u = static_cast<unsigned char>(c);
+    if (c == '/' || c == '\\') return "name contains a path separator";
+    if (u < 0x20 || u == 0x7F) return "name contains a control character";
+  }
+  return {};
+}
+
+// "sm_" + 2 or 3 digits (no leading zero) + optional "a" or "f"; returns major*10+minor or 0.
+int parse_target(std::string_view target) {
+  if (target.size() < 5 || target.substr(0, 3) != "sm_") return 0;
+  std::string_view digits = target.substr(3);
+  if (digits.back() == 'a' || digits.back() == 'f') digits.remove_suffix(1);
+  if (digits.size() < 2 || digits.size() > 3 || digits.front() == '0') return 0;
+  int value = 0;
+  for (char c : digits) {
+    if (c < '0' || c > '9') return 0;
+    value = value * 10 + (c - '0');
+  }
+  return value;
+}
+
+std::optional<payload_kind> parse_kind(std::string_view text) {
+  if (text == "cubin") return payload_kind::cubin;
+  if (text == "fatbin") return payload_kind::fatbin;
+  if (text == "cuda_source") return payload_kind::cuda_source;
+  return std::nullopt;
+}
+
+std::string format_time(std::chrono::sys_seconds t) {
+  const auto days = std::chrono::floor<std::chrono::days>(t);
+  const std::chrono::year_month_day ymd{days};
+  const std::chrono::hh_mm_ss hms{t - days};
+  char text[32];
+  std::snprintf(text, sizeof text, "%04d-%02u-%02uT%02d:%02d:%02dZ", static_cast<int>(ymd.year()),
+                static_cast<unsigned>(ymd.month()), static_cast<unsigned>(ymd.day()),
+                static_cast<int>(hms.hours().count()), static_cast<int>(hms.minutes().count()),
+                static_cast<int>(hms.seconds().count()));
+  return text;
+}
+
+// Strict RFC 3339 UTC in whole seconds: "YYYY-MM-DDTHH:MM:SSZ".
+std::optional<std::chrono::sys_seconds> parse_time(std::string_view s) {
+  if (s.size() != 20 || s[4] != '-' || s[7] != '-' || s[10] != 'T' || s[13] != ':' ||
+      s[16] != ':' || s[19] != 'Z')
+    return std::nullopt;
+  auto number = [&](std::size_t at, std::size_t n) -> int {
+    int v = 0;
+    for (std::size_t i = at; i < at + n; ++i) {
+      if (s[i] < '0' || s[i] > '9') return -1;
+      v = v * 10 + (s[i] - '0');
+    }
+    return v;
+  };
+  const int year = number(0, 4), month = number(5, 2), day = number(8, 2);
+  const int hour = number(11, 2), minute = number(14, 2), second = number(17, 2);
+  if (year < 0 || month < 0 || day < 0 || hour < 0 || hour > 23 || minute < 0 || minute > 59 ||
+      second < 0 || second > 59)
+    return std::nullopt;
+  const std::chrono::year_month_day ymd{std::chrono::year{year},
+                                        std::chrono::month{static_cast<unsigned>(month)},
+                                        std::chrono::day{static_cast<unsigned>(day)}};
+  if (!ymd.ok()) return std::nullopt;
+  return std::chrono::sys_days{ymd} + std::chrono::hours{hour} + std::chrono::minutes{minute} +
+         std::chrono::seconds{second};
+}
+
+// --- strict manifest reader -----------------------------------------------------------------
+
+using json = nlohmann::json;
+
+// A SAX handler that accepts one flat JSON object of strings and unsigned integers, and stops
+// at the first nested value, duplicate key or other value type (which a DOM parse would hide:
+// nlohmann keeps the last of duplicate keys).
+struct manifest_reader {
+  struct field {
+    std::string key;
+    std::optional<std::string> text;
+    std::optional<std::uint64_t> number;
+  };
+  std::vector<field> fields;
+  int depth = 0;
+  std::string schema_problem;  // set when the handler stopped the parse for a schema reason
+  std::string syntax_problem;  // set by parse_error
+
+  bool stop(std::string why) {
+    if (schema_problem.empty()) schema_problem = std::move(why);
+    return false;
+  }
+  bool value_ok() {
+    if (depth != 1) return stop("manifest is not a JSON object");
+    return true;
+  }
+  bool null() { return stop("field '" + current() + "' is null"); }
+  bool boolean(bool) { return stop("field '" + current() + "' is a boolean"); }
+  bool number_integer(json::number_integer_t) {
+    return stop("field '" + current() + "' is a negative number");
+  }
+  bool number_unsigned(json::number_unsigned_t v) {
+    if (!value_ok()) return false;
+    fields.back().number = v;
+    return true;
+  }
+  bool number_float(json::number_float_t, const json::string_t&) {
+    return stop("field '" + current() + "' is not an unsigned integer");
+  }
+  bool string(json::string_t& v) {
+    if (!value_ok()) return false;
+    fields.back().text = std::move(v);
+    return true;
+  }
+  bool binary(json::binary_t&) { return stop("binary value"); }
+  bool start_object(std::size_t) {
+    if (depth != 0) return stop("field '" + current() + "' is an object");
+    ++depth;
+    return true;
+  }
+  bool key(json::string_t& k) {
+    for (const auto& f : fields)
+      if (f.key == k) return stop("duplicate field '" + k + "'");
+    fields.push_back({std::move(k), std::nullopt, std::nullopt});
+    return true;
+  }
+  bool end_object() {
+    --depth;
+    return true;
+  }
+  bool start_array(std::size_t) {
+    return stop(depth == 0 ? "manifest is not a JSON object"
+                           : "field '" + current() + "' is an array");
+  }
+  bool end_array() { return true; }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) {
+    syntax_problem = e.what();
+    return false;
+  }
+  std::string current() const {
+    return fields.empty() ? std::string("(top level)") : fields.back().key;
+  }
+};
+
+bundle_manifest read_manifest(std::string_view bytes) {
+  constexpr const char* call = "verify_bundle (manifest)";
+  manifest_reader reader;
+  bool ok = false;
+  try {
+    ok = json::sax_parse(bytes.begin(), bytes.end(), &reader, json::input_format_t::json, true);
+  } catch (const json::exception& e) {
+    refuse(bundle_reason::malformed_manifest, call, e.what());
+  }
+  if (!ok) {
+    if (!reader.syntax_problem.empty())
+      refuse(bundle_reason::malformed_manifest, call, reader.syntax_problem);
+    const bool duplicate = reader.schema_problem.starts_with("duplicate");
+    refuse(duplicate ? bundle_reason::malformed_manifest : bundle_reason::invalid_manifest, call,
+           reader.schema_problem.empty() ? "manifest rejected" : reader.schema_problem);
+  }
+
+  bundle_manifest m;
+  const std::array<std::string_view, 8> required = {
+      "name", "version", "target", "kind", "payload_sha256", "payload_size", "created", "key_id"};
+  for (const auto& f : reader.fields)
+    if (std::find(required.begin(), required.end(), f.key) == required.end())
+      refuse(bundle_reason::invalid_manifest, call, "unknown field '" + f.key + "'");
+  auto find = [&](std::string_view key) -> const manifest_reader::field& {
+    for (const auto& f : reader.fields)
+      if (f.key == key) return f;
+    refuse(bundle_reason::invalid_manifest, call, "missing field '" + std::string(key) + "'");
+  };
+  auto text = [&](std::string_view key) -> const std::string& {
+    const auto& f = find(key);
+    if (!f.text)
+      refuse(bundle_reason::invalid_manifest, call,
+             "field '" + std::string(key) + "' is not a string");
+    return *f.text;
+  };
+  auto number = [&](std::string_view key) -> std::uint64_t {
+    const auto& f = find(key);
+    if (!f.number)
+      refuse(bundle_reason::invalid_manifest, call,
+             "field '" + std::string(key) + "' is not an unsigned integer");
+    return *f.number;
+  };
+
+  m.name = text("name");
+  if (auto problem = check_name(m.name); !problem.empty())
+    refuse(bundle_reason::invalid_manifest, call, problem);
+  m.version = number("version");
+  if (m.version == 0) refuse(bundle_reason::invalid_manifest, call, "version is 0");
+  m.target = text("target");
+  m.target_sm = parse_target(m.target);
+  if (m.target_sm == 0) refuse(bundle_reason::invalid_manifest, call, "target is not sm_NN[a|f]");
+  const auto kind = parse_kind(text("kind"));
+  if (!kind)
+    refuse(bundle_reason::invalid_manifest, call, "kind is not cubin, fatbin or cuda_source");
+  m.kind = *kind;
+  m.payload_sha256 = text("payload_sha256");
+  if (!is_lower_hex(m.payload_sha256, 64))
+    refuse(bundle_reason::invalid_manifest, call, "payload_sha256 is not 64 lower-case hex digits");
+  m.payload_size = number("payload_size");
+  m.created = text("created");
+  const auto created = parse_time(m.created);
+  if (!created)
+    refuse(bundle_reason::invalid_manifest, call, "created is not YYYY-MM-DDTHH:MM:SSZ");
+  m.created_time = *created;
+  const auto& id = text("key_id");
+  if (!is_lower_hex(id, 16) || !parse_hex(id, m.key_id))
+    refuse(bundle_reason::invalid_manifest, call, "key_id is not 16 lower-case hex digits");
+  return m;
+}
+
+std::uint64_t read_le(std::span<const std::byte> bytes) {
+  std::uint64_t v = 0;
+  for (std::size_t i = bytes.size(); i-- > 0;)
+    v = (v << 8) | std::to_integer<std::uint64_t>(bytes[i]);
+  return v;
+}
+
+void append_le(std::vector<std::byte>& out, std::uint64_t v, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) out.push_back(static_cast<std::byte>((v >> (8 * i)) & 0xFF));
+}
+
+std::string printable(std::string_view name) {
+  // Names in messages come from untrusted input: show printable ASCII only.
+  std::string out = "'";
+  for (char c : name.substr(0, 64)) out += (c >= 0x20 && c < 0x7F) ? c : '?';
+  return out + (name.size() > 64 ? "...'" : "'");
+}
+
+}  // namespace
+
+// --- names and errors -------------------------------------------------------------------------
+
+std::string_view to_string(bundle_reason reason) noexcept {
+  switch (reason) {
+    case bundle_reason::too_large:
+      return "too_large";
+    case bundle_reason::bad_magic:
+      return "bad_magic";
+    case bundle_reason::unsupported_version:
+      return "unsupported_version";
+    case bundle_reason::malformed:
+      return "malformed";
+    case bundle_reason::malformed_manifest:
+      return "malformed_manifest";
+    case bundle_reason::invalid_manifest:
+      return "invalid_manifest";
+    case bundle_reason::unknown_key:
+      return "unknown_key";
+    case bundle_reason::unsigned_bundle:
+      return "unsigned_bundle";
+    case bundle_reason::bad_signature:
+      return "bad_signature";
+    case bundle_reason::payload_mismatch:
+      return "payload_mismatch";
+    case bundle_reason::payload_kind_mismatch:
+      return "payload_kind_mismatch";
+    case bundle_reason::target_mismatch:
+      return "target_mismatch";
+    case bundle_reason::bad_key:
+      return "bad_key";
+  }
+  return "unknown";
+}
+
+std::string_view to_string(payload_kind kind) noexcept {
+  switch (kind) {
+    case payload_kind::cubin:
+      return "cubin";
+    case payload_kind::fatbin:
+      return "fatbin";
+    case payload_kind::cuda_source:
+      return "cuda_source";
+  }
+  return "unknown";
+}
+
+bundle_error::bundle_error(bundle_reason reason, std::string call, std::string involved,
+                           std::source_location where)
+    : error(error_source::cubridge, static_cast<int>(errc::bad_bundle),
+            std::string(to_string(errc::bad_bundle)),
+            "bundle refused, " + std::string(to_string(reason)), std::move(call),
+            std::move(involved), where),
+      reason_(reason) {}
+
+// --- keys -------------------------------------------------------------------------------------
+
+std::string to_hex(const key_id& id) {
+  return hex(id);
+}
+
+key_id public_key::id() const {
+  ensure_sodium();
+  std::array<unsigned char, crypto_generichash_BYTES> digest{};  // BLAKE2b-256, unkeyed
+  crypto_generichash(digest.data(), digest.size(), as_uchar(bytes.data()), bytes.size(), nullptr,
+                     0);
+  key_id out{};
+  std::memcpy(out.data(), digest.data(), out.size());
+  return out;
+}
+
+secret_key::secret_key(std::span<const std::byte, 32> seed) noexcept {
+  std::copy(seed.begin(), seed.end(), seed_.begin());
+}
+secret_key::secret_key(secret_key&& other) noexcept : seed_(other.seed_) {
+  sodium_memzero(other.seed_.data(), other.seed_.size());
+}
+secret_key& secret_key::operator=(secret_key&& other) noexcept {
+  if (this != &other) {
+    seed_ = other.seed_;
+    sodium_memzero(other.seed_.data(), other.seed_.size());
+  }
+  return *this;
+}
+secret_key::~secret_key() {
+  sodium_memzero(seed_.data(), seed_.size());
+}
+
+cubridge::public_key secret_key::public_key() const {
+  ensure_sodium();
+  cubridge::public_key pk;
+  std::array<unsigned char, crypto_sign_SECRETKEYBYTES> sk{};
+  crypto_sign_seed_keypair(as_uchar(pk.bytes.data()), sk.data(), as_uchar(seed_.data()));
+  sodium_memzero(sk.data(), sk.size());
+  return pk;
+}
+
+keypair generate_keypair() {
+  ensure_sodium();
+  std::array<std::byte, 32> seed{};
+  randombytes_buf(seed.data(), seed.size());
+  secret_key sk{std::span<const std::byte, 32>(seed)};
+  sodium_memzero(seed.data(), seed.size());
+  auto pk = sk.public_key();
+  return keypair{pk, std::move(sk)};
+}
+
+std::string to_text(const public_key& key) {
+  return std::string(public_key_prefix) + hex(key.bytes) + "\n";
+}
+std::string to_text(const secret_key& key) {
+  return std::string(secret_key_prefix) + hex(key.seed()) + "\n";
+}
+
+namespace {
+std::array<std::byte, 32> key_bytes_from_text(std::string_view text, std::string_view prefix,
+                                              const char* call) {
+  if (text.ends_with('\n')) text.remove_suffix(1);
+  std::array<std::byte, 32> bytes{};
+  if (!text.starts_with(prefix) || !parse_hex(text.substr(prefix.size()), bytes))
+    refuse(bundle_reason::bad_key, call, "expected \"" + std::string(prefix) + "<64 hex digits>\"");
+  return bytes;
+}
+
+std::string read_small_file(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) detail::throw_errc(errc::io, "read key file", "cannot open '" + path.string() + "'");
+  std::string text(4097, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  if (in.bad())
+    detail::throw_errc(errc::io, "read key file", "cannot read '" + path.string() + "'");
+  text.resize(static_cast<std::size_t>(in.gcount()));
+  if (text.size() > 4096)
+    detail::throw_errc(errc::io, "read key file", "'" + path.string() + "' is over 4 KiB");
+  return text;
+}
+
+void write_text_file(const std::filesystem::path& path, const std::string& text, mode_t mode) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
+  if (fd < 0)
+    detail::throw_errc(errc::io, "write key file", "cannot create '" + path.string() + "'");
+  // An existing file keeps its mode under O_CREAT; tighten it explicitly.
+  const bool ok = ::fchmod(fd, mode) == 0 &&
+                  ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+  const bool closed = ::close(fd) == 0;
+  if (!ok || !closed)
+    detail::throw_errc(errc::io, "write key file", "cannot write '" + path.string() + "'");
+}
+}  // namespace
+
+public_key public_key_from_text(std::string_view text) {
+  return public_key{key_bytes_from_text(text, public_key_prefix, "public_key_from_text")};
+}
+
+secret_key secret_key_from_text(std::string_view text) {
+  auto seed = key_bytes_from_text(text, secret_key_prefix, "secret_key_from_text");
+  secret_key key{std::span<const std::byte, 32>(seed)};
+  sodium_memzero(seed.data(), seed.size());
+  return key;
+}
+
+void write_key_file(const std::filesystem::path& path, const public_key& key) {
+  write_text_file(path, to_text(key), 0644);
+}
+void write_key_file(const std::filesystem::path& path, const secret_key& key) {
+  auto text = to_text(key);
+  write_text_file(path, text, 0600);
+  sodium_memzero(text.data(), text.size());
+}
+public_key read_public_key_file(const std::filesystem::path& path) {
+  return public_key_from_text(read_small_file(path));
+}
+secret_key read_secret_key_file(const std::filesystem::path& path) {
+  auto text = read_small_file(path);
+  auto key = secret_key_from_text(text);
+  sodium_memzero(text.data(), text.size());
+  return key;
+}
+
+trusted_keys::trusted_keys(std::initializer_list<public_key> keys) {
+  for (const auto& k : keys) add(k);
+}
+void trusted_keys::add(const public_key& key) {
+  if (std::find(keys_.begin(), keys_.end(), key) == keys_.end()) keys_.push_back(key);
+}
+const public_key* trusted_keys::find(const key_id& id) const noexcept {
+  for (const auto& k : keys_) {
+    try {
+      if (k.id() == id) return &k;
+    } catch (...) {  // only if libsodium cannot initialise; then no key is usable
+      return nullptr;
+    }
+  }
+  return nullptr;
+}
+
+// --- signing ----------------------------------------------------------------------------------
+
+namespace detail {
+
+std::string manifest_json(const bundle_manifest_input& input, std::span<const std::byte> payload,
+                          const public_key& signer) {
+  constexpr const char* call = "sign_bundle";
+  if (auto problem = check_name(input.name); !problem.empty())
+    refuse(bundle_reason::invalid_manifest, call, problem);
+  if (input.version == 0) refuse(bundle_reason::invalid_manifest, call, "version is 0");
+  if (parse_target(input.target) == 0)
+    refuse(bundle_reason::invalid_manifest, call,
+           "target is not sm_NN[a|f]: " + printable(input.target));
+  ensure_sodium();
+  const auto created = std::chrono::floor<std::chrono::seconds>(
+      input.created.value_or(std::chrono::system_clock::now()));
+  json m = json::object();
+  m["name"] = input.name;
+  m["version"] = input.version;
+  m["target"] = input.target;
+  m["kind"] = std::string(to_string(input.kind));
+  m["payload_sha256"] = sha256_hex(payload);
+  m["payload_size"] = static_cast<std::uint64_t>(payload.size());
+  m["created"] = format_time(created);
+  m["key_id"] = to_hex(signer.id());
+  try {
+    return m.dump();  // keys sorted, compact, UTF-8
+  } catch (const json::exception&) {
+    refuse(bundle_reason::invalid_manifest, call, "name is not valid UTF-8");
+  }
+}
+
+std::vector<std::byte> sign_bundle_unchecked(std::string_view manifest,
+                                             std::span<const std::byte> payload,
+                                             const secret_key& key) {
+  ensure_sodium();
+  CUBRIDGE_EXPECTS(manifest.size() <= std::numeric_limits<std::uint32_t>::max(),
+                   "manifest over 4 GiB");
+  std::vector<std::byte> out;
+  out.reserve(header_bytes + 4 + manifest.size() + 8 + payload.size() + signature_bytes);
+  for (char c : magic) out.push_back(static_cast<std::byte>(c));
+  out.push_back(static_cast<std::byte>(format_version));
+  append_le(out, manifest.size(), 4);
+  for (char c : manifest) out.push_back(static_cast<std::byte>(c));
+  append_le(out, payload.size(), 8);
+  out.insert(out.end(), payload.begin(), payload.end());
+
+  std::array<unsigned char, crypto_sign_PUBLICKEYBYTES> pk{};
+  std::array<unsigned char, crypto_sign_SECRETKEYBYTES> sk{};
+  crypto_sign_seed_keypair(pk.data(), sk.data(), as_uchar(key.seed().data()));
+  const auto message = signed_message(manifest);
+  std::array<unsigned char, signature_bytes> signature{};
+  crypto_sign_detached(signature.data(), nullptr, message.data(), message.size(), sk.data());
+  sodium_memzero(sk.data(), sk.size());
+  for (unsigned char c : signature) out.push_back(static_cast<std::byte>(c));
+  return out;
+}
+
+}  // namespace detail
+
+std::vector<std::byte> sign_bundle(const bundle_manifest_input& input,
+                                   std::span<const std::byte> payload, const secret_key& key) {
+  return detail::sign_bundle_unchecked(detail::manifest_json(input, payload, key.public_key()),
+                                       payload, key);
+}
+
+// --- verifying --------------------------------------------------------------------------------
+
+verified_bundle verify_bundle(std::span<const std::byte> bytes, const trusted_keys& keys,
+                              const verify_limits& limits) {
+  constexpr const char* call = "verify_bundle";
+  // 1. Size, before reading a single byte.
+  if (bytes.size() > limits.max_bundle_bytes)
+    refuse(
+        bundle_reason::too_large, call,
+        std::to_string(bytes.size()) + " bytes, limit " + std::to_string(limits.max_bundle_bytes));
+  // 2. Magic and format version.
+  if (bytes.size() < magic.size() || std::memcmp(bytes.data(), magic.data(), magic.size()) != 0)
+    refuse(bundle_reason::bad_magic, call, "does not start with \"CUBRIDGEB\"");
+  if (bytes.size() < header_bytes)
+    refuse(bundle_reason::malformed, call, "truncated before the format version");
+  if (std::to_integer<std::uint8_t>(bytes[magic.size()]) != format_version)
+    refuse(bundle_reason::unsupported_version, call,
+           "format version " + std::to_string(std::to_integer<unsigned>(bytes[magic.size()])) +
+               ", expected 1");
+  // 3. Lengths: each compared with what remains, so no sum can overflow.
+  auto rest = bytes.subspan(header_bytes);
+  if (rest.size() < 4) refuse(bundle_reason::malformed, call, "truncated in the manifest length");
+  const std::uint64_t manifest_size = read_le(rest.first(4));
+  rest = rest.subspan(4);
+  if (manifest_size > limits.max_manifest_bytes)
+    refuse(bundle_reason::too_large, call,
+           "manifest of " + std::to_string(manifest_size) + " bytes, limit " +
+               std::to_string(limits.max_manifest_bytes));
+  if (manifest_size > rest.size())
+    refuse(bundle_reason::malformed, call, "truncated in the manifest");
+  const auto manifest_bytes = rest.first(static_cast<std::size_t>(manifest_size));
+  rest = rest.subspan(manifest_bytes.size());
+  if (rest.size() < 8) refuse(bundle_reason::malformed, call, "truncated in the payload length");
+  const std::uint64_t payload_size = read_le(rest.first(8));
+  rest = rest.subspan(8);
+  if (payload_size > rest.size())
+    refuse(bundle_reason::malformed, call, "truncated in the payload");
+  const auto payload = rest.first(static_cast<std::size_t>(payload_size));
+  rest = rest.subspan(payload.size());
+  if (rest.size() < signature_bytes)
+    refuse(bundle_reason::malformed, call, "truncated in the signature");
+  if (rest.size() > signature_bytes)
+    refuse(bundle_reason::malformed, call,
+           std::to_string(rest.size() - signature_bytes) + " bytes after the signature");
+  const auto signature = rest;
+
+  // 4. Manifest syntax and schema.
+  const std::string_view manifest_text(reinterpret_cast<const char*>(manifest_bytes.data()),
+                                       manifest_bytes.size());
+  bundle_manifest manifest = read_manifest(manifest_text);
+  const std::string who =
+      "module " + printable(manifest.name) + " v" + std::to_string(manifest.version);
+
+  // 5. Key id trusted.
+  const public_key* key = keys.find(manifest.key_id);
+  if (!key)
+    refuse(bundle_reason::unknown_key, call,
+           who + ": key " + to_hex(manifest.key_id) + " is not trusted");
+
+  // 6. Signature.
+  if (std::all_of(signature.begin(), signature.end(),
+                  [](std::byte b) { return b == std::byte{0}; }))
+    refuse(bundle_reason::unsigned_bundle, call, who + ": signature is all zero");
+  ensure_sodium();
+  const auto message = signed_message(manifest_text);
+  if (crypto_sign_verify_detached(as_uchar(signature.data()), message.data(), message.size(),
+                                  as_uchar(key->bytes.data())) != 0)
+    refuse(bundle_reason::bad_signature, call,
+           who + ": signature does not verify with key " + to_hex(manifest.key_id));
+
+  // 7. Payload size and hash.
+  if (manifest.payload_size != payload.size())
+    refuse(bundle_reason::payload_mismatch, call,
+           who + ": payload is " + std::to_string(payload.size()) + " bytes, manifest says " +
+               std::to_string(manifest.payload_size));
+  if (sha256_hex(payload) != manifest.payload_sha256)
+    refuse(bundle_reason::payload_mismatch, call,
+           who + ": payload SHA-256 differs from the manifest's");
+
+  // 8. Payload kind and target.
+  if (manifest.kind == payload_kind::cuda_source) {
+    if (std::find(payload.begin(), payload.end(), std::byte{0}) != payload.end())
+      refuse(bundle_reason::payload_kind_mismatch, call, who + ": CUDA source contains a NUL byte");
+  } else {
+    image_info info;
+    try {
+      info = inspect_image(payload);
+    } catch (const error& e) {
+      refuse(bundle_reason::payload_kind_mismatch, call,
+             who + ": payload is not a " + std::string(to_string(manifest.kind)) + ": " + e.what());
+    }
+    const auto expected =
+        manifest.kind == payload_kind::cubin ? image_kind::cubin : image_kind::fatbin;
+    if (info.kind != expected)
+      refuse(bundle_reason::payload_kind_mismatch, call,
+             who + ": manifest says " + std::string(to_string(manifest.kind)) + ", payload is " +
+                 std::string(to_string(info.kind)));
+    bool runs = false;
+    try {
+      runs = can_run_on(info, manifest.target_sm / 10, manifest.target_sm % 10);
+    } catch (const error&) {
+      runs = false;
+    }
+    if (!runs)
+      refuse(bundle_reason::target_mismatch, call,
+             who + ": image has no code that runs on " + manifest.target);
+  }
+  return verified_bundle{std::move(manifest),
+                         std::vector<std::byte>(payload.begin(), payload.end())};
+}
+
+}  // namespace cubridge
