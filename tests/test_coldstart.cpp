@@ -12,6 +12,8 @@
 #include <cubridge/image.hpp>
 
 #include <gtest/gtest.h>
+
+#include "temp_dir.hpp"
 #include <nlohmann/json.hpp>
 
 #include <dlfcn.h>
@@ -227,21 +229,13 @@ bool driver_present() {
   return lib != nullptr;
 }
 
-/// A fresh directory under the build's temp area, removed at the end of the test.
+/// The shared temp directory, spelled as this file's tests use it (dir.path()).
 class scratch_dir {
  public:
-  scratch_dir() {
-    std::string pattern = (fs::temp_directory_path() / "test_coldstart-XXXXXX").string();
-    path_ = ::mkdtemp(pattern.data());
-  }
-  ~scratch_dir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  [[nodiscard]] const fs::path& path() const { return path_; }
+  [[nodiscard]] const fs::path& path() const { return dir_.path; }
 
  private:
-  fs::path path_;
+  cubridge::testing::temp_dir dir_;
 };
 
 std::string read_text(const fs::path& p) {

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include "temp_dir.hpp"
+
 #include <unistd.h>
 #include <cstdlib>
 #include <filesystem>
@@ -13,6 +15,9 @@
 #include <vector>
 
 namespace {
+
+using cubridge::testing::temp_dir;
+using cubridge::testing::write_text;
 
 namespace fs = std::filesystem;
 
@@ -39,23 +44,7 @@ cubridge::image_info inspect(const std::vector<std::byte>& bytes) {
   return cubridge::inspect_image(std::span<const std::byte>(bytes));
 }
 
-/// A fresh directory, removed at the end of the test.
-struct temp_dir {
-  fs::path path;
-  temp_dir() {
-    std::string pattern = (fs::temp_directory_path() / "cubridge-test-compile-XXXXXX").string();
-    path = ::mkdtemp(pattern.data());
-  }
-  ~temp_dir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
 
-void write_text(const fs::path& path, std::string_view text) {
-  fs::create_directories(path.parent_path());
-  std::ofstream(path) << text;
-}
 
 void expect_cubin_for_sm90(const cubridge::image_info& info) {
   EXPECT_EQ(info.kind, cubridge::image_kind::cubin);

@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include "temp_dir.hpp"
+
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -25,6 +27,9 @@ extern char** environ;
 
 namespace {
 
+using cubridge::testing::temp_dir;
+using cubridge::testing::write_text;
+
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 
@@ -35,23 +40,7 @@ extern "C" __global__ void scale(float* data, float factor, int n) {
 }
 )";
 
-/// A fresh directory, removed at the end of the test.
-struct temp_dir {
-  fs::path path;
-  temp_dir() {
-    std::string pattern = (fs::temp_directory_path() / "cubridge-test-cache-XXXXXX").string();
-    path = ::mkdtemp(pattern.data());
-  }
-  ~temp_dir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
 
-void write_text(const fs::path& path, std::string_view text) {
-  fs::create_directories(path.parent_path());
-  std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
-}
 
 std::string read_text(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);

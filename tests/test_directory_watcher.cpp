@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include "temp_dir.hpp"
+
 #include <condition_variable>
 #include <fstream>
 #include <mutex>
@@ -12,17 +14,11 @@
 
 namespace {
 
+using cubridge::testing::temp_dir;
+
 using namespace std::chrono_literals;
 namespace fs = std::filesystem;
 
-/// A fresh directory, removed at the end of the test.
-struct temp_dir {
-  temp_dir() : path(fs::temp_directory_path() / ("cubridge-watch-" + std::to_string(std::random_device{}()))) {
-    fs::create_directories(path);
-  }
-  ~temp_dir() { fs::remove_all(path); }
-  fs::path path;
-};
 
 /// Collects reported paths; waits for them with a deadline.
 struct reports {

@@ -5,6 +5,7 @@
 #include <cubridge/scoped_current.hpp>
 
 #include "gpu_test.hpp"
+#include "temp_dir.hpp"
 
 #include <condition_variable>
 #include <fstream>
@@ -14,16 +15,11 @@
 
 namespace {
 
+using cubridge::testing::temp_dir;
+
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 
-struct temp_dir {
-  temp_dir() : path(fs::temp_directory_path() / ("cubridge-reload-" + std::to_string(std::random_device{}()))) {
-    fs::create_directories(path);
-  }
-  ~temp_dir() { fs::remove_all(path); }
-  fs::path path;
-};
 
 void write_file(const fs::path& p, const std::string& text) {
   std::ofstream(p, std::ios::binary) << text;
