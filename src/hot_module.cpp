@@ -389,7 +389,17 @@ CUgraphNode hot_kernel::add_node(CUgraph graph, const kernel& k, const launch_co
 hot_kernel::chain::lease hot_kernel::acquire() const { return state_->versions.acquire(); }
 
 void hot_kernel::finish(const chain::lease& lease, const launch_config& config) const {
-  lease.note(config.stream.get());
+  // A serving thread launches the same version on the same stream again and again; noting the
+  // stream once is enough (the note holds until the version is unpinned and retired, after which
+  // no lease on it exists), so repeats skip the version's mutex.
+  thread_local std::uint64_t noted_serial = 0;
+  thread_local CUstream noted_stream = nullptr;
+  const CUstream stream = config.stream.get();
+  if (noted_serial != lease.serial() || noted_stream != stream) {
+    lease.note(stream);
+    noted_serial = lease.serial();
+    noted_stream = stream;
+  }
   auto& usage = state_->usage[index_];
   raise_to(usage.threads_per_block, config.block.volume());
   raise_to(usage.dynamic_shared_bytes, config.dynamic_shared_bytes);

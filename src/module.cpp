@@ -54,19 +54,30 @@ struct jit_logs {
   std::vector<void*> values;
 };
 
-/// Inspects the image, checks its targets, and returns bytes the driver can take (PTX must end
-/// in a NUL, which a file's bytes usually lack).
-std::vector<std::byte> prepare_image(std::span<const std::byte> image, const load_options& options,
-                                     std::optional<compute_capability> target,
-                                     const std::string& what) {
-  const image_info info = inspect_image(image);
-  if (options.check_target && target)
-    require_runs_on(info, target->major, target->minor, what);
-  std::vector<std::byte> bytes(image.begin(), image.end());
-  if (info.kind == image_kind::ptx && (bytes.empty() || bytes.back() != std::byte{0}))
-    bytes.push_back(std::byte{0});
-  return bytes;
-}
+/// Bytes the driver can take: the caller's image as it is, or, for PTX without its trailing NUL
+/// (as a file's bytes usually are), a terminated copy. Machine code is never copied.
+class driver_image {
+ public:
+  /// Inspects `image` and checks its targets. @throws image_error
+  driver_image(std::span<const std::byte> image, const load_options& options,
+               std::optional<compute_capability> target, const std::string& what)
+      : image_(image) {
+    const image_info info = inspect_image(image);
+    if (options.check_target && target)
+      require_runs_on(info, target->major, target->minor, what);
+    if (info.kind == image_kind::ptx && (image.empty() || image.back() != std::byte{0})) {
+      terminated_.assign(image.begin(), image.end());
+      terminated_.push_back(std::byte{0});
+    }
+  }
+  [[nodiscard]] const void* data() const noexcept {
+    return terminated_.empty() ? static_cast<const void*>(image_.data()) : terminated_.data();
+  }
+
+ private:
+  std::span<const std::byte> image_;
+  std::vector<std::byte> terminated_;
+};
 
 std::string with_log(std::string what, const std::string& log) {
   if (!log.empty()) what += "; JIT log: " + log;
@@ -98,7 +109,7 @@ module module::load(context_arg ctx, std::span<const std::byte> image, load_opti
   if (options.name.empty()) options.name = "<memory>";
   const std::string what = "module '" + options.name + "' in " + ctx.ref().describe();
   const auto target = ctx.ref().device().capability();
-  const auto bytes = prepare_image(image, options, target, what);
+  const driver_image bytes(image, options, target, what);
   scoped_current guard(ctx.ref());
   jit_logs logs(options);
   CUmodule handle = nullptr;
@@ -164,7 +175,7 @@ library library::load(std::span<const std::byte> image, load_options options) {
     const auto current = context_ref::current();
     target = (current ? current.device() : device::get(0)).capability();
   }
-  const auto bytes = prepare_image(image, options, target, what);
+  const driver_image bytes(image, options, target, what);
   jit_logs logs(options);
   CUlibrary handle = nullptr;
   const CUresult r = driver::api().cuLibraryLoadData(

@@ -36,8 +36,11 @@ class version_chain {
  public:
   /// One version: an id that grows with every promote, and the payload.
   struct version {
-    version(std::uint64_t id_, Payload payload_) : id(id_), payload(std::move(payload_)) {}
+    version(std::uint64_t id_, Payload payload_)
+        : id(id_), serial(next_serial()), payload(std::move(payload_)) {}
     const std::uint64_t id;
+    /// Unique in the process, never reused (unlike the address): a key for per-thread caches.
+    const std::uint64_t serial;
     const Payload payload;
 
    private:
@@ -63,6 +66,7 @@ class version_chain {
     [[nodiscard]] const version& get() const noexcept { return *version_; }
     [[nodiscard]] const Payload& payload() const noexcept { return version_->payload; }
     [[nodiscard]] std::uint64_t id() const noexcept { return version_->id; }
+    [[nodiscard]] std::uint64_t serial() const noexcept { return version_->serial; }
     /// Notes that work using this version was queued on `stream` and is complete when `token`
     /// is; replaces an older token of the same stream.
     void record(const StreamKey& stream, Token token) const { set(stream, std::move(token)); }
@@ -186,6 +190,11 @@ class version_chain {
   }
 
  private:
+  static std::uint64_t next_serial() noexcept {
+    static std::atomic<std::uint64_t> counter{1};
+    return counter.fetch_add(1, std::memory_order_relaxed);
+  }
+
   template <class DonePredicate, class MakeToken>
   static bool all_done(const version& v, DonePredicate& done, MakeToken& make_token) {
     std::lock_guard lock(v.mutex);
