@@ -1,4 +1,5 @@
 #include <cubridge/detail/check.hpp>
+#include <cubridge/detail/stream_listeners.hpp>
 #include <cubridge/driver.hpp>
 #include <cubridge/hot_module.hpp>
 #include <cubridge/image.hpp>
@@ -47,12 +48,14 @@ struct hot_module::state {
         kernel_names(std::move(names)),
         usage(kernel_names.size()),
         versions(std::move(first)),
+        stream_listener(detail::add_stream_listener([this](CUstream s) { seal(s); })),
         reclaimer([this] { reclaim_loop(); }) {}
 
   state(const state&) = delete;
   state& operator=(const state&) = delete;
 
   ~state() {
+    detail::remove_stream_listener(stream_listener);
     {
       std::lock_guard lock(reclaimer_mutex);
       stopping = true;
@@ -70,13 +73,31 @@ struct hot_module::state {
             // Done, or failed for good (a sticky fault): either way nothing more will run.
             return driver::api().cuEventQuery(e.get()) != CUDA_ERROR_NOT_READY;
           },
-          [this](const CUstream& s) {
-            auto e = event::create(ctx);
-            e.record(stream_ref::from_native(s));
-            return e;
-          });
+          [this](const CUstream& s) { return last_event_on(s); });
     } catch (...) {
       return 0;
+    }
+  }
+
+  /// An event recorded on `s` now: complete once everything queued on `s` so far is.
+  event last_event_on(CUstream s) {
+    auto e = event::create(ctx);
+    // If the driver refuses (a raw stream destroyed without before_stream_destroy()), its queued
+    // work still runs to the end: wait for the whole context, on this (non-serving) thread, and
+    // return the never-recorded event, which queries as complete. Failing would pin the version.
+    if (driver::api().cuEventRecord(e.get(), s) != CUDA_SUCCESS)
+      (void)driver::api().cuCtxSynchronize();
+    return e;
+  }
+
+  /// `s` is about to be destroyed: every version that launched on it gets its last event now,
+  /// while the handle is valid (reclaim could not record one later).
+  void seal(CUstream s) noexcept {
+    try {
+      scoped_current current(ctx.ref());
+      versions.seal_stream(s, [this](const CUstream& stream) { return last_event_on(stream); });
+    } catch (...) {
+      // Out of events or a broken context: the version then stays pinned, which is safe.
     }
   }
 
@@ -149,6 +170,8 @@ struct hot_module::state {
   std::atomic<std::uint64_t> unloaded{0};
   std::mutex graphs_mutex;
   std::vector<std::unique_ptr<tracked_graph>> graphs;
+
+  std::uint64_t stream_listener;  // removed first in ~state, before anything it uses dies
 
   std::mutex reclaimer_mutex;
   std::condition_variable wake;
@@ -392,13 +415,17 @@ void hot_kernel::finish(const chain::lease& lease, const launch_config& config) 
   // A serving thread launches the same version on the same stream again and again; noting the
   // stream once is enough (the note holds until the version is unpinned and retired, after which
   // no lease on it exists), so repeats skip the version's mutex.
+  // A destroyed stream's handle may come back for a new stream: the generation tells.
   thread_local std::uint64_t noted_serial = 0;
   thread_local CUstream noted_stream = nullptr;
+  thread_local std::uint64_t noted_generation = 0;
   const CUstream stream = config.stream.get();
-  if (noted_serial != lease.serial() || noted_stream != stream) {
+  const auto generation = detail::stream_generation();
+  if (noted_serial != lease.serial() || noted_stream != stream || noted_generation != generation) {
     lease.note(stream);
     noted_serial = lease.serial();
     noted_stream = stream;
+    noted_generation = generation;
   }
   auto& usage = state_->usage[index_];
   raise_to(usage.threads_per_block, config.block.volume());

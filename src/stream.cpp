@@ -1,13 +1,58 @@
 #include <cubridge/detail/check.hpp>
 #include <cubridge/detail/describe.hpp>
+#include <cubridge/detail/stream_listeners.hpp>
 #include <cubridge/driver.hpp>
 #include <cubridge/event.hpp>
 #include <cubridge/scoped_current.hpp>
 #include <cubridge/stream.hpp>
 
+#include <atomic>
+#include <mutex>
 #include <utility>
+#include <vector>
 
 namespace cubridge {
+
+namespace detail {
+namespace {
+struct stream_listeners {
+  std::mutex mutex;
+  std::vector<std::pair<std::uint64_t, std::function<void(CUstream)>>> listeners;
+  std::uint64_t next_id = 1;
+  std::atomic<std::uint64_t> generation{0};
+};
+stream_listeners& listeners() {
+  static stream_listeners instance;  // constructed on first use, before any stream dies
+  return instance;
+}
+}  // namespace
+
+std::uint64_t add_stream_listener(std::function<void(CUstream)> on_destroy) {
+  auto& l = listeners();
+  std::lock_guard lock(l.mutex);
+  l.listeners.emplace_back(l.next_id, std::move(on_destroy));
+  return l.next_id++;
+}
+
+void remove_stream_listener(std::uint64_t id) noexcept {
+  auto& l = listeners();
+  std::lock_guard lock(l.mutex);
+  std::erase_if(l.listeners, [id](const auto& entry) { return entry.first == id; });
+}
+
+std::uint64_t stream_generation() noexcept {
+  return listeners().generation.load(std::memory_order_acquire);
+}
+
+void notify_stream_destroy(CUstream stream) noexcept {
+  auto& l = listeners();
+  l.generation.fetch_add(1, std::memory_order_acq_rel);
+  std::lock_guard lock(l.mutex);
+  for (const auto& [id, on_destroy] : l.listeners) on_destroy(stream);
+}
+}  // namespace detail
+
+void before_stream_destroy(CUstream stream) noexcept { detail::notify_stream_destroy(stream); }
 
 namespace {
 std::string name_stream(CUstream s) { return "stream " + detail::hex(s); }
@@ -53,7 +98,10 @@ stream::stream(stream&& other) noexcept
 
 stream& stream::operator=(stream&& other) noexcept {
   if (this != &other) {
-    if (handle_) detail::check_release(driver::api().cuStreamDestroy(handle_), "cuStreamDestroy");
+    if (handle_) {
+      detail::notify_stream_destroy(handle_);
+      detail::check_release(driver::api().cuStreamDestroy(handle_), "cuStreamDestroy");
+    }
     handle_ = std::exchange(other.handle_, nullptr);
     ctx_ = std::move(other.ctx_);
   }
@@ -61,7 +109,9 @@ stream& stream::operator=(stream&& other) noexcept {
 }
 
 stream::~stream() {
-  if (handle_) detail::check_release(driver::api().cuStreamDestroy(handle_), "cuStreamDestroy");
+  if (!handle_) return;
+  detail::notify_stream_destroy(handle_);
+  detail::check_release(driver::api().cuStreamDestroy(handle_), "cuStreamDestroy");
 }
 
 CUstream stream::release() noexcept { return std::exchange(handle_, nullptr); }

@@ -10,6 +10,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <vector>
+
 namespace {
 
 CUfunctionLoadingState loading_state(CUfunction f) {
@@ -40,6 +42,28 @@ TEST(Prewarm, LoadsModuleKernelsAndReportsEachStep) {
   EXPECT_FALSE(cubridge::context_ref::current()) << "run() must restore the caller's stack";
   // A second run finds nothing left to do.
   for (const auto& step : plan.run(ctx).steps) EXPECT_TRUE(step.already_done) << step.what;
+}
+
+TEST(Prewarm, AWarmUpLaunchRunsInTheContextAndIsCheckedWhenPlanned) {
+  CUBRIDGE_REQUIRE_GPU();
+  auto ctx = cubridge::context::create(cubridge::device::get(0));
+  auto m = cubridge::module::load_file(ctx, cubridge::testing::test_cubin_path());
+  auto fill = m.get_kernel("fill_u32");
+  auto scratch = cubridge::driver_buffer<unsigned>::allocate(ctx, 256);
+  cubridge::prewarm_plan plan;
+  EXPECT_THROW(plan.launch(fill, {.block = {256}}, scratch.span()), cubridge::launch_argument_error);
+  plan.launch(fill, {.block = {256}}, scratch.span(), 7u, std::size_t{256});
+  const auto report = plan.run(ctx);
+  ASSERT_EQ(report.steps.size(), 1u) << "the refused launch added no step";
+  EXPECT_EQ(report.steps[0].what, "warm-up launch of 'fill_u32'");
+  EXPECT_FALSE(cubridge::context_ref::current());
+  cubridge::scoped_current current(ctx);
+  std::vector<unsigned> back(256);
+  ASSERT_EQ(cubridge::driver::api().cuMemcpy(reinterpret_cast<CUdeviceptr>(back.data()),
+                                             scratch.address(), 256 * sizeof(unsigned)),
+            CUDA_SUCCESS);
+  EXPECT_EQ(back.front(), 7u);
+  EXPECT_EQ(back.back(), 7u) << "the warm-up launch ran and was synchronized";
 }
 
 TEST(Prewarm, LoadsALibraryKernelIntoTheGivenContext) {

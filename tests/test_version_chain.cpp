@@ -269,4 +269,57 @@ TEST(VersionChain, ANoteAfterARecordNeedsAFreshToken) {
   EXPECT_EQ(c.reclaim(done), 1u);
 }
 
+TEST(VersionChain, ASealedStreamNeedsNoTokenLater) {
+  auto live = std::make_shared<std::atomic<int>>(0);
+  chain c(tracked(1, live));
+  {
+    auto l = c.acquire();
+    l.note(6);
+    l.note(7);
+  }
+  std::vector<int> sealed;
+  auto last = pending_token();
+  // Stream 6 is about to be destroyed: versions 1 (current now) and none other noted it.
+  c.seal_stream(6, [&](const int& stream) {
+    sealed.push_back(stream);
+    return last;
+  });
+  EXPECT_EQ(sealed, (std::vector<int>{6}));
+  c.promote(tracked(2, live));
+  c.promote(tracked(3, live));
+  std::vector<int> made_for;
+  auto make = [&](const int& stream) {
+    made_for.push_back(stream);
+    auto t = pending_token();
+    t->store(true);
+    return t;
+  };
+  EXPECT_EQ(c.reclaim(done, make), 0u) << "stream 6's sealed work still runs";
+  EXPECT_EQ(made_for, (std::vector<int>{7})) << "only the live stream gets a token made later";
+  last->store(true);
+  EXPECT_EQ(c.reclaim(done, make), 1u);
+  EXPECT_EQ(made_for.size(), 1u);
+  EXPECT_EQ(live->load(), 2);
+}
+
+TEST(VersionChain, SealingReachesCurrentPreviousAndRetiredVersions) {
+  auto live = std::make_shared<std::atomic<int>>(0);
+  chain c(tracked(1, live));
+  std::vector<chain::lease> held;
+  for (int v = 2; v <= 4; ++v) {
+    held.push_back(c.acquire());
+    held.back().note(3);
+    c.promote(tracked(v, live));
+  }
+  held.push_back(c.acquire());
+  held.back().note(3);  // versions 1 (retired), 2 (retired), 3 (previous), 4 (current)
+  held.back().note(8);
+  int sealed = 0;
+  c.seal_stream(3, [&](const int&) {
+    ++sealed;
+    return pending_token();
+  });
+  EXPECT_EQ(sealed, 4);
+}
+
 }  // namespace

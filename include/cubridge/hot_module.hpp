@@ -12,7 +12,9 @@
 //
 // Old versions are unloaded on a background thread once no launch can still use them: no lease
 // (host side) pins them, and an event recorded after their last launch on every stream they
-// used has completed (version_chain.hpp). Give the driver machine code only: a PTX image makes
+// used has completed (version_chain.hpp). A stream that launched hot kernels must be destroyed
+// through cubridge::stream, or after before_stream_destroy() (stream.hpp): the last event is
+// recorded on it then. Give the driver machine code only: a PTX image makes
 // the driver JIT in this process, which stalls every thread (FACTS.md); compile first.
 
 #include <cubridge/context_ref.hpp>

@@ -6,6 +6,8 @@
 
 #include <cubridge/context_ref.hpp>
 #include <cubridge/kernel.hpp>
+#include <cubridge/launch_config.hpp>
+#include <cubridge/stream_ref.hpp>
 
 #include <functional>
 #include <string>
@@ -34,6 +36,18 @@ class prewarm_plan {
   /// Load `k` in the context: cuFuncLoad for a module kernel; cuKernelGetFunction + cuFuncLoad
   /// for a library kernel (which also loads its library into the context).
   prewarm_plan& kernel(const cubridge::kernel& k);
+  /// A warm-up launch the service knows to be harmless (e.g. on a scratch buffer, or with a
+  /// count of zero), then a synchronize of its stream: pays what loading alone leaves to the
+  /// first launch (the launch path's and the stream's first use, the first synchronize). The
+  /// arguments are copied into the plan. @throws launch_argument_error now for a wrong list.
+  template <class... Args>
+  prewarm_plan& launch(const cubridge::kernel& k, const launch_config& config, Args... args) {
+    (void)k.template typed<Args...>();  // check the argument list when the plan is made
+    return step("warm-up launch of '" + k.name() + "'", [k, config, args...] {
+      k.launch(config, args...);
+      config.stream.synchronize();
+    });
+  }
   /// Any other first-use cost, e.g. `[&] { cublasCreate(&handle); }`; runs with the context
   /// current. Exceptions it throws propagate out of run().
   prewarm_plan& step(std::string what, std::function<void()> action);

@@ -28,4 +28,9 @@ class stream : public stream_ref {
   context_arg ctx_;
 };
 
+/// Call before destroying a stream with the raw driver or runtime (cuStreamDestroy,
+/// cudaStreamDestroy) if hot kernels (hot_module.hpp) were launched on it: it lets their old
+/// versions be unloaded once that stream's work is done. cubridge::stream does this itself.
+void before_stream_destroy(CUstream stream) noexcept;
+
 }  // namespace cubridge

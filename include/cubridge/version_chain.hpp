@@ -17,6 +17,7 @@
 
 #include <cubridge/error.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -151,18 +152,27 @@ class version_chain {
 
   /// Destroys retired versions that nothing pins and whose tokens are all done (`done(token)`
   /// returns true). A stream noted without a token gets one from `make_token(stream)` once the
-  /// version is unpinned. Payload destructors (module unloads) run here, on the caller's
-  /// thread, outside the chain's lock. Returns how many were destroyed.
+  /// version is unpinned. `done` and `make_token` (driver calls, for CUDA) run without the
+  /// chain's lock, so promote() never waits for them; payload destructors (module unloads) run
+  /// here, on the caller's thread, outside every lock. Returns how many were destroyed.
   template <class DonePredicate, class MakeToken>
   std::size_t reclaim(DonePredicate&& done, MakeToken&& make_token) {
-    std::vector<std::shared_ptr<const version>> doomed;
+    // Unpinned retired versions stay unpinned: no lease on them can appear (a lease is pinned
+    // under current_mutex_, before promote() swapped it out and retired it under writer_mutex_).
+    std::vector<std::shared_ptr<const version>> candidates;
     {
       std::lock_guard lock(writer_mutex_);
+      for (const auto& v : retired_)
+        if (v->leases.load(std::memory_order_acquire) == 0) candidates.push_back(v);
+    }
+    std::vector<const version*> finished;
+    for (const auto& v : candidates)
+      if (all_done(*v, done, make_token)) finished.push_back(v.get());
+    std::vector<std::shared_ptr<const version>> doomed;
+    if (!finished.empty()) {
+      std::lock_guard lock(writer_mutex_);
       for (auto it = retired_.begin(); it != retired_.end();) {
-        // No lease: current_ no longer points to it, so none can appear (a lease is pinned under
-        // current_mutex_, before promote() swapped it out and retired it under writer_mutex_).
-        const bool unpinned = (*it)->leases.load(std::memory_order_acquire) == 0;
-        if (unpinned && all_done(**it, done, make_token)) {
+        if (std::find(finished.begin(), finished.end(), it->get()) != finished.end()) {
           doomed.push_back(std::move(*it));
           it = retired_.erase(it);
         } else {
@@ -172,8 +182,30 @@ class version_chain {
       reclaimed_ += doomed.size();
     }
     const auto n = doomed.size();
-    doomed.clear();  // destroy outside the lock
+    candidates.clear();
+    doomed.clear();  // the last references: destroy outside the lock
     return n;
+  }
+
+  /// Gives every version that noted `stream` a fresh token from `make_token(stream)`, now. For a
+  /// stream about to be destroyed: reclaim() could not make a token on it later.
+  template <class MakeToken>
+  void seal_stream(const StreamKey& stream, MakeToken&& make_token) {
+    std::vector<std::shared_ptr<const version>> versions;
+    {
+      std::lock_guard lock(writer_mutex_);
+      versions = retired_;
+      if (previous_) versions.push_back(previous_);
+    }
+    {
+      std::lock_guard lock(current_mutex_);
+      versions.push_back(current_);
+    }
+    for (const auto& v : versions) {
+      std::lock_guard lock(v->mutex);
+      for (auto& [key, token] : v->pending)
+        if (key == stream) token = make_token(stream);
+    }
   }
 
   /// As above, for callers that record every token themselves.

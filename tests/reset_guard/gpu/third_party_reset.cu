@@ -17,7 +17,11 @@ extern "C" __attribute__((visibility("default"))) int third_party_reset() {
 
 extern "C" __attribute__((visibility("default"))) int third_party_reset_from_own_thread() {
   int result = -1;
-  std::thread worker([&] { result = static_cast<int>(cudaDeviceReset()); });
+  // The library's thread works on the device first (as a real worker would), then resets.
+  std::thread worker([&] {
+    if (cudaSetDevice(0) != cudaSuccess || cudaFree(nullptr) != cudaSuccess) return;
+    result = static_cast<int>(cudaDeviceReset());
+  });
   worker.join();
   return result;
 }
