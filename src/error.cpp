@@ -30,6 +30,8 @@ std::string_view describe(errc code) noexcept {
     case errc::io: return "input/output failure";
     case errc::version_rejected: return "module version rejected";
     case errc::bad_bundle: return "module bundle refused";
+    case errc::guest_damage: return "a guest call broke the host's state";
+    case errc::sandbox_failure: return "the sandbox worker failed";
   }
   return "unknown cubridge error";
 }
@@ -47,6 +49,8 @@ std::string_view to_string(errc code) noexcept {
     case errc::io: return "CUBRIDGE_IO";
     case errc::version_rejected: return "CUBRIDGE_VERSION_REJECTED";
     case errc::bad_bundle: return "CUBRIDGE_BAD_BUNDLE";
+    case errc::guest_damage: return "CUBRIDGE_GUEST_DAMAGE";
+    case errc::sandbox_failure: return "CUBRIDGE_SANDBOX_FAILURE";
   }
   return "CUBRIDGE_UNKNOWN";
 }

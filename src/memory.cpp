@@ -111,14 +111,18 @@ memory_kind memory_kind_of(const void* pointer) {
   }
 }
 
-shared_device_memory shared_device_memory::allocate(cubridge::device dev, std::size_t bytes) {
+shared_device_memory shared_device_memory::allocate(cubridge::device dev, std::size_t bytes,
+                                                    memory_export exportable) {
   const auto what = std::to_string(bytes) + " bytes of VMM memory on device " +
-                    std::to_string(dev.ordinal());
+                    std::to_string(dev.ordinal()) +
+                    (exportable == memory_export::posix_fd ? " (exportable as a POSIX fd)" : "");
   CUBRIDGE_EXPECTS(bytes > 0, what);
   CUmemAllocationProp prop{};
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
   prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   prop.location.id = dev.ordinal();
+  if (exportable == memory_export::posix_fd)
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
   std::size_t granularity = 0;
   CUBRIDGE_CU(cuMemGetAllocationGranularity,
               (&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM), what);
@@ -148,14 +152,27 @@ shared_device_memory shared_device_memory::allocate(cubridge::device dev, std::s
     driver::api().cuMemRelease(handle);
     detail::throw_driver_error(r, "cuMemSetAccess", what, std::source_location::current());
   }
-  return shared_device_memory(dev, handle, address, size);
+  return shared_device_memory(dev, handle, address, size, exportable);
+}
+
+unique_fd shared_device_memory::export_fd() const {
+  const auto what = std::to_string(size_) + " bytes of VMM memory at " + detail::hex(address_) +
+                    " on device " + std::to_string(device_.ordinal());
+  CUBRIDGE_EXPECTS(address_ != 0, "exporting a moved-from shared_device_memory");
+  CUBRIDGE_EXPECTS(export_ == memory_export::posix_fd,
+                   what + " was not allocated with memory_export::posix_fd");
+  int fd = -1;
+  CUBRIDGE_CU(cuMemExportToShareableHandle,
+              (&fd, handle_, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0), "exporting " + what);
+  return unique_fd(fd);
 }
 
 shared_device_memory::shared_device_memory(shared_device_memory&& other) noexcept
     : device_(other.device_),
       handle_(std::exchange(other.handle_, 0)),
       address_(std::exchange(other.address_, 0)),
-      size_(std::exchange(other.size_, 0)) {}
+      size_(std::exchange(other.size_, 0)),
+      export_(other.export_) {}
 
 shared_device_memory& shared_device_memory::operator=(shared_device_memory&& other) noexcept {
   if (this != &other) {
@@ -164,6 +181,7 @@ shared_device_memory& shared_device_memory::operator=(shared_device_memory&& oth
     handle_ = std::exchange(other.handle_, 0);
     address_ = std::exchange(other.address_, 0);
     size_ = std::exchange(other.size_, 0);
+    export_ = other.export_;
   }
   return *this;
 }

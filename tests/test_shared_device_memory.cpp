@@ -236,4 +236,31 @@ TEST(SharedDeviceMemory, MovedFromObjectDoesNotFree) {
   for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(seen[i], 77u) << "at " << i;
 }
 
+// Export to another process (the sandbox's route): only allocations made exportable export, and
+// what comes out is a file descriptor the driver imports again.
+TEST(SharedDeviceMemory, ExportsAFileDescriptorOnlyWhenAllocatedExportable) {
+  CUBRIDGE_REQUIRE_GPU();
+  const auto dev = cubridge::device::get(0);
+  auto plain = shared_device_memory::allocate(dev, 1 << 20);
+  EXPECT_EQ(plain.exportable(), cubridge::memory_export::none);
+  try {
+    (void)plain.export_fd();
+    FAIL() << "exported memory allocated without memory_export::posix_fd";
+  } catch (const cubridge::error& e) {
+    EXPECT_TRUE(e.is(cubridge::errc::precondition)) << e.what();
+  }
+  auto exportable = shared_device_memory::allocate(dev, 1 << 20, cubridge::memory_export::posix_fd);
+  EXPECT_EQ(exportable.exportable(), cubridge::memory_export::posix_fd);
+  auto fd = exportable.export_fd();
+  ASSERT_TRUE(fd);
+  CUmemGenericAllocationHandle imported = 0;
+  ASSERT_EQ(cubridge::driver::api().cuMemImportFromShareableHandle(
+                &imported, reinterpret_cast<void*>(static_cast<std::uintptr_t>(fd.get())),
+                CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+            CUDA_SUCCESS);
+  EXPECT_EQ(cubridge::driver::api().cuMemRelease(imported), CUDA_SUCCESS);
+  auto moved = std::move(exportable);
+  EXPECT_EQ(moved.exportable(), cubridge::memory_export::posix_fd);
+}
+
 }  // namespace

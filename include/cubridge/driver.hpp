@@ -39,7 +39,9 @@ namespace cubridge::driver {
   X(cuLaunchKernel) X(cuLaunchKernelEx)                                                          \
   X(cuGraphGetNodes) X(cuGraphNodeGetType) X(cuGraphAddKernelNode) X(cuGraphKernelNodeGetParams) \
   X(cuGraphKernelNodeSetParams) X(cuGraphExecKernelNodeSetParams) X(cuGraphLaunch)              \
-  X(cuGraphCreate) X(cuGraphDestroy) X(cuGraphInstantiateWithFlags) X(cuGraphExecDestroy)
+  X(cuGraphCreate) X(cuGraphDestroy) X(cuGraphInstantiateWithFlags) X(cuGraphExecDestroy)     \
+  X(cuMemExportToShareableHandle) X(cuMemImportFromShareableHandle) X(cuMemsetD32)           \
+  X(cuMemHostRegister) X(cuMemHostUnregister)
 
 /// Cached pointers to the driver's entry points, one member per name above.
 struct entry_points {

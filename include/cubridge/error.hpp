@@ -28,6 +28,8 @@ enum class errc {
   io,                     ///< reading a file failed
   version_rejected,       ///< a new module version failed validation; the current one serves on
   bad_bundle,             ///< a signed module bundle was refused (see bundle_error::reason)
+  guest_damage,           ///< a guest call broke the host's state (see guest_error::findings)
+  sandbox_failure,        ///< a sandboxed call failed in its worker (see sandbox_error::reason)
 };
 
 /// Name of an errc value, e.g. "CUBRIDGE_BAD_IMAGE".
