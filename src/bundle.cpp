@@ -139,7 +139,7 @@ std::optional<payload_kind> parse_kind(std::string_view text) {
   return std::nullopt;
 }
 
-std::string format_time(std::chrono::sys_seconds t) {
+std::string format_time_text(std::chrono::sys_seconds t) {
   const auto days = std::chrono::floor<std::chrono::days>(t);
   const std::chrono::year_month_day ymd{days};
   const std::chrono::hh_mm_ss hms{t - days};
@@ -152,7 +152,7 @@ std::string format_time(std::chrono::sys_seconds t) {
 }
 
 // Strict RFC 3339 UTC in whole seconds: "YYYY-MM-DDTHH:MM:SSZ".
-std::optional<std::chrono::sys_seconds> parse_time(std::string_view s) {
+std::optional<std::chrono::sys_seconds> parse_time_text(std::string_view s) {
   if (s.size() != 20 || s[4] != '-' || s[7] != '-' || s[10] != 'T' || s[13] != ':' ||
       s[16] != ':' || s[19] != 'Z')
     return std::nullopt;
@@ -311,7 +311,7 @@ bundle_manifest read_manifest(std::string_view bytes) {
     refuse(bundle_reason::invalid_manifest, call, "payload_sha256 is not 64 lower-case hex digits");
   m.payload_size = number("payload_size");
   m.created = text("created");
-  const auto created = parse_time(m.created);
+  const auto created = parse_time_text(m.created);
   if (!created)
     refuse(bundle_reason::invalid_manifest, call, "created is not YYYY-MM-DDTHH:MM:SSZ");
   m.created_time = *created;
@@ -394,6 +394,10 @@ bundle_error::bundle_error(bundle_reason reason, std::string call, std::string i
             "bundle refused, " + std::string(to_string(reason)), std::move(call),
             std::move(involved), where),
       reason_(reason) {}
+
+std::string check_module_name(std::string_view name) {
+  return check_name(name);
+}
 
 // --- keys -------------------------------------------------------------------------------------
 
@@ -559,13 +563,20 @@ std::string manifest_json(const bundle_manifest_input& input, std::span<const st
   m["kind"] = std::string(to_string(input.kind));
   m["payload_sha256"] = sha256_hex(payload);
   m["payload_size"] = static_cast<std::uint64_t>(payload.size());
-  m["created"] = format_time(created);
+  m["created"] = format_time_text(created);
   m["key_id"] = to_hex(signer.id());
   try {
     return m.dump();  // keys sorted, compact, UTF-8
   } catch (const json::exception&) {
     refuse(bundle_reason::invalid_manifest, call, "name is not valid UTF-8");
   }
+}
+
+std::string format_time(std::chrono::sys_seconds time) {
+  return format_time_text(time);
+}
+std::optional<std::chrono::sys_seconds> parse_time(std::string_view text) {
+  return parse_time_text(text);
 }
 
 std::vector<std::byte> sign_bundle_unchecked(std::string_view manifest,

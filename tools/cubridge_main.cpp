@@ -3,6 +3,7 @@
 #include "doctor.hpp"
 #include "exit_codes.hpp"
 #include "inspect.hpp"
+#include "update/update_commands.hpp"
 
 #include <cubridge/error.hpp>
 #include <cubridge/image.hpp>
@@ -32,6 +33,8 @@ int main(int argc, char** argv) {
 
   // `coldstart`, and `coldstart-probe`, the hidden child it runs once per measurement.
   coldstart::command coldstart_command(app);
+  // `keygen`, `sign`, `push`: signed module bundles and the update endpoint.
+  update_commands update_command(app);
 
   try {
     app.parse(argc, argv);
@@ -39,6 +42,7 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? exit_ok : exit_usage;
   }
   if (coldstart_command.parsed()) return coldstart_command.run();  // reports its own errors
+  if (update_command.parsed()) return update_command.run();        // reports its own errors
 
   try {
     if (inspect->parsed()) {

@@ -68,6 +68,10 @@ enum class payload_kind {
 /// "cubin", "fatbin" or "cuda_source".
 [[nodiscard]] std::string_view to_string(payload_kind kind) noexcept;
 
+/// Checks a module name against the manifest's rule (1 to 128 bytes, no '/', '\\', "..",
+/// control characters, not "."). Returns what is wrong, or an empty string for a valid name.
+[[nodiscard]] std::string check_module_name(std::string_view name);
+
 /// The first 8 bytes of BLAKE2b-256 of a public key; names the key in a manifest.
 using key_id = std::array<std::byte, 8>;
 
@@ -219,6 +223,10 @@ namespace detail {
 [[nodiscard]] std::string manifest_json(const bundle_manifest_input& input,
                                         std::span<const std::byte> payload,
                                         const public_key& signer);
+/// The manifest's time form, "YYYY-MM-DDTHH:MM:SSZ" (RFC 3339 UTC, whole seconds), and its
+/// strict parser (nullopt for anything else). Shared with signed rollback requests.
+[[nodiscard]] std::string format_time(std::chrono::sys_seconds time);
+[[nodiscard]] std::optional<std::chrono::sys_seconds> parse_time(std::string_view text);
 }  // namespace detail
 
 }  // namespace cubridge

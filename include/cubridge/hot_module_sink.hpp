@@ -1,0 +1,59 @@
+#pragma once
+// A module_sink over cubridge::hot_module: what the update endpoint (update_endpoint.hpp) uses in
+// a real service. A pushed cubin or fatbin is staged (loaded and validated against the module's
+// interface) and promoted; CUDA C++ source is first compiled with NVRTC for the exact
+// architecture of the module's device (compile.hpp), so the driver never JITs in the service.
+//
+//   auto filters = cubridge::hot_module::load(ctx, "filters", v1_cubin);
+//   cubridge::hot_module_sink sink;
+//   sink.add(filters, 1);                            // its current image is bundle version 1
+//   cubridge::update_endpoint endpoint(sink, options);
+//   endpoint.start();
+
+#include <cubridge/compile.hpp>
+#include <cubridge/hot_module.hpp>
+#include <cubridge/module_sink.hpp>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+namespace cubridge {
+
+/// Loads pushed versions into hot modules. Thread-safe. Lives in cubridge::update.
+class hot_module_sink final : public module_sink {
+ public:
+  /// `compile` is used for CUDA source payloads; its architecture is replaced by the device's.
+  explicit hot_module_sink(compile_options compile = {});
+  ~hot_module_sink() override;
+
+  /// Serves updates for `module` (which must outlive the sink), whose image now is bundle
+  /// version `version` (0: unknown, any version is accepted). `stage` is used for each new
+  /// version (smoke test, carried globals). All modules must be on devices of one compute
+  /// capability. @throws error (errc::precondition) for a name already added or a module on a
+  /// device of another compute capability; error when the device cannot be queried.
+  void add(hot_module& module, std::uint64_t version, stage_options stage = {});
+
+  /// The compute capability of the modules' device; 0 before add().
+  [[nodiscard]] int device_sm() const override;
+  [[nodiscard]] std::uint64_t current_version(std::string_view name) const override;
+  /// Compiles (cuda_source), stages and promotes. Outcomes: done; unknown_module for a name not
+  /// added; rejected with the compiler's log or the validation failure (the serving version
+  /// keeps serving); failed for anything else.
+  sink_result apply(const verified_bundle& bundle) override;
+  /// hot_module::rollback. Outcomes: done, unknown_module, no_previous_version, failed.
+  sink_result rollback(std::string_view name) override;
+  [[nodiscard]] std::vector<module_report> status() const override;
+
+ private:
+  struct entry;
+  compile_options compile_;
+  mutable std::mutex mutex_;
+  int sm_ = 0;
+  std::map<std::string, std::unique_ptr<entry>, std::less<>> modules_;
+  entry* find(std::string_view name) const;
+};
+
+}  // namespace cubridge

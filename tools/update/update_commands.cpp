@@ -1,0 +1,59 @@
+#include "update/update_commands.hpp"
+
+#include "exit_codes.hpp"
+
+#include <cubridge/error.hpp>
+
+#include <iostream>
+
+namespace cubridge::tool {
+
+update_commands::update_commands(CLI::App& app) {
+  keygen_ = app.add_subcommand("keygen", "Make an Ed25519 key pair for signing module bundles");
+  keygen_->add_option("--out", keygen_args_.out, "Writes NAME.pub and NAME.key (mode 0600)")
+      ->required();
+  keygen_->add_flag("--force", keygen_args_.force, "Replace existing key files");
+
+  sign_ = app.add_subcommand("sign", "Sign a cubin, fatbin or .cu file as a module bundle");
+  sign_->add_option("file", sign_args_.file, "The cubin, fatbin or CUDA source (.cu)")->required();
+  sign_->add_option("--key", sign_args_.key, "Secret key file (from keygen)")->required();
+  sign_->add_option("--name", sign_args_.name, "Module name (default: the file's stem)");
+  sign_->add_option("--version", sign_args_.version, "Module version, above the serving one")
+      ->required()
+      ->check(CLI::PositiveNumber);
+  sign_->add_option("--target", sign_args_.target,
+                    "Target GPU, e.g. sm_90 (default for a cubin: its own architecture)");
+  sign_->add_option("-o,--out", sign_args_.out, "Bundle file (default: NAME-vVERSION.bundle)");
+
+  push_ = app.add_subcommand(
+      "push", "Push a module to a service's update endpoint, or roll one back");
+  push_->add_option("url", push_args_.url, "The endpoint, e.g. http://127.0.0.1:7070")->required();
+  push_->add_option("file", push_args_.file,
+                    "A .bundle (sent as is), or a .cu, cubin or fatbin (signed first)");
+  push_->add_option("--key", push_args_.key, "Secret key file: signs a file or the rollback");
+  push_->add_option("--name", push_args_.name, "Module name (default: the file's stem)");
+  push_->add_option("--version", push_args_.version, "Module version when signing")
+      ->check(CLI::PositiveNumber);
+  push_->add_option("--target", push_args_.target,
+                    "GPU to compile a .cu for (default: the endpoint's GPU, from GET /v1/modules)");
+  push_->add_option("--rollback", push_args_.rollback, "Roll module NAME back instead of pushing");
+  push_->add_option("--ca-cert", push_args_.ca_cert, "CA certificate (PEM) for an https URL");
+}
+
+bool update_commands::parsed() const {
+  return keygen_->parsed() || sign_->parsed() || push_->parsed();
+}
+
+int update_commands::run() const noexcept {
+  try {
+    if (keygen_->parsed()) return keygen();
+    if (sign_->parsed()) return sign();
+    if (push_->parsed()) return push();
+  } catch (const std::exception& e) {
+    std::cerr << "cubridge: " << e.what() << "\n";
+    return exit_failure;
+  }
+  return exit_usage;
+}
+
+}  // namespace cubridge::tool
