@@ -34,7 +34,12 @@ CUBRIDGE_SANDBOX_EXPORT int guest_reset(cubridge_sandbox_args*) { return cudaDev
 // (b) resets from a thread of its own, where no context of the caller's is current.
 CUBRIDGE_SANDBOX_EXPORT int guest_reset_from_own_thread(cubridge_sandbox_args*) {
   int result = -1;
-  std::thread worker([&] { result = cudaDeviceReset(); });
+  // The thread works on the device first, as a library's worker would: a reset from a thread
+  // that made no runtime call leaves the primary context alone (measured on the H200).
+  std::thread worker([&] {
+    if (cudaSetDevice(0) != cudaSuccess || cudaFree(nullptr) != cudaSuccess) return;
+    result = cudaDeviceReset();
+  });
   worker.join();
   return result;
 }
