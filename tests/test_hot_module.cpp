@@ -343,7 +343,23 @@ TEST_F(HotModule, TenThousandSwapsWithRejectsUnderEightLaunchersStayBounded) {
     });
   long accepted = 0, refused = 0;
   std::size_t rss_half = 0;
+  // Progress every 10 s on stderr, so that a stall shows where it is (swap count, launches).
+  std::atomic<int> swaps_done{0};
+  std::atomic<bool> finished{false};
+  std::thread progress([&] {
+    for (int tick = 1; !finished.load(); ++tick) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      if (tick % 100 == 0) {
+        const auto st = hot_->stats();
+        std::cerr << "[stress] " << tick / 10 << " s: " << swaps_done.load() << " swaps, "
+                  << launches.load() << " launches, version " << st.current_version
+                  << ", retired waiting " << st.retired_waiting << ", unloaded " << st.unloaded
+                  << std::endl;
+      }
+    }
+  });
   for (int i = 0; i < 10'000; ++i) {
+    swaps_done.store(i);
     if (i == 5'000) rss_half = resident_kib();
     if (swap(i)) {
       promoted.store(hot_->stats().current_version);
@@ -352,8 +368,12 @@ TEST_F(HotModule, TenThousandSwapsWithRejectsUnderEightLaunchersStayBounded) {
       ++refused;
     }
   }
+  swaps_done.store(10'000);
   stop.store(true);
   for (auto& t : servers) t.join();
+  std::cerr << "[stress] servers joined" << std::endl;
+  finished.store(true);
+  progress.join();
   ASSERT_EQ(cubridge::driver::api().cuCtxSynchronize(), CUDA_SUCCESS);
   // Every version but the current and the rollback target unloaded (not merely taken off the
   // retired list: the reclaimer unloads outside its lock, after that).
