@@ -76,10 +76,14 @@ TEST_F(HotModule, InFlightWorkFinishesOnItsVersionAndIsUnloadedAfter) {
   auto spin = hot_->get_kernel("spin_then_write");
   auto slow_out = cubridge::driver_buffer<unsigned>::allocate(*ctx_, 1);
   auto s = cubridge::stream::create(*ctx_);
+  // Staged first: a module load waits for the context's queued work (FACTS.md), which would let
+  // the spin finish before the promotions.
+  auto v2 = hot_->stage(hot_image("v2"));
+  auto v3 = hot_->stage(hot_image("v1"));  // version 3: v1's code again
   // ~300 ms of version 1 still running while two promotions retire it.
   spin.launch({.stream = s}, slow_out.span(), 300'000'000ull);
-  hot_->promote(hot_->stage(hot_image("v2")));
-  hot_->promote(hot_->stage(hot_image("v1")));  // version 3 (v1's code again); v1 retires
+  hot_->promote(std::move(v2));
+  hot_->promote(std::move(v3));  // version 1 retires
   EXPECT_EQ(hot_->stats().retired_waiting, 1u);
   EXPECT_EQ(hot_->reclaim(), 0u) << "version 1's kernel still runs on the GPU";
   EXPECT_EQ(run_write_version(), 1u);  // synchronizes the context: the spin ends here
@@ -328,11 +332,14 @@ TEST_F(HotModule, TenThousandSwapsWithRejectsUnderEightLaunchersStayBounded) {
         cubridge::scoped_current current(*ctx_);
         auto s = cubridge::stream::create(*ctx_);
         auto out = cubridge::driver_buffer<unsigned>::allocate(*ctx_, 256);
-        auto k = hot_->get_kernel("write_version");
+        // Paced like a service: ~20 us kernels, at most 8 queued per stream. (Unpaced launch
+        // loops on 8 threads hold the driver's context lock so much that a swap's ~20 driver
+        // calls starve: one swap per second on the H200.)
+        auto k = hot_->get_kernel("spin_then_write");
         for (long n = 1; !stop.load(); ++n) {
           const auto floor = promoted.load();
-          if (k.launch({.block = {256}, .stream = s}, out.span()) < floor) stale.fetch_add(1);
-          if (n % 64 == 0) s.synchronize();
+          if (k.launch({.stream = s}, out.span(), 20'000ull) < floor) stale.fetch_add(1);
+          if (n % 8 == 0) s.synchronize();
           launches.fetch_add(1);
         }
         s.synchronize();
