@@ -5,6 +5,7 @@
 #include "coldstart/coldstart.hpp"
 #include "coldstart/kernel_source.hpp"
 #include "coldstart/phase_timings.hpp"
+#include "coldstart/probe.hpp"
 #include "coldstart/render_svg.hpp"
 #include "coldstart/render_table.hpp"
 #include "coldstart/spawn.hpp"
@@ -936,4 +937,16 @@ TEST(coldstart_tool, a_crashing_or_hanging_child_is_reported_and_the_rest_measur
       << table;
   EXPECT_NE(table.find("FAILED run 1: cu_init: the probe process timed out"), std::string::npos)
       << table;
+}
+
+TEST(DriverRelease, ReadsBothKernelModuleLines) {
+  using cubridge::tool::coldstart::parse_driver_release;
+  EXPECT_EQ(parse_driver_release("NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.159.04  Tue Aug 12"),
+            "580.159.04");
+  // The open kernel module's line, as on the H200 machine (the old parser took "for").
+  EXPECT_EQ(parse_driver_release(
+                "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build"),
+            "580.159.04");
+  EXPECT_EQ(parse_driver_release("no version here"), "");
+  EXPECT_EQ(parse_driver_release(""), "");
 }

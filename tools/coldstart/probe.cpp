@@ -31,6 +31,8 @@
 #include <library_types.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -101,13 +103,7 @@ std::string driver_release() {
   std::ifstream in("/proc/driver/nvidia/version");
   std::string line;
   if (!std::getline(in, line)) return {};
-  // "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.159.04  Tue ..."
-  const auto module = line.find("Kernel Module");
-  std::string rest = module == std::string::npos ? line : line.substr(module + 13);
-  const auto start = rest.find_first_not_of(' ');
-  if (start == std::string::npos) return {};
-  rest = rest.substr(start);
-  return rest.substr(0, rest.find(' '));
+  return parse_driver_release(line);
 }
 
 /// Runs phases, records their times into a run_result, names the phase that failed.
@@ -370,6 +366,21 @@ int run_probe(const probe_options& o) noexcept {
   } catch (...) {
     return exit_failed;  // out of memory while reporting: the parent sees no JSON line
   }
+}
+
+std::string parse_driver_release(std::string_view version_line) {
+  std::size_t at = 0;
+  while (at < version_line.size()) {
+    const auto start = version_line.find_first_not_of(' ', at);
+    if (start == std::string_view::npos) break;
+    const auto end = std::min(version_line.find(' ', start), version_line.size());
+    const auto word = version_line.substr(start, end - start);
+    const bool version_like = word.find('.') != std::string_view::npos && std::isdigit(static_cast<unsigned char>(word.front())) &&
+                              word.find_first_not_of("0123456789.") == std::string_view::npos;
+    if (version_like) return std::string(word);
+    at = end;
+  }
+  return {};
 }
 
 }  // namespace cubridge::tool::coldstart

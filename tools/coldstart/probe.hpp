@@ -8,6 +8,7 @@
 // Exit status: 0 measured, 69 no driver / no device, 1 a phase failed (the JSON says which).
 
 #include <string>
+#include <string_view>
 
 namespace cubridge::tool::coldstart {
 
@@ -24,5 +25,10 @@ struct probe_options {
 
 /// Runs the probe in this process; returns the exit status. Never throws.
 int run_probe(const probe_options& options) noexcept;
+
+/// The driver release ("580.159.04") in the first line of /proc/driver/nvidia/version, which
+/// reads "... Kernel Module  580.159.04  ..." or "... Open Kernel Module for x86_64  580.159.04
+/// ...": the first word made of digits and dots with a dot in it. Empty if there is none.
+[[nodiscard]] std::string parse_driver_release(std::string_view version_line);
 
 }  // namespace cubridge::tool::coldstart
