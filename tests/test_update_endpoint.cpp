@@ -822,7 +822,8 @@ TEST_F(UpdateEndpointTest, LoadThousandPushesWithConcurrentQueriesAndRefusals) {
         continue;
       }
       ++queries;
-      for (const auto& m : json::parse(r->body)["modules"])
+      const auto status = json::parse(r->body);  // named: a range-for over a temporary's
+      for (const auto& m : status.at("modules"))   // member would outlive the temporary
         if (m["name"] == "hot") {
           const auto now = m["current_version"].get<std::uint64_t>();
           if (now < last) ++went_back;
