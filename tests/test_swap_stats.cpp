@@ -338,6 +338,15 @@ TEST(SwapStatsReport, TableNamesPhasesChecksAndVerdict) {
                                "thread 0 slot 1 version 1: began after",
                                "log full after 4096 launches"})
     EXPECT_NE(table.find(expected), std::string::npos) << expected << "\n" << table;
+  EXPECT_EQ(table.find("bare cubin load + unload"), std::string::npos) << "no such phase here";
+  // With the load+unload reference: the swap's gap and latency set against the driver's own pair.
+  phases.insert(phases.begin() + 3, phase("bare-load+unload", 300, 24));
+  phases[3].gated = false;
+  const auto with_pair = format_report(phases);
+  EXPECT_NE(with_pair.find("bare cubin load + unload (the driver's cost of a swap): max GPU gap 150 us "
+                           "vs 300 us = 0.50x; p99 launch latency"),
+            std::string::npos)
+      << with_pair;
   EXPECT_EQ(format_number(not_a_number), "-");
   EXPECT_EQ(format_number(12.345), "12.3");
   EXPECT_EQ(format_number(1.5), "1.50");

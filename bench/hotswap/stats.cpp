@@ -306,6 +306,14 @@ std::string format_report(std::span<const phase_result> phases, double limit) {
         << format_number(steady->latency_us.p99) << " us = " << format_number(v.latency_ratio)
         << "x  " << (v.latency_met ? "MET" : "NOT MET") << "\n";
   }
+  // A swap loads one module and unloads another: the driver's own cost of that pair, side by side.
+  if (const auto* pair = find_phase(phases, "bare-load+unload"); pair && swap)
+    out << "  reference: bare cubin load + unload (the driver's cost of a swap): max GPU gap "
+        << format_number(swap->gap_us.max) << " us vs " << format_number(pair->gap_us.max)
+        << " us = " << format_number(swap->gap_us.max / pair->gap_us.max)
+        << "x; p99 launch latency " << format_number(swap->latency_us.p99) << " us vs "
+        << format_number(pair->latency_us.p99) << " us = "
+        << format_number(swap->latency_us.p99 / pair->latency_us.p99) << "x\n";
   if (const auto* naive = find_phase(phases, "naive-ptx"); naive && swap)
     out << "  reference: naive PTX load + unload max GPU gap " << format_number(naive->gap_us.max)
         << " us, p99 latency " << format_number(naive->latency_us.p99) << " us\n";

@@ -7,6 +7,8 @@
 // four phases in turn, each on a cleared device log:
 //   steady     servers only, for --steady-ms;
 //   hot-swap   the swapper makes --cycles stage + promote cycles of the cubins v1, v2, v3 in turn;
+//   bare-load+unload  as bare-load, each load followed by the unload of the module loaded two
+//              cycles before: the driver's own cost of what a swap does (a reference, not gated);
 //   bare-load  the swapper makes --bare-cycles cuModuleLoadData of the same cubins (kept loaded,
 //              unloaded after the servers stopped); the servers launch as in steady;
 //   naive-ptx  the servers launch a raw CUfunction taken under a mutex; the swapper makes
@@ -821,6 +823,50 @@ std::vector<hotswap::phase_result> run_threads(const options& opt, const images&
         for (auto m : bare_modules) check(cu.cuModuleUnload(m), "cuModuleUnload (bare, after the phase)");
         out.extra = {{"unload_all_after_phase_us", us_between(t0, now_ns())}};
         bare_modules.clear();
+      },
+      hot_tags));
+
+  // bare-load+unload: what a swap asks of the driver, without cubridge: load a cubin, unload the
+  // one loaded two cycles before (a hot module keeps the current and the rollback version).
+  std::deque<CUmodule> pair_modules;
+  results.push_back(b.phase(
+      "bare-load+unload", true, hot.stats().current_version, hot_launch,
+      [&](swapper_output& out) {
+        out.cycles_requested = opt.bare_cycles;
+        auto& load_op = out.op("load");
+        auto& unload_op = out.op("unload");
+        out.begin_ns = now_ns();
+        for (std::uint64_t k = 0; k < opt.bare_cycles && !b.swapper_should_stop(out); ++k) {
+          const auto& image = im.cubins[(k + 1) % image_count];
+          CUmodule m = nullptr;
+          const auto t0 = now_ns();
+          const auto rc = cu.cuModuleLoadDataEx(&m, image.data(), 0, nullptr, nullptr);
+          const auto t1 = now_ns();
+          if (rc != CUDA_SUCCESS) {
+            out.error("cuModuleLoadData (cubin) failed: " + std::to_string(rc));
+            b.pause();
+            continue;
+          }
+          pair_modules.push_back(m);
+          load_op.samples_us.push_back(us_between(t0, t1));
+          out.windows.emplace_back(t0, t1);
+          if (pair_modules.size() > 2) {
+            const auto t2 = now_ns();
+            const auto urc = cu.cuModuleUnload(pair_modules.front());
+            const auto t3 = now_ns();
+            pair_modules.pop_front();
+            if (urc != CUDA_SUCCESS) out.error("cuModuleUnload (cubin) failed: " + std::to_string(urc));
+            unload_op.samples_us.push_back(us_between(t2, t3));
+            out.windows.emplace_back(t2, t3);
+          }
+          ++out.cycles_done;
+          b.pause();
+        }
+        out.end_ns = now_ns();
+      },
+      [&](swapper_output&) {
+        for (auto m : pair_modules) check(cu.cuModuleUnload(m), "cuModuleUnload (bare pair, after the phase)");
+        pair_modules.clear();
       },
       hot_tags));
 
