@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include "expect_refused.hpp"
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -41,17 +43,6 @@ std::string as_text(std::span<const std::byte> b) {
   return std::string(reinterpret_cast<const char*>(b.data()), b.size());
 }
 
-// Runs `statement` and checks that it throws bundle_error with `expected`.
-#define EXPECT_REFUSED(statement, expected)                                                     \
-  do {                                                                                          \
-    try {                                                                                       \
-      (void)(statement);                                                                        \
-      ADD_FAILURE() << #statement " did not throw; expected " << cubridge::to_string(expected); \
-    } catch (const bundle_error& e_) {                                                          \
-      EXPECT_EQ(e_.reason(), expected)                                                          \
-          << "got " << cubridge::to_string(e_.reason()) << ": " << e_.what();                   \
-    }                                                                                           \
-  } while (false)
 
 class BundleTest : public ::testing::Test {
  protected:
