@@ -790,6 +790,22 @@ std::vector<hotswap::phase_result> run_threads(const options& opt, const images&
       },
       hot_tags));
 
+  // One cuModuleLoadData of cubin k, timed and recorded as a "load" window; null if it failed.
+  auto timed_load = [&](std::uint64_t k, swapper_output& out, hotswap::op_timing& load_op) {
+    const auto& image = im.cubins[(k + 1) % image_count];
+    CUmodule m = nullptr;
+    const auto t0 = now_ns();
+    const auto rc = cu.cuModuleLoadDataEx(&m, image.data(), 0, nullptr, nullptr);
+    const auto t1 = now_ns();
+    if (rc != CUDA_SUCCESS) {
+      out.error("cuModuleLoadData (cubin) failed: " + std::to_string(rc));
+      return CUmodule{nullptr};
+    }
+    load_op.samples_us.push_back(us_between(t0, t1));
+    out.windows.emplace_back(t0, t1);
+    return m;
+  };
+
   // bare-load: the same cubins through a bare cuModuleLoadData (the driver's own cost of a load)
   std::vector<CUmodule> bare_modules;
   bare_modules.reserve(opt.bare_cycles);
@@ -801,17 +817,8 @@ std::vector<hotswap::phase_result> run_threads(const options& opt, const images&
         load_op.samples_us.reserve(opt.bare_cycles);
         out.begin_ns = now_ns();
         for (std::uint64_t k = 0; k < opt.bare_cycles && !b.swapper_should_stop(out); ++k) {
-          const auto& image = im.cubins[(k + 1) % image_count];
-          CUmodule m = nullptr;
-          const auto t0 = now_ns();
-          const auto rc = cu.cuModuleLoadDataEx(&m, image.data(), 0, nullptr, nullptr);
-          const auto t1 = now_ns();
-          if (rc != CUDA_SUCCESS) {
-            out.error("cuModuleLoadData (cubin) failed: " + std::to_string(rc));
-          } else {
+          if (CUmodule m = timed_load(k, out, load_op)) {
             bare_modules.push_back(m);
-            load_op.samples_us.push_back(us_between(t0, t1));
-            out.windows.emplace_back(t0, t1);
             ++out.cycles_done;
           }
           b.pause();
@@ -837,19 +844,12 @@ std::vector<hotswap::phase_result> run_threads(const options& opt, const images&
         auto& unload_op = out.op("unload");
         out.begin_ns = now_ns();
         for (std::uint64_t k = 0; k < opt.bare_cycles && !b.swapper_should_stop(out); ++k) {
-          const auto& image = im.cubins[(k + 1) % image_count];
-          CUmodule m = nullptr;
-          const auto t0 = now_ns();
-          const auto rc = cu.cuModuleLoadDataEx(&m, image.data(), 0, nullptr, nullptr);
-          const auto t1 = now_ns();
-          if (rc != CUDA_SUCCESS) {
-            out.error("cuModuleLoadData (cubin) failed: " + std::to_string(rc));
+          CUmodule m = timed_load(k, out, load_op);
+          if (!m) {
             b.pause();
             continue;
           }
           pair_modules.push_back(m);
-          load_op.samples_us.push_back(us_between(t0, t1));
-          out.windows.emplace_back(t0, t1);
           if (pair_modules.size() > 2) {
             const auto t2 = now_ns();
             const auto urc = cu.cuModuleUnload(pair_modules.front());
