@@ -1,8 +1,8 @@
 // What isolation costs (issue 5): a guest call (enter + leave, with and without the sticky-error
-// synchronize) against a plain call; a sandbox round trip for a small request; and a kernel in
-// the sandbox worker on a shared 1 GiB buffer in place against the same work with the buffer
-// copied through (pinned, shared) host memory to the worker and back. Ratios: side by side in
-// one run.
+// synchronize) against a plain call; a sandbox round trip for a small request; a worker restart;
+// and a kernel in the sandbox worker on a shared 1 GiB buffer in place against the same work with
+// the buffer copied through (pinned, shared) host memory to the worker and back. Ratios: side by
+// side in one run.
 //   bench_isolation [benchmark flags]   (77 without a GPU)
 #include <cubridge/driver.hpp>
 #include <cubridge/guest_context.hpp>
@@ -17,6 +17,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -63,6 +64,18 @@ void BM_sandbox_round_trip(benchmark::State& state) {
   const std::string request(64, 'r');
   const auto bytes = std::as_bytes(std::span(request));
   for (auto _ : state) benchmark::DoNotOptimize(box.call("bench_noop", {.bytes = bytes}).status);
+}
+
+// What a fault costs the caller after detection: a fresh worker, CUDA initialised in it, ready to
+// take calls (the same restart the sandbox makes after a crash, abort, hang or CUDA fault).
+void BM_sandbox_restart(benchmark::State& state) {
+  auto box = start_sandbox();
+  for (auto _ : state) {
+    box.restart();
+    if (box.call("bench_noop", {}).status != 0) state.SkipWithError("bench_noop failed");
+  }
+  state.counters["worker_start_ms"] =
+      std::chrono::duration<double, std::milli>(box.last_start_duration()).count();
 }
 
 void BM_sandbox_kernel_shared_1GiB(benchmark::State& state) {
@@ -119,6 +132,7 @@ void BM_sandbox_kernel_copied_through_host_1GiB(benchmark::State& state) {
 BENCHMARK(BM_plain_call)->Unit(benchmark::kNanosecond);
 BENCHMARK(BM_guest_call)->Arg(0)->Arg(1)->Unit(benchmark::kNanosecond);
 BENCHMARK(BM_sandbox_round_trip)->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK(BM_sandbox_restart)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(5);
 BENCHMARK(BM_sandbox_kernel_shared_1GiB)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_sandbox_kernel_copied_through_host_1GiB)->Unit(benchmark::kMillisecond)->UseRealTime();
 
