@@ -15,7 +15,6 @@ namespace {
 using cubridge::bundle_error;
 using cubridge::bundle_reason;
 
-
 class RollbackRequestTest : public ::testing::Test {
  protected:
   cubridge::keypair keys = cubridge::generate_keypair();
