@@ -214,31 +214,17 @@ void reader::take(void* p, std::size_t n) {
   std::memcpy(p, data_.data() + at_, n);
   at_ += n;
 }
-std::uint8_t reader::u8() {
-  std::uint8_t v;
+template <class T>
+T reader::scalar() {
+  T v;
   take(&v, sizeof v);
   return v;
 }
-std::uint16_t reader::u16() {
-  std::uint16_t v;
-  take(&v, sizeof v);
-  return v;
-}
-std::uint32_t reader::u32() {
-  std::uint32_t v;
-  take(&v, sizeof v);
-  return v;
-}
-std::uint64_t reader::u64() {
-  std::uint64_t v;
-  take(&v, sizeof v);
-  return v;
-}
-std::int32_t reader::i32() {
-  std::int32_t v;
-  take(&v, sizeof v);
-  return v;
-}
+std::uint8_t reader::u8() { return scalar<std::uint8_t>(); }
+std::uint16_t reader::u16() { return scalar<std::uint16_t>(); }
+std::uint32_t reader::u32() { return scalar<std::uint32_t>(); }
+std::uint64_t reader::u64() { return scalar<std::uint64_t>(); }
+std::int32_t reader::i32() { return scalar<std::int32_t>(); }
 std::span<const std::byte> reader::bytes() {
   const std::uint64_t n = u64();
   if (n > data_.size() - at_)

@@ -110,6 +110,8 @@ class reader {
 
  private:
   void take(void* p, std::size_t n);
+  template <class T>
+  T scalar();  // the next sizeof(T) bytes, in host byte order (both ends are one machine)
   std::span<const std::byte> data_;
   std::size_t at_ = 0;
 };
