@@ -392,13 +392,7 @@ CUgraphNode hot_kernel::add_node(CUgraph graph, const kernel& k, const launch_co
                                  void** arguments) const {
   CUDA_KERNEL_NODE_PARAMS params{};
   params.func = k.launch_handle();
-  params.gridDimX = c.grid.x;
-  params.gridDimY = c.grid.y;
-  params.gridDimZ = c.grid.z;
-  params.blockDimX = c.block.x;
-  params.blockDimY = c.block.y;
-  params.blockDimZ = c.block.z;
-  params.sharedMemBytes = c.dynamic_shared_bytes;
+  detail::set_launch_shape(params, c);
   params.kernelParams = arguments;
   CUgraphNode node = nullptr;
   CUBRIDGE_CU(cuGraphAddKernelNode, (&node, graph, nullptr, 0, &params),

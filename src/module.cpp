@@ -285,13 +285,7 @@ void kernel::launch_raw(const launch_config& c, void** arguments) const {
     cluster.value.clusterDim.y = c.cluster.y;
     cluster.value.clusterDim.z = c.cluster.z;
     CUlaunchConfig ex{};
-    ex.gridDimX = c.grid.x;
-    ex.gridDimY = c.grid.y;
-    ex.gridDimZ = c.grid.z;
-    ex.blockDimX = c.block.x;
-    ex.blockDimY = c.block.y;
-    ex.blockDimZ = c.block.z;
-    ex.sharedMemBytes = c.dynamic_shared_bytes;
+    detail::set_launch_shape(ex, c);
     ex.hStream = c.stream.get();
     ex.attrs = &cluster;
     ex.numAttrs = 1;

@@ -24,4 +24,23 @@ TEST(LaunchConfig, DescribeNamesEveryPart) {
   EXPECT_EQ(c.describe(), "grid (4,2,1) block (256,1,1) shared 1024 B cluster (2,1,1) on stream 0x0");
 }
 
+TEST(LaunchConfig, ShapeGoesIntoBothDriverStructs) {
+  const cubridge::launch_config c{.grid = {4, 2, 3}, .block = {32, 8, 2}, .dynamic_shared_bytes = 512};
+  auto expect_shape = [](const auto& p) {
+    EXPECT_EQ(p.gridDimX, 4u);
+    EXPECT_EQ(p.gridDimY, 2u);
+    EXPECT_EQ(p.gridDimZ, 3u);
+    EXPECT_EQ(p.blockDimX, 32u);
+    EXPECT_EQ(p.blockDimY, 8u);
+    EXPECT_EQ(p.blockDimZ, 2u);
+    EXPECT_EQ(p.sharedMemBytes, 512u);
+  };
+  CUlaunchConfig launch{};
+  cubridge::detail::set_launch_shape(launch, c);
+  expect_shape(launch);
+  CUDA_KERNEL_NODE_PARAMS node{};
+  cubridge::detail::set_launch_shape(node, c);
+  expect_shape(node);
+}
+
 }  // namespace

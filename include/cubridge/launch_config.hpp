@@ -31,4 +31,19 @@ struct launch_config {
   [[nodiscard]] std::string describe() const;
 };
 
+namespace detail {
+/// Copies grid, block and dynamic shared memory into a driver struct that spells them the
+/// driver's way (CUlaunchConfig, CUDA_KERNEL_NODE_PARAMS: gridDimX ... sharedMemBytes).
+template <class DriverParams>
+void set_launch_shape(DriverParams& p, const launch_config& c) noexcept {
+  p.gridDimX = c.grid.x;
+  p.gridDimY = c.grid.y;
+  p.gridDimZ = c.grid.z;
+  p.blockDimX = c.block.x;
+  p.blockDimY = c.block.y;
+  p.blockDimZ = c.block.z;
+  p.sharedMemBytes = c.dynamic_shared_bytes;
+}
+}  // namespace detail
+
 }  // namespace cubridge
