@@ -199,11 +199,24 @@ TEST_F(HotModule, AGraphWithoutItsKernelsCannotBeTracked) {
 
 TEST_F(HotModule, LaunchConfigurationsInUseMustFitANewVersion) {
   auto k = hot_->get_kernel("write_version");
+  // Before any wide launch, a version limited to 128 threads per block fits.
+  EXPECT_NO_THROW((void)hot_->stage(hot_image("small")));
   auto wide = cubridge::driver_buffer<unsigned>::allocate(*ctx_, 1024);
   k.launch({.block = {1024}}, wide.span());
   ASSERT_EQ(cubridge::driver::api().cuCtxSynchronize(), CUDA_SUCCESS);
   // v2 allows 1024 threads per block as well: accepted.
   EXPECT_NO_THROW((void)hot_->stage(hot_image("v2")));
+  // Now that 1024-thread blocks are in use, the 128-thread version is refused, saying why.
+  try {
+    (void)hot_->stage(hot_image("small"));
+    ADD_FAILURE() << "a version too narrow for the launches in use was accepted";
+  } catch (const cubridge::version_rejected_error& e) {
+    EXPECT_NE(std::string(e.what()).find("kernel 'write_version' is launched with 1024 threads per "
+                                         "block, the new version allows 128"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(hot_->stats().current_version, 1u);
 }
 
 TEST_F(HotModule, AThousandSwapsUnderLaunchesReturnMemoryToBaseline) {

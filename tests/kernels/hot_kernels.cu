@@ -1,6 +1,7 @@
 // Versions of one module for the hot-swap tests, built with -DVERSION=N and variants:
 //   -DDROP_SPIN       a version that lacks a kernel of the interface
 //   -DCHANGED_PARAMS  a version whose write_version takes another parameter
+//   -DSMALL_BLOCKS    a version whose write_version allows at most 128 threads per block
 #ifndef VERSION
 #define VERSION 1
 #endif
@@ -15,6 +16,10 @@ extern "C" __global__ void count_served() {
 #ifdef CHANGED_PARAMS
 extern "C" __global__ void write_version(unsigned* out, int unused) {
   out[blockIdx.x * blockDim.x + threadIdx.x] = VERSION + unused * 0;
+}
+#elif defined(SMALL_BLOCKS)
+extern "C" __global__ void __launch_bounds__(128) write_version(unsigned* out) {
+  out[blockIdx.x * blockDim.x + threadIdx.x] = VERSION;
 }
 #else
 extern "C" __global__ void write_version(unsigned* out) {
