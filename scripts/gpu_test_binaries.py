@@ -15,7 +15,8 @@ binaries = set()
 for test in json.loads(listing)["tests"]:
     labels = next((p["value"] for p in test.get("properties", []) if p["name"] == "LABELS"), [])
     command = test.get("command") or []
-    if "gpu" in labels and command and os.path.basename(command[0]).startswith("test_"):
+    on_gpu = any(label.startswith("gpu") for label in labels)  # "gpu", "gpu-serial"
+    if on_gpu and command and os.path.basename(command[0]).startswith("test_"):
         binaries.add("tests/" + os.path.basename(command[0]))
 for path in sorted(binaries):
     print(path)
