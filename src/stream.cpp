@@ -22,8 +22,9 @@ struct stream_listeners {
   std::atomic<std::uint64_t> generation{0};
 };
 stream_listeners& listeners() {
-  static stream_listeners instance;  // constructed on first use, before any stream dies
-  return instance;
+  // Never destroyed: a stream with static storage may die after any function-local static.
+  static auto* instance = new stream_listeners;
+  return *instance;
 }
 }  // namespace
 
