@@ -76,7 +76,7 @@ TEST_F(HotModule, InFlightWorkFinishesOnItsVersionAndIsUnloadedAfter) {
   auto spin = hot_->get_kernel("spin_then_write");
   auto slow_out = cubridge::driver_buffer<unsigned>::allocate(*ctx_, 1);
   auto s = cubridge::stream::create(*ctx_);
-  // Staged first: a module load waits for the context's queued work (FACTS.md), which would let
+  // Staged first: a module load can wait for the context's queued work (FACTS.md), which would let
   // the spin finish before the promotions.
   auto v2 = hot_->stage(hot_image("v2"));
   auto v3 = hot_->stage(hot_image("v1"));  // version 3: v1's code again
