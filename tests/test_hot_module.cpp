@@ -4,7 +4,7 @@
 #include <cubridge/scoped_current.hpp>
 #include <cubridge/stream.hpp>
 
-#include "gpu_test.hpp"
+#include "hot_module_fixture.hpp"
 
 #include <atomic>
 #include <cstdio>
@@ -19,10 +19,6 @@
 
 namespace {
 
-std::vector<std::byte> hot_image(const char* tag) {
-  return cubridge::read_file_bytes(std::string(CUBRIDGE_TEST_HOT_DIR) + "/hot_" + tag + ".sm_90.cubin");
-}
-
 /// This process's resident set in KiB (Linux /proc/self/statm), or 0 if unreadable.
 std::size_t resident_kib() {
   std::ifstream statm("/proc/self/statm");
@@ -31,37 +27,9 @@ std::size_t resident_kib() {
   return resident * static_cast<std::size_t>(sysconf(_SC_PAGESIZE)) / 1024;
 }
 
-unsigned read_back(const cubridge::driver_buffer<unsigned>& buffer, std::size_t index = 0) {
-  unsigned value = 0;
-  EXPECT_EQ(cubridge::driver::api().cuMemcpy(reinterpret_cast<CUdeviceptr>(&value),
-                                             buffer.address() + index * sizeof(unsigned),
-                                             sizeof value),
-            CUDA_SUCCESS);
-  return value;
-}
-
-class HotModule : public ::testing::Test {
- protected:
-  void SetUp() override {
-    CUBRIDGE_REQUIRE_GPU();
-    if (cubridge::device::get(0).capability().major != 9) GTEST_SKIP() << "test images are sm_90";
-    ctx_.emplace(cubridge::context::create(cubridge::device::get(0)));
-    current_.emplace(*ctx_);
-    hot_.emplace(cubridge::hot_module::load(*ctx_, "versions", hot_image("v1")));
-    out_.emplace(cubridge::driver_buffer<unsigned>::allocate(*ctx_, 256));
-  }
-  /// Launches write_version over 256 threads and returns what the GPU wrote.
-  unsigned run_write_version() {
-    auto k = hot_->get_kernel("write_version");
-    (void)k.launch({.block = {256}}, out_->span());
-    EXPECT_EQ(cubridge::driver::api().cuCtxSynchronize(), CUDA_SUCCESS);
-    return read_back(*out_, 255);
-  }
-  std::optional<cubridge::context> ctx_;
-  std::optional<cubridge::scoped_current> current_;
-  std::optional<cubridge::hot_module> hot_;
-  std::optional<cubridge::driver_buffer<unsigned>> out_;
-};
+using cubridge::testing::hot_image;
+using cubridge::testing::read_back;
+using HotModule = cubridge::testing::hot_module_fixture;
 
 TEST_F(HotModule, PromoteSwitchesLaterLaunchesAndRollbackReturns) {
   EXPECT_EQ(run_write_version(), 1u);

@@ -7,7 +7,7 @@
 #include <cubridge/scoped_current.hpp>
 #include <cubridge/update_endpoint.hpp>
 
-#include "gpu_test.hpp"
+#include "hot_module_fixture.hpp"
 
 #include <gtest/gtest.h>
 #include <httplib.h>
@@ -17,35 +17,17 @@
 
 namespace {
 
-std::vector<std::byte> hot_image(const char* tag) {
-  return cubridge::read_file_bytes(std::string(CUBRIDGE_TEST_HOT_DIR) + "/hot_" + tag +
-                                   ".sm_90.cubin");
-}
+using cubridge::testing::hot_image;
 
-class HotModuleSink : public ::testing::Test {
+class HotModuleSink : public cubridge::testing::hot_module_fixture {
  protected:
   void SetUp() override {
-    CUBRIDGE_REQUIRE_GPU();
-    if (cubridge::device::get(0).capability().major != 9) GTEST_SKIP() << "test images are sm_90";
-    ctx_.emplace(cubridge::context::create(cubridge::device::get(0)));
-    current_.emplace(*ctx_);
-    hot_.emplace(cubridge::hot_module::load(*ctx_, "versions", hot_image("v1")));
-    out_.emplace(cubridge::driver_buffer<unsigned>::allocate(*ctx_, 256));
+    hot_module_fixture::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
     cubridge::compile_options compile;
     compile.defines["VERSION"] = "7";
     sink_.emplace(compile);
     sink_->add(*hot_, 1);
-  }
-  unsigned run_write_version() {
-    auto k = hot_->get_kernel("write_version");
-    (void)k.launch({.block = {256}}, out_->span());
-    EXPECT_EQ(cubridge::driver::api().cuCtxSynchronize(), CUDA_SUCCESS);
-    unsigned value = 0;
-    EXPECT_EQ(cubridge::driver::api().cuMemcpy(reinterpret_cast<CUdeviceptr>(&value),
-                                               out_->address() + 255 * sizeof(unsigned),
-                                               sizeof value),
-              CUDA_SUCCESS);
-    return value;
   }
   cubridge::verified_bundle verified(std::uint64_t version, std::vector<std::byte> payload,
                                      cubridge::payload_kind kind = cubridge::payload_kind::cubin) {
@@ -54,10 +36,6 @@ class HotModuleSink : public ::testing::Test {
                                    {keys_.public_key});
   }
   cubridge::keypair keys_ = cubridge::generate_keypair();
-  std::optional<cubridge::context> ctx_;
-  std::optional<cubridge::scoped_current> current_;
-  std::optional<cubridge::hot_module> hot_;
-  std::optional<cubridge::driver_buffer<unsigned>> out_;
   std::optional<cubridge::hot_module_sink> sink_;
 };
 
