@@ -6,13 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef int CUresult;
-typedef int CUdevice;
-typedef struct CUctx_st *CUcontext;
-typedef uint64_t cuuint64_t;
-typedef int CUdriverProcAddressQueryResult;
-enum { CUDA_SUCCESS = 0, CUDA_ERROR_NOT_FOUND = 500 };
-enum { CU_GET_PROC_ADDRESS_SUCCESS = 0, CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND = 1 };
+#include "driver_abi.h"
 
 #define FAKE_EXPORT __attribute__((visibility("default")))
 

@@ -23,14 +23,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-// The driver ABI, declared here rather than taken from cuda.h, whose macros rename the very
-// functions this file defines (cuDevicePrimaryCtxReset -> cuDevicePrimaryCtxReset_v2).
-typedef int CUresult;
-typedef int CUdevice;
-typedef struct CUctx_st *CUcontext;
-typedef uint64_t cuuint64_t;
-typedef int CUdriverProcAddressQueryResult;
-enum { CUDA_SUCCESS = 0, CUDA_ERROR_NOT_FOUND = 500 };
+#include "driver_abi.h"
+
 
 typedef CUresult (*reset_fn)(CUdevice);
 typedef CUresult (*get_proc_v1_fn)(const char *, void **, int, cuuint64_t);
