@@ -94,8 +94,11 @@ struct hot_module::state {
   /// while the handle is valid (reclaim could not record one later).
   void seal(CUstream s) noexcept {
     try {
-      scoped_current current(ctx.ref());
-      versions.seal_stream(s, [this](const CUstream& stream) { return last_event_on(stream); });
+      // Most destroyed streams never launched this module: push its context only for one that did.
+      versions.seal_stream(s, [this](const CUstream& stream) {
+        scoped_current current(ctx.ref());
+        return last_event_on(stream);
+      });
     } catch (...) {
       // Out of events or a broken context: the version then stays pinned, which is safe.
     }
@@ -111,7 +114,7 @@ struct hot_module::state {
         wake.wait_for(lock, std::chrono::milliseconds(1));
       if (stopping) break;
       lock.unlock();
-      unloaded += reclaim_now();
+      (void)reclaim_now();
       lock.lock();
     }
   }
@@ -167,7 +170,6 @@ struct hot_module::state {
   std::vector<launch_usage> usage;  // per kernel, same order as kernel_names
   hot_kernel::chain versions;
   std::atomic<std::uint64_t> rejected{0};
-  std::atomic<std::uint64_t> unloaded{0};
   std::mutex graphs_mutex;
   std::vector<std::unique_ptr<tracked_graph>> graphs;
 
@@ -322,13 +324,11 @@ context_ref hot_module::context() const noexcept { return state_->ctx.ref(); }
 hot_module_stats hot_module::stats() const {
   const auto chain_stats = state_->versions.get_stats();
   return {chain_stats.current_id, chain_stats.promotions, state_->rejected.load(),
-          chain_stats.retired, state_->unloaded.load()};
+          chain_stats.retired, chain_stats.reclaimed};
 }
 
 std::size_t hot_module::reclaim() const {
-  const auto n = state_->reclaim_now();
-  state_->unloaded += n;
-  return n;
+  return state_->reclaim_now();
 }
 
 void hot_module::track_graph(CUgraph graph, CUgraphExec exec) {

@@ -6,6 +6,9 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <utility>
+#include <optional>
+#include <functional>
 #include <thread>
 #include <vector>
 
@@ -320,6 +323,37 @@ TEST(VersionChain, SealingReachesCurrentPreviousAndRetiredVersions) {
     return pending_token();
   });
   EXPECT_EQ(sealed, 4);
+}
+
+/// A payload that runs a callback when destroyed (moved-from copies run nothing).
+struct on_destroy {
+  explicit on_destroy(std::function<void()> f) : run(std::move(f)) {}
+  on_destroy(on_destroy&& other) noexcept : run(std::exchange(other.run, nullptr)) {}
+  on_destroy& operator=(on_destroy&&) = delete;
+  ~on_destroy() {
+    if (run) run();
+  }
+  std::function<void()> run;
+};
+
+TEST(VersionChain, AVersionBeingDestroyedStillCountsAsRetired) {
+  using probe_chain = cubridge::version_chain<on_destroy, int, token>;
+  std::optional<probe_chain> c;
+  probe_chain::stats seen{};
+  bool destroyed = false;
+  c.emplace(on_destroy([] {}));
+  c->promote(on_destroy([&] {
+    seen = c->get_stats();  // from inside the destructor: reclaim() holds no lock here
+    destroyed = true;
+  }));
+  c->promote(on_destroy([] {}));
+  c->promote(on_destroy([] {}));  // the callback version is retired now
+  EXPECT_EQ(c->reclaim(done), 2u);
+  ASSERT_TRUE(destroyed);
+  EXPECT_EQ(seen.retired, 2u) << "versions being destroyed still count as retired";
+  EXPECT_EQ(seen.reclaimed, 0u) << "reclaimed counts versions already destroyed";
+  EXPECT_EQ(c->get_stats().retired, 0u);
+  EXPECT_EQ(c->get_stats().reclaimed, 2u);
 }
 
 }  // namespace

@@ -73,7 +73,8 @@ struct hot_module_stats {
   std::uint64_t current_version = 0;
   std::uint64_t promotions = 0;
   std::uint64_t rejected = 0;
-  std::size_t retired_waiting = 0;  ///< old versions still pinned by launches or GPU work
+  std::size_t retired_waiting = 0;  ///< old versions not yet unloaded: pinned, or being unloaded
+  /// Versions unloaded so far (`retired_waiting` drops exactly as this grows).
   std::uint64_t unloaded = 0;
 };
 

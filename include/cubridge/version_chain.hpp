@@ -101,7 +101,7 @@ class version_chain {
   struct stats {
     std::uint64_t current_id = 0;
     std::uint64_t promotions = 0;
-    std::size_t retired = 0;    ///< waiting for leases or GPU work
+    std::size_t retired = 0;    ///< waiting for leases or GPU work, or being destroyed
     std::uint64_t reclaimed = 0;
   };
 
@@ -179,11 +179,18 @@ class version_chain {
           ++it;
         }
       }
-      reclaimed_ += doomed.size();
+      unloading_ += doomed.size();
     }
     const auto n = doomed.size();
     candidates.clear();
     doomed.clear();  // the last references: destroy outside the lock
+    if (n) {
+      // Counted as reclaimed once destroyed, and as retired until then: the stats never show a
+      // version that is in neither.
+      std::lock_guard lock(writer_mutex_);
+      unloading_ -= n;
+      reclaimed_ += n;
+    }
     return n;
   }
 
@@ -218,7 +225,7 @@ class version_chain {
 
   [[nodiscard]] stats get_stats() const {
     std::lock_guard lock(writer_mutex_);
-    return {acquire().id(), promotions_, retired_.size(), reclaimed_};
+    return {acquire().id(), promotions_, retired_.size() + unloading_, reclaimed_};
   }
 
  private:
@@ -252,6 +259,7 @@ class version_chain {
   std::uint64_t next_id_;
   std::uint64_t promotions_ = 0;
   std::uint64_t reclaimed_ = 0;
+  std::size_t unloading_ = 0;  // taken off retired_, being destroyed by a reclaim() call
 };
 
 }  // namespace cubridge
