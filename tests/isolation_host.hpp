@@ -141,7 +141,12 @@ class verdict {
   void expect(bool condition, const std::string& what) {
     if (!condition) failures_ += "  FAILED: " + what + "\n";
   }
-  void note(const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); }
+  /// To stderr, where the parent's exit expectation matches it, and to stdout, which a passing
+  /// death test still shows (the matrix logs keep restart times and what each protection saw).
+  void note(const std::string& line) {
+    std::fprintf(stderr, "%s\n", line.c_str());
+    std::printf("  note: %s\n", line.c_str());
+  }
   [[noreturn]] void exit() {
     std::fflush(stdout);
     if (!failures_.empty()) std::fprintf(stderr, "%s", failures_.c_str());
