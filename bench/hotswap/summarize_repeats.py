@@ -12,7 +12,8 @@ import json
 import statistics
 import sys
 
-PHASES = ["steady", "hot-swap", "bare-load", "bare-load+unload"]
+PHASES = ["steady", "hot-swap", "bare-load", "bare-load+unload", "module+function+unload",
+          "library+function+unload"]
 
 
 def median_range(values):
@@ -77,6 +78,14 @@ def main(paths):
         print(f"  max GPU gap, hot-swap / bare load+unload   {median_range(ratios('hot-swap', gap, 'bare-load+unload', gap))}")
         print(f"  p99 latency, hot-swap / bare load+unload   {median_range(ratios('hot-swap', lat, 'bare-load+unload', lat))}")
         print(f"  p99 latency, bare load / steady            {median_range(ratios('bare-load', lat, 'steady', lat))}")
+        if any("module+function+unload" in s for s in samples):
+            fn = "module+function+unload"
+            lib = "library+function+unload"
+            print("the same driver work as a swap (the served kernel loaded too), module vs CUlibrary:")
+            print(f"  max GPU gap, hot-swap / module+function+unload       {median_range(ratios('hot-swap', gap, fn, gap))}")
+            print(f"  p99 latency, hot-swap / module+function+unload       {median_range(ratios('hot-swap', lat, fn, lat))}")
+            print(f"  max GPU gap, library / module (+function+unload)     {median_range(ratios(lib, gap, fn, gap))}")
+            print(f"  p99 latency, library / module (+function+unload)     {median_range(ratios(lib, lat, fn, lat))}")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,9 @@
 //   steady     servers only, for --steady-ms;
 //   hot-swap   the swapper makes --cycles stage + promote cycles of the cubins v1, v2, v3 in turn;
 //   bare-load+unload  as bare-load, each load followed by the unload of the module loaded two
-//              cycles before: the driver's own cost of what a swap does (a reference, not gated);
+//              cycles before: the driver's own cost of what a swap does (a reference);
+//   module+function+unload, library+function+unload  the same with the served kernel looked up
+//              (loaded into the context, as stage() does), through a module or a CUlibrary;
 //   bare-load  the swapper makes --bare-cycles cuModuleLoadData of the same cubins (kept loaded,
 //              unloaded after the servers stopped); the servers launch as in steady;
 //   naive-ptx  the servers launch a raw CUfunction taken under a mutex; the swapper makes
@@ -833,42 +835,84 @@ std::vector<hotswap::phase_result> run_threads(const options& opt, const images&
       },
       hot_tags));
 
-  // bare-load+unload: what a swap asks of the driver, without cubridge: load a cubin, unload the
-  // one loaded two cycles before (a hot module keeps the current and the rollback version).
-  std::deque<CUmodule> pair_modules;
-  results.push_back(b.phase(
-      "bare-load+unload", true, hot.stats().current_version, hot_launch,
-      [&](swapper_output& out) {
-        out.cycles_requested = opt.bare_cycles;
-        auto& load_op = out.op("load");
-        auto& unload_op = out.op("unload");
-        out.begin_ns = now_ns();
-        for (std::uint64_t k = 0; k < opt.bare_cycles && !b.swapper_should_stop(out); ++k) {
-          CUmodule m = timed_load(k, out, load_op);
-          if (!m) {
+  // Load, then unload what was loaded two cycles before (a hot module keeps the current and the
+  // rollback version): what a swap asks of the driver, without cubridge, for three ways of loading.
+  //   bare-load+unload         cuModuleLoadData alone (under lazy loading no kernel is loaded yet)
+  //   module+function+unload   and cuModuleGetFunction of the served kernel, as stage() does
+  //   library+function+unload  cuLibraryLoadData, cuLibraryGetKernel, cuKernelGetFunction, and
+  //                            cuLibraryUnload: does a library unload wait for the context too?
+  enum class load_kind { module, module_function, library_function };
+  struct loaded_code {
+    CUmodule module = nullptr;
+    CUlibrary library = nullptr;
+  };
+  auto load_code = [&](load_kind kind, const std::vector<std::byte>& image, loaded_code& code) {
+    if (kind == load_kind::library_function) {
+      CUkernel k = nullptr;
+      CUfunction f = nullptr;
+      CUresult rc = cu.cuLibraryLoadData(&code.library, image.data(), nullptr, nullptr, 0, nullptr,
+                                         nullptr, 0);
+      if (rc == CUDA_SUCCESS) rc = cu.cuLibraryGetKernel(&k, code.library, "serve");
+      if (rc == CUDA_SUCCESS) rc = cu.cuKernelGetFunction(&f, k);  // loads it into this context
+      return rc;
+    }
+    CUresult rc = cu.cuModuleLoadDataEx(&code.module, image.data(), 0, nullptr, nullptr);
+    if (rc == CUDA_SUCCESS && kind == load_kind::module_function) {
+      CUfunction f = nullptr;
+      rc = cu.cuModuleGetFunction(&f, code.module, "serve");
+    }
+    return rc;
+  };
+  auto unload_code = [&](const loaded_code& code) {
+    return code.library ? cu.cuLibraryUnload(code.library) : cu.cuModuleUnload(code.module);
+  };
+  auto load_unload_phase = [&](const char* name, load_kind kind) {
+    std::deque<loaded_code> pair_code;
+    results.push_back(b.phase(
+        name, true, hot.stats().current_version, hot_launch,
+        [&](swapper_output& out) {
+          out.cycles_requested = opt.bare_cycles;
+          auto& load_op = out.op("load");
+          auto& unload_op = out.op("unload");
+          out.begin_ns = now_ns();
+          for (std::uint64_t k = 0; k < opt.bare_cycles && !b.swapper_should_stop(out); ++k) {
+            loaded_code code;
+            const auto t0 = now_ns();
+            const auto rc = load_code(kind, im.cubins[(k + 1) % image_count], code);
+            const auto t1 = now_ns();
+            if (rc != CUDA_SUCCESS) {
+              out.error(std::string(name) + ": load failed: " + std::to_string(rc));
+              if (code.module || code.library) (void)unload_code(code);
+              b.pause();
+              continue;
+            }
+            load_op.samples_us.push_back(us_between(t0, t1));
+            out.windows.emplace_back(t0, t1);
+            pair_code.push_back(code);
+            if (pair_code.size() > 2) {
+              const auto t2 = now_ns();
+              const auto urc = unload_code(pair_code.front());
+              const auto t3 = now_ns();
+              pair_code.pop_front();
+              if (urc != CUDA_SUCCESS)
+                out.error(std::string(name) + ": unload failed: " + std::to_string(urc));
+              unload_op.samples_us.push_back(us_between(t2, t3));
+              out.windows.emplace_back(t2, t3);
+            }
+            ++out.cycles_done;
             b.pause();
-            continue;
           }
-          pair_modules.push_back(m);
-          if (pair_modules.size() > 2) {
-            const auto t2 = now_ns();
-            const auto urc = cu.cuModuleUnload(pair_modules.front());
-            const auto t3 = now_ns();
-            pair_modules.pop_front();
-            if (urc != CUDA_SUCCESS) out.error("cuModuleUnload (cubin) failed: " + std::to_string(urc));
-            unload_op.samples_us.push_back(us_between(t2, t3));
-            out.windows.emplace_back(t2, t3);
-          }
-          ++out.cycles_done;
-          b.pause();
-        }
-        out.end_ns = now_ns();
-      },
-      [&](swapper_output&) {
-        for (auto m : pair_modules) check(cu.cuModuleUnload(m), "cuModuleUnload (bare pair, after the phase)");
-        pair_modules.clear();
-      },
-      hot_tags));
+          out.end_ns = now_ns();
+        },
+        [&](swapper_output&) {
+          for (const auto& code : pair_code) check(unload_code(code), "unload after the phase");
+          pair_code.clear();
+        },
+        hot_tags));
+  };
+  load_unload_phase("bare-load+unload", load_kind::module);
+  load_unload_phase("module+function+unload", load_kind::module_function);
+  load_unload_phase("library+function+unload", load_kind::library_function);
 
   // naive-ptx: driver JIT + immediate unload, launches through a raw CUfunction under a mutex
   if (opt.naive) {
