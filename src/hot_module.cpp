@@ -397,9 +397,7 @@ CUgraphNode hot_kernel::add_node(CUgraph graph, const kernel& k, const launch_co
   CUgraphNode node = nullptr;
   CUBRIDGE_CU(cuGraphAddKernelNode, (&node, graph, nullptr, 0, &params),
               "kernel node of '" + name_ + "' in module '" + state_->name + "'");
-  auto& usage = state_->usage[index_];
-  raise_to(usage.threads_per_block, c.block.volume());
-  raise_to(usage.dynamic_shared_bytes, c.dynamic_shared_bytes);
+  note_usage(c);
   return node;
 }
 
@@ -421,6 +419,10 @@ void hot_kernel::finish(const chain::lease& lease, const launch_config& config) 
     noted_stream = stream;
     noted_generation = generation;
   }
+  note_usage(config);
+}
+
+void hot_kernel::note_usage(const launch_config& config) const noexcept {
   auto& usage = state_->usage[index_];
   raise_to(usage.threads_per_block, config.block.volume());
   raise_to(usage.dynamic_shared_bytes, config.dynamic_shared_bytes);

@@ -169,14 +169,8 @@ class hot_kernel {
     auto lease = acquire();
     const auto& k = lease.payload().kernels[index_];
     (void)k.template typed<Args...>();  // the argument check
-    std::tuple<detail::kernel_argument_t<Args>...> values{
-        detail::kernel_argument<std::remove_cvref_t<Args>>::convert(args)...};
-    return std::apply(
-        [&](auto&... v) {
-          void* pointers[] = {static_cast<void*>(&v)..., nullptr};
-          return add_node(graph, k, config, pointers);
-        },
-        values);
+    return detail::with_kernel_arguments(
+        [&](void** arguments) { return add_node(graph, k, config, arguments); }, args...);
   }
 
  private:
@@ -186,6 +180,8 @@ class hot_kernel {
       : state_(std::move(s)), index_(index), name_(std::move(name)) {}
   [[nodiscard]] chain::lease acquire() const;
   void finish(const chain::lease& lease, const launch_config& config) const;
+  /// Raises the launch configuration a new version must fit (stage() checks it) to `config`.
+  void note_usage(const launch_config& config) const noexcept;
   CUgraphNode add_node(CUgraph graph, const kernel& k, const launch_config& config,
                        void** arguments) const;
   std::shared_ptr<hot_module::state> state_;

@@ -49,6 +49,20 @@ struct kernel_argument<device_buffer<T, Api>> {
 };
 template <class A>
 using kernel_argument_t = typename kernel_argument<std::remove_cvref_t<A>>::type;
+
+/// Calls `f(arguments)` with `args` converted (spans and buffers to T*) and laid out as
+/// cuLaunchKernel's kernelParams; the array and the values it points to live for the call.
+template <class F, class... Args>
+decltype(auto) with_kernel_arguments(F&& f, const Args&... args) {
+  std::tuple<kernel_argument_t<Args>...> values{
+      kernel_argument<std::remove_cvref_t<Args>>::convert(args)...};
+  return std::apply(
+      [&](auto&... v) -> decltype(auto) {
+        void* arguments[] = {static_cast<void*>(&v)..., nullptr};
+        return f(arguments);
+      },
+      values);
+}
 }  // namespace detail
 
 template <class... Args>
@@ -134,14 +148,8 @@ class kernel {
 
   template <class... Args>
   void launch_unchecked(const launch_config& config, const Args&... args) const {
-    std::tuple<detail::kernel_argument_t<Args>...> values{
-        detail::kernel_argument<std::remove_cvref_t<Args>>::convert(args)...};
-    std::apply(
-        [&](auto&... v) {
-          void* pointers[] = {static_cast<void*>(&v)..., nullptr};
-          launch_raw(config, pointers);
-        },
-        values);
+    detail::with_kernel_arguments([&](void** arguments) { launch_raw(config, arguments); },
+                                  args...);
   }
 
   std::shared_ptr<const state> state_;
