@@ -792,55 +792,16 @@ std::vector<hotswap::phase_result> run_threads(const options& opt, const images&
       },
       hot_tags));
 
-  // One cuModuleLoadData of cubin k, timed and recorded as a "load" window; null if it failed.
-  auto timed_load = [&](std::uint64_t k, swapper_output& out, hotswap::op_timing& load_op) {
-    const auto& image = im.cubins[(k + 1) % image_count];
-    CUmodule m = nullptr;
-    const auto t0 = now_ns();
-    const auto rc = cu.cuModuleLoadDataEx(&m, image.data(), 0, nullptr, nullptr);
-    const auto t1 = now_ns();
-    if (rc != CUDA_SUCCESS) {
-      out.error("cuModuleLoadData (cubin) failed: " + std::to_string(rc));
-      return CUmodule{nullptr};
-    }
-    load_op.samples_us.push_back(us_between(t0, t1));
-    out.windows.emplace_back(t0, t1);
-    return m;
-  };
-
-  // bare-load: the same cubins through a bare cuModuleLoadData (the driver's own cost of a load)
-  std::vector<CUmodule> bare_modules;
-  bare_modules.reserve(opt.bare_cycles);
-  results.push_back(b.phase(
-      "bare-load", true, hot.stats().current_version, hot_launch,
-      [&](swapper_output& out) {
-        out.cycles_requested = opt.bare_cycles;
-        auto& load_op = out.op("load");
-        load_op.samples_us.reserve(opt.bare_cycles);
-        out.begin_ns = now_ns();
-        for (std::uint64_t k = 0; k < opt.bare_cycles && !b.swapper_should_stop(out); ++k) {
-          if (CUmodule m = timed_load(k, out, load_op)) {
-            bare_modules.push_back(m);
-            ++out.cycles_done;
-          }
-          b.pause();
-        }
-        out.end_ns = now_ns();
-      },
-      [&](swapper_output& out) {
-        const auto t0 = now_ns();
-        for (auto m : bare_modules) check(cu.cuModuleUnload(m), "cuModuleUnload (bare, after the phase)");
-        out.extra = {{"unload_all_after_phase_us", us_between(t0, now_ns())}};
-        bare_modules.clear();
-      },
-      hot_tags));
-
-  // Load, then unload what was loaded two cycles before (a hot module keeps the current and the
-  // rollback version): what a swap asks of the driver, without cubridge, for three ways of loading.
-  //   bare-load+unload         cuModuleLoadData alone (under lazy loading no kernel is loaded yet)
-  //   module+function+unload   and cuModuleGetFunction of the served kernel, as stage() does
-  //   library+function+unload  cuLibraryLoadData, cuLibraryGetKernel, cuKernelGetFunction, and
-  //                            cuLibraryUnload: does a library unload wait for the context too?
+  // The references: what a swap asks of the driver, without cubridge, loading the same cubins.
+  //   bare-load                cuModuleLoadData alone, every module kept loaded until the
+  //                            servers stopped (the driver's own cost of a load)
+  //   bare-load+unload         each load followed by the unload of the module loaded two cycles
+  //                            before (a hot module keeps the current and the rollback version)
+  //   module+function+unload   as bare-load+unload, and cuModuleGetFunction of the served kernel
+  //                            (under lazy loading that loads it into the context, as stage() does)
+  //   library+function+unload  the same through a CUlibrary: cuLibraryLoadData, cuLibraryGetKernel,
+  //                            cuKernelGetFunction, cuLibraryUnload. Does a library unload wait
+  //                            for the context as a module unload does?
   enum class load_kind { module, module_function, library_function };
   struct loaded_code {
     CUmodule module = nullptr;
@@ -866,14 +827,16 @@ std::vector<hotswap::phase_result> run_threads(const options& opt, const images&
   auto unload_code = [&](const loaded_code& code) {
     return code.library ? cu.cuLibraryUnload(code.library) : cu.cuModuleUnload(code.module);
   };
-  auto load_unload_phase = [&](const char* name, load_kind kind) {
-    std::deque<loaded_code> pair_code;
+  // `keep`: how many loaded versions stay loaded; the oldest beyond that is unloaded in the cycle
+  // (timed as "unload"). Whatever is still loaded is unloaded after the servers stopped.
+  auto load_phase = [&](const char* name, load_kind kind, std::size_t keep) {
+    std::deque<loaded_code> loaded;
     results.push_back(b.phase(
         name, true, hot.stats().current_version, hot_launch,
         [&](swapper_output& out) {
           out.cycles_requested = opt.bare_cycles;
           auto& load_op = out.op("load");
-          auto& unload_op = out.op("unload");
+          load_op.samples_us.reserve(opt.bare_cycles);
           out.begin_ns = now_ns();
           for (std::uint64_t k = 0; k < opt.bare_cycles && !b.swapper_should_stop(out); ++k) {
             loaded_code code;
@@ -888,15 +851,15 @@ std::vector<hotswap::phase_result> run_threads(const options& opt, const images&
             }
             load_op.samples_us.push_back(us_between(t0, t1));
             out.windows.emplace_back(t0, t1);
-            pair_code.push_back(code);
-            if (pair_code.size() > 2) {
+            loaded.push_back(code);
+            if (loaded.size() > keep) {
               const auto t2 = now_ns();
-              const auto urc = unload_code(pair_code.front());
+              const auto urc = unload_code(loaded.front());
               const auto t3 = now_ns();
-              pair_code.pop_front();
+              loaded.pop_front();
               if (urc != CUDA_SUCCESS)
                 out.error(std::string(name) + ": unload failed: " + std::to_string(urc));
-              unload_op.samples_us.push_back(us_between(t2, t3));
+              out.op("unload").samples_us.push_back(us_between(t2, t3));
               out.windows.emplace_back(t2, t3);
             }
             ++out.cycles_done;
@@ -904,15 +867,18 @@ std::vector<hotswap::phase_result> run_threads(const options& opt, const images&
           }
           out.end_ns = now_ns();
         },
-        [&](swapper_output&) {
-          for (const auto& code : pair_code) check(unload_code(code), "unload after the phase");
-          pair_code.clear();
+        [&](swapper_output& out) {
+          const auto t0 = now_ns();
+          for (const auto& code : loaded) check(unload_code(code), "unload after the phase");
+          out.extra = {{"unload_all_after_phase_us", us_between(t0, now_ns())}};
+          loaded.clear();
         },
         hot_tags));
   };
-  load_unload_phase("bare-load+unload", load_kind::module);
-  load_unload_phase("module+function+unload", load_kind::module_function);
-  load_unload_phase("library+function+unload", load_kind::library_function);
+  load_phase("bare-load", load_kind::module, std::numeric_limits<std::size_t>::max());
+  load_phase("bare-load+unload", load_kind::module, 2);
+  load_phase("module+function+unload", load_kind::module_function, 2);
+  load_phase("library+function+unload", load_kind::library_function, 2);
 
   // naive-ptx: driver JIT + immediate unload, launches through a raw CUfunction under a mutex
   if (opt.naive) {
