@@ -1,5 +1,6 @@
 // Signed module bundles; the format is specified in docs/bundle-format.md.
 #include <cubridge/bundle.hpp>
+#include <cubridge/detail/signing.hpp>
 #include <cubridge/image.hpp>
 
 #include <sodium.h>
@@ -93,13 +94,13 @@ std::string sha256_hex(std::span<const std::byte> payload) {
   return hex(digest);
 }
 
-// What the signature covers: the domain-separation string, then the manifest bytes.
-std::vector<unsigned char> signed_message(std::string_view manifest) {
-  std::vector<unsigned char> message(signature_domain.size() + manifest.size());
-  std::memcpy(message.data(), signature_domain.data(), signature_domain.size());
-  if (!manifest.empty())
-    std::memcpy(message.data() + signature_domain.size(), manifest.data(), manifest.size());
-  return message;
+// What a signature covers: the domain-separation string, then the message bytes.
+std::vector<unsigned char> signed_message(std::string_view domain, std::string_view message) {
+  // Sized once and filled with memcpy: g++ 12 -O3 warns falsely (-Warray-bounds) on insert().
+  std::vector<unsigned char> out(domain.size() + message.size());
+  std::memcpy(out.data(), domain.data(), domain.size());
+  if (!message.empty()) std::memcpy(out.data() + domain.size(), message.data(), message.size());
+  return out;
 }
 
 // --- manifest field checks (shared by signing and verifying) -------------------------------
@@ -594,15 +595,44 @@ std::vector<std::byte> sign_bundle_unchecked(std::string_view manifest,
   append_le(out, payload.size(), 8);
   out.insert(out.end(), payload.begin(), payload.end());
 
+  const auto signature = sign_detached(signature_domain, manifest, key);
+  out.insert(out.end(), signature.begin(), signature.end());
+  return out;
+}
+
+std::string to_hex(std::span<const std::byte> bytes) {
+  return hex(bytes);
+}
+
+bool parse_lower_hex(std::string_view text, std::span<std::byte> out) {
+  return is_lower_hex(text, out.size() * 2) && parse_hex(text, out);
+}
+
+void random_bytes(std::span<std::byte> out) {
+  ensure_sodium();
+  randombytes_buf(out.data(), out.size());
+}
+
+std::array<std::byte, 64> sign_detached(std::string_view domain, std::string_view message,
+                                        const secret_key& key) {
+  ensure_sodium();
   std::array<unsigned char, crypto_sign_PUBLICKEYBYTES> pk{};
   std::array<unsigned char, crypto_sign_SECRETKEYBYTES> sk{};
   crypto_sign_seed_keypair(pk.data(), sk.data(), as_uchar(key.seed().data()));
-  const auto message = signed_message(manifest);
-  std::array<unsigned char, signature_bytes> signature{};
-  crypto_sign_detached(signature.data(), nullptr, message.data(), message.size(), sk.data());
+  const auto signed_bytes = signed_message(domain, message);
+  std::array<std::byte, 64> signature{};
+  crypto_sign_detached(as_uchar(signature.data()), nullptr, signed_bytes.data(),
+                       signed_bytes.size(), sk.data());
   sodium_memzero(sk.data(), sk.size());
-  for (unsigned char c : signature) out.push_back(static_cast<std::byte>(c));
-  return out;
+  return signature;
+}
+
+bool verify_detached(std::string_view domain, std::string_view message,
+                     std::span<const std::byte, 64> signature, const public_key& key) {
+  ensure_sodium();
+  const auto signed_bytes = signed_message(domain, message);
+  return crypto_sign_verify_detached(as_uchar(signature.data()), signed_bytes.data(),
+                                     signed_bytes.size(), as_uchar(key.bytes.data())) == 0;
 }
 
 }  // namespace detail
@@ -657,7 +687,7 @@ verified_bundle verify_bundle(std::span<const std::byte> bytes, const trusted_ke
   if (rest.size() > signature_bytes)
     refuse(bundle_reason::malformed, call,
            std::to_string(rest.size() - signature_bytes) + " bytes after the signature");
-  const auto signature = rest;
+  const auto signature = rest.first<signature_bytes>();
 
   // 4. Manifest syntax and schema.
   const std::string_view manifest_text(reinterpret_cast<const char*>(manifest_bytes.data()),
@@ -676,10 +706,7 @@ verified_bundle verify_bundle(std::span<const std::byte> bytes, const trusted_ke
   if (std::all_of(signature.begin(), signature.end(),
                   [](std::byte b) { return b == std::byte{0}; }))
     refuse(bundle_reason::unsigned_bundle, call, who + ": signature is all zero");
-  ensure_sodium();
-  const auto message = signed_message(manifest_text);
-  if (crypto_sign_verify_detached(as_uchar(signature.data()), message.data(), message.size(),
-                                  as_uchar(key->bytes.data())) != 0)
+  if (!detail::verify_detached(signature_domain, manifest_text, signature, *key))
     refuse(bundle_reason::bad_signature, call,
            who + ": signature does not verify with key " + to_hex(manifest.key_id));
 

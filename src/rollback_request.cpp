@@ -1,12 +1,11 @@
 // Signed rollback requests; the format is specified in docs/update-endpoint.md.
 #include <cubridge/rollback_request.hpp>
+#include <cubridge/detail/signing.hpp>
 
-#include <sodium.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <array>
-#include <cstring>
 #include <set>
 #include <vector>
 
@@ -15,7 +14,6 @@ namespace {
 
 using json = nlohmann::json;
 constexpr std::string_view signature_domain = "cubridge rollback v1";
-constexpr std::size_t signature_bytes = crypto_sign_BYTES;
 constexpr const char* verify_call = "verify_rollback_request";
 
 [[noreturn]] void refuse(bundle_reason reason, const char* call, std::string involved,
@@ -23,57 +21,9 @@ constexpr const char* verify_call = "verify_rollback_request";
   throw bundle_error(reason, call, std::move(involved), where);
 }
 
-void ensure_sodium() {
-  static const int result = sodium_init();
-  if (result < 0)
-    detail::throw_errc(errc::precondition, "sodium_init", "libsodium failed to initialise");
-}
-
-std::string hex(std::span<const unsigned char> bytes) {
-  static constexpr char digits[] = "0123456789abcdef";
-  std::string out;
-  for (unsigned char b : bytes) {
-    out += digits[b >> 4];
-    out += digits[b & 0xF];
-  }
-  return out;
-}
-
-// Exactly out.size() * 2 lower-case hex digits.
-bool parse_lower_hex(std::string_view text, std::span<unsigned char> out) {
-  if (text.size() != out.size() * 2) return false;
-  auto digit = [](char c) {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    return -1;
-  };
-  for (std::size_t i = 0; i < out.size(); ++i) {
-    const int hi = digit(text[2 * i]), lo = digit(text[2 * i + 1]);
-    if (hi < 0 || lo < 0) return false;
-    out[i] = static_cast<unsigned char>(hi * 16 + lo);
-  }
-  return true;
-}
-
-std::vector<unsigned char> signed_message(std::string_view line) {
-  // Sized once and filled with memcpy: g++ 12 -O3 warns falsely (-Warray-bounds) on insert().
-  std::vector<unsigned char> message(signature_domain.size() + line.size());
-  std::memcpy(message.data(), signature_domain.data(), signature_domain.size());
-  if (!line.empty()) std::memcpy(message.data() + signature_domain.size(), line.data(), line.size());
-  return message;
-}
-
 std::string sign_line(std::string_view line, const secret_key& key) {
-  ensure_sodium();
-  std::array<unsigned char, crypto_sign_PUBLICKEYBYTES> pk{};
-  std::array<unsigned char, crypto_sign_SECRETKEYBYTES> sk{};
-  crypto_sign_seed_keypair(pk.data(), sk.data(),
-                           reinterpret_cast<const unsigned char*>(key.seed().data()));
-  const auto message = signed_message(line);
-  std::array<unsigned char, signature_bytes> signature{};
-  crypto_sign_detached(signature.data(), nullptr, message.data(), message.size(), sk.data());
-  sodium_memzero(sk.data(), sk.size());
-  return std::string(line) + "\n" + hex(signature) + "\n";
+  const auto signature = detail::sign_detached(signature_domain, line, key);
+  return std::string(line) + "\n" + detail::to_hex(signature) + "\n";
 }
 
 // Line 1 as one flat JSON object: a DOM parse with a callback that refuses nesting and
@@ -132,14 +82,13 @@ std::string sign_rollback_request(std::string_view module, std::uint64_t from_ve
   if (auto problem = check_module_name(module); !problem.empty())
     refuse(bundle_reason::invalid_manifest, call, problem);
   if (from_version == 0) refuse(bundle_reason::invalid_manifest, call, "from_version is 0");
-  ensure_sodium();
-  std::array<unsigned char, 16> nonce{};
-  randombytes_buf(nonce.data(), nonce.size());
+  std::array<std::byte, 16> nonce{};
+  detail::random_bytes(nonce);
   json request = json::object();
   request["action"] = "rollback";
   request["module"] = std::string(module);
   request["from_version"] = from_version;
-  request["nonce"] = hex(nonce);
+  request["nonce"] = detail::to_hex(nonce);
   request["created"] = detail::format_time(std::chrono::floor<std::chrono::seconds>(
       created.value_or(std::chrono::system_clock::now())));
   request["key_id"] = to_hex(key.public_key().id());
@@ -165,8 +114,8 @@ rollback_request verify_rollback_request(std::string_view body, const trusted_ke
   const std::string_view line = body.substr(0, newline);
   std::string_view signature_text = body.substr(newline + 1);
   if (signature_text.ends_with('\n')) signature_text.remove_suffix(1);
-  std::array<unsigned char, signature_bytes> signature{};
-  if (!parse_lower_hex(signature_text, signature))
+  std::array<std::byte, 64> signature{};
+  if (!detail::parse_lower_hex(signature_text, signature))
     refuse(bundle_reason::malformed, verify_call,
            "line 2 is not a signature of 128 lower-case hex digits");
 
@@ -179,20 +128,15 @@ rollback_request verify_rollback_request(std::string_view body, const trusted_ke
 
   rollback_request out;
   const auto& id_text = text_field(request, "key_id");
-  std::array<unsigned char, 8> id{};
-  if (!parse_lower_hex(id_text, id))
+  if (!detail::parse_lower_hex(id_text, out.key_id))
     refuse(bundle_reason::invalid_manifest, verify_call, "key_id is not 16 lower-case hex digits");
-  std::memcpy(out.key_id.data(), id.data(), id.size());
 
   const public_key* key = keys.find(out.key_id);
   if (!key)
     refuse(bundle_reason::unknown_key, verify_call, "key " + id_text + " is not trusted");
-  if (std::all_of(signature.begin(), signature.end(), [](unsigned char c) { return c == 0; }))
+  if (std::all_of(signature.begin(), signature.end(), [](std::byte b) { return b == std::byte{0}; }))
     refuse(bundle_reason::unsigned_bundle, verify_call, "signature is all zero");
-  ensure_sodium();
-  const auto message = signed_message(line);
-  if (crypto_sign_verify_detached(signature.data(), message.data(), message.size(),
-                                  reinterpret_cast<const unsigned char*>(key->bytes.data())) != 0)
+  if (!detail::verify_detached(signature_domain, line, signature, *key))
     refuse(bundle_reason::bad_signature, verify_call,
            "signature does not verify with key " + id_text);
 
@@ -210,8 +154,8 @@ rollback_request verify_rollback_request(std::string_view body, const trusted_ke
   if (out.from_version == 0)
     refuse(bundle_reason::invalid_manifest, verify_call, "from_version is 0");
   out.nonce = text_field(request, "nonce");
-  std::array<unsigned char, 16> nonce{};
-  if (!parse_lower_hex(out.nonce, nonce))
+  std::array<std::byte, 16> nonce{};
+  if (!detail::parse_lower_hex(out.nonce, nonce))
     refuse(bundle_reason::invalid_manifest, verify_call, "nonce is not 32 lower-case hex digits");
   const auto created = detail::parse_time(text_field(request, "created"));
   if (!created)

@@ -1,0 +1,35 @@
+#pragma once
+// Ed25519 detached signatures with a domain-separation string, and the lower-case hex the signed
+// formats spell bytes in: one implementation for bundles (bundle.cpp, which defines these over
+// libsodium) and signed rollback requests (rollback_request.cpp).
+
+#include <cubridge/bundle.hpp>
+
+#include <array>
+#include <cstddef>
+#include <span>
+#include <string>
+#include <string_view>
+
+namespace cubridge::detail {
+
+/// `bytes` as lower-case hex, two digits a byte.
+[[nodiscard]] std::string to_hex(std::span<const std::byte> bytes);
+
+/// Parses exactly out.size() * 2 lower-case hex digits into `out`; false on anything else.
+[[nodiscard]] bool parse_lower_hex(std::string_view text, std::span<std::byte> out);
+
+/// Fills `out` with cryptographically random bytes.
+void random_bytes(std::span<std::byte> out);
+
+/// The Ed25519 signature by `key` of `domain` followed by `message`.
+[[nodiscard]] std::array<std::byte, 64> sign_detached(std::string_view domain,
+                                                      std::string_view message,
+                                                      const secret_key& key);
+
+/// Whether `signature` is `key`'s signature of `domain` followed by `message`.
+[[nodiscard]] bool verify_detached(std::string_view domain, std::string_view message,
+                                   std::span<const std::byte, 64> signature,
+                                   const public_key& key);
+
+}  // namespace cubridge::detail
