@@ -270,22 +270,28 @@ struct sandbox::state {
     return failure;
   }
 
-  /// After a failure: the old worker is gone; start a fresh one. Returns (restarted, duration).
-  std::pair<bool, std::chrono::nanoseconds> restart_after_failure() {
+  struct restart_outcome {
+    std::string failure;  ///< empty when the fresh worker is ready
+    std::chrono::nanoseconds duration;
+  };
+  /// Ends the worker if it still runs (SIGKILL) and starts a fresh one.
+  restart_outcome restart() {
     const auto started = clock_type::now();
     if (worker.running()) worker.kill_and_reap();
     ++restarts;
-    const auto failure = start_worker();
-    return {failure.empty(), clock_type::now() - started};
+    auto failure = start_worker();
+    return {std::move(failure), clock_type::now() - started};
   }
 
+  /// Reports a failed call: the worker (killed here if it still runs) is replaced first.
   [[noreturn]] void fail(sandbox_failure reason, const std::string& entry,
                          const std::string& detail) {
-    const auto [restarted, duration] = restart_after_failure();
+    const auto outcome = restart();
+    const bool restarted = outcome.failure.empty();
     throw sandbox_error(reason, "sandbox::call(\"" + entry + "\")",
                         "sandbox '" + name + "' (library " + options.library.string() + "): " +
                             detail + (restarted ? "" : "; the worker could NOT be restarted"),
-                        restarted, duration);
+                        restarted, outcome.duration);
   }
 
   /// The worker ended (EOF or failed send): reap it and say how.
@@ -344,15 +350,13 @@ struct sandbox::state {
     try {
       status = protocol::receive_frame(worker.socket(), f, clock_type::now() + timeout);
     } catch (const protocol::protocol_violation& e) {
-      worker.kill_and_reap();
       fail(sandbox_failure::protocol, entry,
            "malformed reply to '" + entry + "': " + e.what() + "; worker killed");
     } catch (const std::system_error&) {
       worker_died(entry);
     }
     if (status == protocol::receive_status::timed_out) {
-      const pid_t pid = worker.pid();
-      worker.kill_and_reap();
+      const pid_t pid = worker.pid();  // fail() kills it
       fail(sandbox_failure::timed_out, entry,
            "'" + entry + "' did not return within " + std::to_string(timeout.count()) +
                " ms; worker pid " + std::to_string(pid) + " killed (SIGKILL)");
@@ -394,11 +398,9 @@ struct sandbox::state {
           break;
       }
     } catch (const protocol::protocol_violation& e) {
-      worker.kill_and_reap();
       fail(sandbox_failure::protocol, entry,
            "malformed reply to '" + entry + "': " + e.what() + "; worker killed");
     }
-    worker.kill_and_reap();
     fail(sandbox_failure::protocol, entry,
          "unexpected message type " + std::to_string(static_cast<int>(f.type)) + " in reply to '" +
              entry + "'; worker killed");
@@ -500,13 +502,10 @@ sandbox_share sandbox::share(const shared_device_memory& memory) {
 void sandbox::restart() {
   CUBRIDGE_EXPECTS(state_ != nullptr, "restarting a moved-from sandbox");
   std::lock_guard lock(state_->mutex);
-  const auto started = clock_type::now();
-  if (state_->worker.running()) state_->worker.kill_and_reap();
-  ++state_->restarts;
-  if (auto failure = state_->start_worker(); !failure.empty())
+  if (auto outcome = state_->restart(); !outcome.failure.empty())
     throw sandbox_error(sandbox_failure::start_failed, "sandbox::restart",
-                        "sandbox '" + state_->name + "': " + failure, false,
-                        clock_type::now() - started);
+                        "sandbox '" + state_->name + "': " + outcome.failure, false,
+                        outcome.duration);
 }
 
 pid_t sandbox::worker_pid() const noexcept {

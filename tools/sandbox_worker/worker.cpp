@@ -12,6 +12,7 @@
 // cannot be repaired. It exits when the host closes the socket, also while an entry still runs
 // (a watchdog thread sees the hang-up).
 #include <cubridge/detail/check.hpp>
+#include <cubridge/detail/describe.hpp>
 #include <cubridge/detail/sandbox_protocol.hpp>
 #include <cubridge/driver.hpp>
 #include <cubridge/sandbox_entry.hpp>
@@ -168,8 +169,8 @@ class worker {
         return "CUDA is unavailable in the worker: " + why;
     const auto& cu = cubridge::driver::api();
     const std::string what = "buffer " + std::to_string(d.id) + " (" +
-                             std::to_string(d.size_bytes) + " bytes at host address 0x" +
-                             to_hex(d.host_address) + ")";
+                             std::to_string(d.size_bytes) + " bytes at host address " +
+                             cubridge::detail::hex(d.host_address) + ")";
     if (d.device != options_.device)
       return what + " lives on device " + std::to_string(d.device) +
              ", the worker runs on device " + std::to_string(options_.device);
@@ -313,11 +314,6 @@ class worker {
   }
 
   static std::string name(CUresult r) { return cubridge::detail::driver_error_name(r); }
-  static std::string to_hex(std::uint64_t v) {
-    char text[32];
-    std::snprintf(text, sizeof text, "%llx", static_cast<unsigned long long>(v));
-    return text;
-  }
 
   worker_options options_;
   void* library_ = nullptr;
