@@ -270,10 +270,11 @@ CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cuda_version, c
 // it picks a target and *jumps* to it with the caller's return address still on the stack, the
 // real dlsym for every other name, intercepted_dlsym (same signature) for the four names the guard
 // replaces.
-static int intercepted_name(const char *symbol) {
+// The slot that `symbol` names exactly, or -1.
+static int slot_of(const char *symbol) {
   for (int s = 0; s < SLOT_COUNT; ++s)
-    if (strcmp(symbol, slot_names[s]) == 0) return 1;
-  return 0;
+    if (strcmp(symbol, slot_names[s]) == 0) return s;
+  return -1;
 }
 
 static void *intercepted_dlsym(void *handle, const char *symbol) {
@@ -283,20 +284,17 @@ static void *intercepted_dlsym(void *handle, const char *symbol) {
   // preloaded, and only it and the driver define these names).
   void *p = next(handle, symbol);
   if (p == NULL || is_wrapper(p)) return p;
-  for (int s = 0; s < SLOT_COUNT; ++s) {
-    if (strcmp(symbol, slot_names[s]) == 0) {
-      remember_real((enum slot)s, p);
-      return slot_wrapper((enum slot)s);
-    }
-  }
-  return p;
+  const int s = slot_of(symbol);
+  if (s < 0) return p;
+  remember_real((enum slot)s, p);
+  return slot_wrapper((enum slot)s);
 }
 
 // Called by the trampoline: which function the caller's dlsym call continues in.
 __attribute__((used, visibility("hidden"))) dlsym_fn cubridge_reset_guard_dlsym_target(
     void *handle, const char *symbol) {
   (void)handle;
-  if (symbol != NULL && intercepted_name(symbol)) return intercepted_dlsym;
+  if (symbol != NULL && slot_of(symbol) >= 0) return intercepted_dlsym;
   dlsym_fn next = real_dlsym();
   return next != NULL ? next : intercepted_dlsym;  // no real dlsym: intercepted_dlsym says NULL
 }
