@@ -137,9 +137,7 @@ TEST_F(BundleTest, UnknownKeyIsRefused) {
 TEST_F(BundleTest, SignatureByAnotherKeyWithTheSameIdIsRefused) {
   // A forger who copies a trusted key id into the manifest still cannot sign for it.
   const auto forger = cubridge::generate_keypair();
-  auto json = manifest(input());
-  const auto forged_json = cubridge::detail::manifest_json(input(), cubin, forger.public_key);
-  ASSERT_NE(json, forged_json);
+  auto json = manifest(input());  // names the trusted key's id
   const auto bundle = cubridge::detail::sign_bundle_unchecked(json, cubin, forger.secret_key);
   EXPECT_REFUSED(cubridge::verify_bundle(bundle, trusted), bundle_reason::bad_signature);
 }
@@ -152,12 +150,10 @@ TEST_F(BundleTest, TamperedPayloadIsRefused) {
 
 TEST_F(BundleTest, SwappedPayloadOfOtherSizeIsRefused) {
   // A payload replaced by one of another length (lengths rewritten consistently).
+  // The signature covers the manifest only, so it is the one a correct bundle carries.
   const auto json = manifest(input());
-  const auto good = signed_with_manifest(json);
   bytes shorter(cubin.begin(), cubin.end() - 1);
-  auto bundle = cubridge::detail::sign_bundle_unchecked(json, shorter, keys.secret_key);
-  std::copy(good.end() - 64, good.end(),
-            bundle.end() - 64);  // the signature only covers the manifest
+  const auto bundle = cubridge::detail::sign_bundle_unchecked(json, shorter, keys.secret_key);
   EXPECT_REFUSED(cubridge::verify_bundle(bundle, trusted), bundle_reason::payload_mismatch);
 }
 

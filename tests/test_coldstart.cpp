@@ -230,15 +230,6 @@ bool driver_present() {
   return lib != nullptr;
 }
 
-/// The shared temp directory, spelled as this file's tests use it (dir.path()).
-class scratch_dir {
- public:
-  [[nodiscard]] const fs::path& path() const { return dir_.path; }
-
- private:
-  cubridge::testing::temp_dir dir_;
-};
-
 std::string read_text(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
   std::stringstream s;
@@ -413,40 +404,21 @@ TEST(coldstart_json, catalogue_keys_parse_back) {
 TEST(coldstart_table, renders_the_fixture) {
   const auto rep = fixture();
   const auto table = cs::render_table(rep, cs::aggregate(rep.runs));
-  EXPECT_NE(table.find("cubridge coldstart: NVIDIA H200 (sm_90), driver 580.159.04 (CUDA 13.0)\n"),
-            std::string::npos)
-      << table;
-  EXPECT_NE(table.find("3 runs per scenario, each in a fresh process"), std::string::npos);
-  // Overview: one row per scenario with the totals and the runs that succeeded.
-  EXPECT_NE(
-      table.find("LAZY   cubin, primary context         291.810   286.810   296.810    3/3\n"),
-      std::string::npos)
-      << table;
-  EXPECT_NE(
-      table.find("EAGER  cubin, cuCtxCreate context           -         -         -    0/1\n"),
-      std::string::npos)
-      << table;
-  // Details: median, min, max per phase with the exact call in the label.
-  EXPECT_NE(
-      table.find("  cuInit                                        100.000    98.000   102.000\n"),
-      std::string::npos)
-      << table;
-  EXPECT_NE(
-      table.find("  first context: cuDevicePrimaryCtxRetain       120.000   119.000   121.000\n"),
-      std::string::npos)
-      << table;
-  EXPECT_NE(
-      table.find("  second launch + sync                            0.010     0.010     0.010\n"),
-      std::string::npos)
-      << table;
-  EXPECT_NE(
-      table.find("  cuModuleLoadData: PTX, JIT cache cold         106.000   106.000   106.000\n"),
-      std::string::npos)
-      << table;
-  EXPECT_NE(table.find("  FAILED run 2: module_load: the probe process killed by signal 11"),
-            std::string::npos);
-  EXPECT_NE(table.find("  FAILED run 1: context: cuCtxCreate CUDA_ERROR_OUT_OF_MEMORY"),
-            std::string::npos);
+  for (const char* line : {
+           "cubridge coldstart: NVIDIA H200 (sm_90), driver 580.159.04 (CUDA 13.0)\n",
+           "3 runs per scenario, each in a fresh process",
+           // Overview: one row per scenario with the totals and the runs that succeeded.
+           "LAZY   cubin, primary context         291.810   286.810   296.810    3/3\n",
+           "EAGER  cubin, cuCtxCreate context           -         -         -    0/1\n",
+           // Details: median, min, max per phase with the exact call in the label.
+           "  cuInit                                        100.000    98.000   102.000\n",
+           "  first context: cuDevicePrimaryCtxRetain       120.000   119.000   121.000\n",
+           "  second launch + sync                            0.010     0.010     0.010\n",
+           "  cuModuleLoadData: PTX, JIT cache cold         106.000   106.000   106.000\n",
+           "  FAILED run 2: module_load: the probe process killed by signal 11",
+           "  FAILED run 1: context: cuCtxCreate CUDA_ERROR_OUT_OF_MEMORY",
+       })
+    EXPECT_NE(table.find(line), std::string::npos) << "missing: " << line << "\n" << table;
 }
 
 TEST(coldstart_table, describes_partly_known_machines) {
@@ -652,7 +624,8 @@ TEST(coldstart_spawn, the_child_gets_the_environment_asked_for) {
   EXPECT_EQ(
       std::count_if(env.begin(), env.end(),
                     [](const std::string& e) { return e.starts_with("COLDSTART_TEST_KEPT="); }),
-      1);
+      1);  ::unsetenv("COLDSTART_TEST_REMOVED");
+  ::unsetenv("COLDSTART_TEST_KEPT");
 }
 
 // --- what a child's outcome means
@@ -815,10 +788,10 @@ TEST(coldstart_tool, the_probe_without_a_driver_reports_json_and_exits_69) {
   EXPECT_EQ(j["ok"], false);
   EXPECT_EQ(j["no_driver"], true);
 
-  scratch_dir dir;
-  std::ofstream(dir.path() / "k.cubin") << "x";
+  cubridge::testing::temp_dir dir;
+  std::ofstream(dir.path / "k.cubin") << "x";
   const auto run = run_tool({"coldstart-probe", "--scenario", "cubin", "--loading", "lazy",
-                             "--cubin", (dir.path() / "k.cubin").string(), "--spawned-at", "1"});
+                             "--cubin", (dir.path / "k.cubin").string(), "--spawned-at", "1"});
   EXPECT_EQ(run.exit_code, 69);
   const auto r = cs::interpret_child(run, cs::loading_mode::lazy, cs::scenario::cubin, 1);
   EXPECT_FALSE(r.ok);
@@ -844,31 +817,31 @@ TEST(coldstart_tool, bad_runs_or_loading_is_a_usage_error) {
 }
 
 TEST(coldstart_tool, renders_an_earlier_json_file) {
-  scratch_dir dir;
-  const auto in = dir.path() / "in.json";
+  cubridge::testing::temp_dir dir;
+  const auto in = dir.path / "in.json";
   std::ofstream(in) << cs::document(fixture()).dump(2);
   const auto out =
-      run_tool({"coldstart", "--from", in.string(), "--json", (dir.path() / "out.json").string(),
-                "--chart", (dir.path() / "out.svg").string()});
+      run_tool({"coldstart", "--from", in.string(), "--json", (dir.path / "out.json").string(),
+                "--chart", (dir.path / "out.svg").string()});
   EXPECT_EQ(out.exit_code, 1) << out.stderr_tail;  // the fixture has failed runs
   EXPECT_NE(out.stderr_tail.find("2 of 8 runs failed"), std::string::npos) << out.stderr_tail;
   EXPECT_EQ(joined(out.stdout_lines), cs::render_table(fixture(), cs::aggregate(fixture().runs)));
-  EXPECT_EQ(nlohmann::json::parse(read_text(dir.path() / "out.json")).get<cs::report>(), fixture());
-  EXPECT_TRUE(parse_xml(read_text(dir.path() / "out.svg")).ok);
+  EXPECT_EQ(nlohmann::json::parse(read_text(dir.path / "out.json")).get<cs::report>(), fixture());
+  EXPECT_TRUE(parse_xml(read_text(dir.path / "out.svg")).ok);
 
-  std::ofstream(dir.path() / "bad.json") << "{\"runs\": 3}";
-  const auto bad = run_tool({"coldstart", "--from", (dir.path() / "bad.json").string()});
+  std::ofstream(dir.path / "bad.json") << "{\"runs\": 3}";
+  const auto bad = run_tool({"coldstart", "--from", (dir.path / "bad.json").string()});
   EXPECT_EQ(bad.exit_code, 1);
   EXPECT_NE(bad.stderr_tail.find("is not a coldstart JSON file"), std::string::npos)
       << bad.stderr_tail;
 }
 
 TEST(coldstart_tool, measures_every_scenario_and_mode_in_fresh_children) {
-  scratch_dir dir;
-  const auto probe = dir.path() / "fake_probe";
+  cubridge::testing::temp_dir dir;
+  const auto probe = dir.path / "fake_probe";
   write_executable(probe, fake_probe);
-  const auto json = dir.path() / "cs.json";
-  const auto chart = dir.path() / "cs.svg";
+  const auto json = dir.path / "cs.json";
+  const auto chart = dir.path / "cs.svg";
   // CUDA_CACHE_DISABLE=1 here must not reach the children (the fake probe fails if it does).
   const auto out = run_tool({"coldstart", "--probe-command", probe.string(), "--runs", "2",
                              "--json", json.string(), "--chart", chart.string()},
@@ -905,10 +878,10 @@ TEST(coldstart_tool, measures_every_scenario_and_mode_in_fresh_children) {
 }
 
 TEST(coldstart_tool, a_crashing_or_hanging_child_is_reported_and_the_rest_measured) {
-  scratch_dir dir;
-  const auto probe = dir.path() / "fake_probe";
+  cubridge::testing::temp_dir dir;
+  const auto probe = dir.path / "fake_probe";
   write_executable(probe, fake_probe);
-  const auto json = dir.path() / "cs.json";
+  const auto json = dir.path / "cs.json";
   const auto start = std::chrono::steady_clock::now();
   const auto out =
       run_tool({"coldstart", "--probe-command", probe.string(), "--runs", "1", "--loading", "lazy",

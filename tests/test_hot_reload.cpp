@@ -8,7 +8,6 @@
 #include "temp_dir.hpp"
 
 #include <condition_variable>
-#include <fstream>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -16,21 +15,15 @@
 namespace {
 
 using cubridge::testing::temp_dir;
+using cubridge::testing::write_text;
 
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 
-
-void write_file(const fs::path& p, const std::string& text) {
-  std::ofstream(p, std::ios::binary) << text;
-}
-
-const char* kernel_source(unsigned answer) {
-  static std::string text;
-  text = "#include \"answer.h\"\nextern \"C\" __global__ void write_version(unsigned* out) {\n"
+std::string kernel_source(unsigned answer) {
+  return "#include \"answer.h\"\nextern \"C\" __global__ void write_version(unsigned* out) {\n"
          "  out[blockIdx.x * blockDim.x + threadIdx.x] = ANSWER_BASE + " +
          std::to_string(answer) + ";\n}\n";
-  return text.c_str();
 }
 
 bool has_kernel(const std::vector<std::byte>& code, const char* name) {
@@ -40,8 +33,8 @@ bool has_kernel(const std::vector<std::byte>& code, const char* name) {
 
 TEST(MachineCodeFromFile, CompilesCudaSourceWithIncludesNextToIt) {
   temp_dir dir;
-  write_file(dir.path / "answer.h", "#define ANSWER_BASE 40\n");
-  write_file(dir.path / "v2.cu", kernel_source(2));
+  write_text(dir.path / "answer.h", "#define ANSWER_BASE 40\n");
+  write_text(dir.path / "v2.cu", kernel_source(2));
   const auto code = cubridge::machine_code_from_file(dir.path / "v2.cu", "sm_90");
   EXPECT_TRUE(has_kernel(code, "write_version"));
   EXPECT_EQ(cubridge::inspect_image(code).targets.front().arch_name, "sm_90");
@@ -56,8 +49,8 @@ TEST(MachineCodeFromFile, LinksPtxAndPassesMachineCodeThrough) {
 
 TEST(MachineCodeFromFile, UsesTheCacheWhenGiven) {
   temp_dir dir, cache_dir;
-  write_file(dir.path / "answer.h", "#define ANSWER_BASE 40\n");
-  write_file(dir.path / "v3.cu", kernel_source(3));
+  write_text(dir.path / "answer.h", "#define ANSWER_BASE 40\n");
+  write_text(dir.path / "v3.cu", kernel_source(3));
   auto cache = cubridge::compile_cache::open(cache_dir.path);
   const auto first = cubridge::machine_code_from_file(dir.path / "v3.cu", "sm_90", {}, &cache);
   const auto second = cubridge::machine_code_from_file(dir.path / "v3.cu", "sm_90", {}, &cache);
@@ -65,14 +58,14 @@ TEST(MachineCodeFromFile, UsesTheCacheWhenGiven) {
   EXPECT_EQ(cache.stats().misses, 1u);
   EXPECT_EQ(cache.stats().hits, 1u);
   // The header next to the source is part of the key.
-  write_file(dir.path / "answer.h", "#define ANSWER_BASE 50\n");
+  write_text(dir.path / "answer.h", "#define ANSWER_BASE 50\n");
   (void)cubridge::machine_code_from_file(dir.path / "v3.cu", "sm_90", {}, &cache);
   EXPECT_EQ(cache.stats().misses, 2u);
 }
 
 TEST(MachineCodeFromFile, RefusesOtherFilesAndCarriesCompilerLogs) {
   temp_dir dir;
-  write_file(dir.path / "notes.txt", "hello");
+  write_text(dir.path / "notes.txt", "hello");
   try {
     (void)cubridge::machine_code_from_file(dir.path / "notes.txt", "sm_90");
     FAIL() << "no throw";
@@ -81,7 +74,7 @@ TEST(MachineCodeFromFile, RefusesOtherFilesAndCarriesCompilerLogs) {
     EXPECT_NE(std::string(e.what()).find("notes.txt: not a .cu, .ptx, .cubin or .fatbin"),
               std::string::npos);
   }
-  write_file(dir.path / "broken.cu", "extern \"C\" __global__ void k() { undeclared = 1; }\n");
+  write_text(dir.path / "broken.cu", "extern \"C\" __global__ void k() { undeclared = 1; }\n");
   try {
     (void)cubridge::machine_code_from_file(dir.path / "broken.cu", "sm_90");
     FAIL() << "no throw";
@@ -96,7 +89,7 @@ TEST(HotReloader, PromotesWhatIsDroppedAndRefusesWhatIsBroken) {
   CUBRIDGE_REQUIRE_GPU();
   if (cubridge::device::get(0).capability().major != 9) GTEST_SKIP() << "first image is sm_90";
   temp_dir dir;
-  write_file(dir.path / "answer.h", "#define ANSWER_BASE 40\n");
+  write_text(dir.path / "answer.h", "#define ANSWER_BASE 40\n");
   auto ctx = cubridge::context::create(cubridge::device::get(0));
   cubridge::scoped_current current(ctx);
   auto hot = cubridge::hot_module::load(
@@ -119,7 +112,7 @@ TEST(HotReloader, PromotesWhatIsDroppedAndRefusesWhatIsBroken) {
     cv.notify_all();
   };
   cubridge::hot_reloader reloader(hot, dir.path, opts);
-  write_file(dir.path / "partial.cu", kernel_source(7));
+  write_text(dir.path / "partial.cu", kernel_source(7));
   {
     std::unique_lock lock(m);
     ASSERT_TRUE(cv.wait_for(lock, 30s, [&] { return events.size() >= 1; }));

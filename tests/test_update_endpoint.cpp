@@ -683,9 +683,8 @@ TEST_F(UpdateEndpointTest, ASlowClientIsCutOffAtTheRequestDeadline) {
   EXPECT_TRUE(closed);
   EXPECT_LT(held, 3s) << "the slow client held its worker past the request deadline";
   EXPECT_GE(held, 900ms);
-  EXPECT_EQ(sink.applied("filters"), std::vector<std::uint64_t>{});
+  EXPECT_EQ(sink.state(), before) << "the cut-off request changed the sink";
   expect_still_serving();
-  (void)before;
 }
 
 TEST_F(UpdateEndpointTest, AClientThatSendsNothingIsCutOff) {

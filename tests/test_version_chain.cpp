@@ -317,12 +317,12 @@ TEST(VersionChain, SealingReachesCurrentPreviousAndRetiredVersions) {
   held.push_back(c.acquire());
   held.back().note(3);  // versions 1 (retired), 2 (retired), 3 (previous), 4 (current)
   held.back().note(8);
-  int sealed = 0;
-  c.seal_stream(3, [&](const int&) {
-    ++sealed;
+  std::vector<int> sealed;  // the stream each token was made for
+  c.seal_stream(3, [&](const int& stream) {
+    sealed.push_back(stream);
     return pending_token();
   });
-  EXPECT_EQ(sealed, 4);
+  EXPECT_EQ(sealed, (std::vector<int>{3, 3, 3, 3}));
 }
 
 /// A payload that runs a callback when destroyed (moved-from copies run nothing).
