@@ -26,6 +26,28 @@ class Kernel : public ::testing::Test {
   std::optional<cubridge::module> module_;
 };
 
+// The argument array every launch and graph node is built from (no GPU needed): one pointer
+// per argument, in order, to the converted value (a span passes as its element pointer), then
+// nullptr.
+TEST(KernelArguments, LaidOutInOrderAsConvertedValuesThenNull) {
+  const auto span = cubridge::device_span<float>::from_native(CUdeviceptr{0x1000}, 4);
+  const triple t{1.5, 2.5, 3.5};
+  const int n = 7;
+  const int result = cubridge::detail::with_kernel_arguments(
+      [&](void** arguments) {
+        EXPECT_EQ(*static_cast<float**>(arguments[0]), reinterpret_cast<float*>(0x1000));
+        EXPECT_EQ(*static_cast<const int*>(arguments[1]), 7);
+        EXPECT_NE(arguments[1], static_cast<const void*>(&n)) << "a copy, alive for the call";
+        EXPECT_EQ(static_cast<const triple*>(arguments[2])->c, 3.5);
+        EXPECT_EQ(arguments[3], nullptr);
+        return 42;
+      },
+      span, n, t);
+  EXPECT_EQ(result, 42) << "the callback's result is returned";
+  cubridge::detail::with_kernel_arguments(
+      [](void** arguments) { EXPECT_EQ(arguments[0], nullptr); });
+}
+
 TEST_F(Kernel, ParameterListComesFromTheDriver) {
   auto k = module_->get_kernel("mixed_parameters");
   EXPECT_EQ(k.name(), "mixed_parameters");
