@@ -1,9 +1,12 @@
-// The on-disk compile cache: key building (with the include scan), the entry format, atomic
-// writes, verified reads and eviction. compile_cache.hpp documents the behaviour.
+// The on-disk compile cache: key building (with the include scan), the checked directory, the
+// entry format with its keyed tag, atomic writes, verified reads and eviction.
+// compile_cache.hpp documents the behaviour, docs/compile-cache.md the trust model.
 #include <cubridge/compile_cache.hpp>
+#include <cubridge/unique_fd.hpp>
 
 #include <sodium.h>
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -12,13 +15,15 @@
 #include <array>
 #include <atomic>
 #include <cerrno>
-#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <deque>
 #include <functional>
 #include <future>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <string>
@@ -35,20 +40,29 @@ namespace {
 
 // Bumped whenever the key serialisation or the entry layout changes; part of the key, so
 // entries of another format are never even opened.
-constexpr std::string_view key_format = "cubridge compile cache key v1";
+// v2: the entry's tag is keyed (v1's unkeyed hash could be recomputed by anyone).
+constexpr std::string_view key_format = "cubridge compile cache key v2";
 constexpr std::array<unsigned char, 8> entry_magic = {'C', 'U', 'B', 'R', 'C', 'C', 'H', 'E'};
-constexpr std::uint32_t entry_format_version = 1;
+constexpr std::uint32_t entry_format_version = 2;
 constexpr std::size_t hash_bytes = 32;  // BLAKE2b-256
-// magic, version, reserved, payload length, key, payload hash
+// magic, version, reserved, payload length, key, tag
 constexpr std::size_t entry_header_bytes = 8 + 4 + 4 + 8 + hash_bytes + hash_bytes;
+// The part of the header the tag covers: all of it but the tag.
+constexpr std::size_t entry_tagged_header_bytes = entry_header_bytes - hash_bytes;
 // An entry larger than this is not read (a corrupt length, or not ours).
 constexpr std::uint64_t max_entry_bytes = std::uint64_t{1} << 31;
 constexpr std::string_view entry_suffix = ".entry";
-constexpr std::string_view temp_prefix = ".tmp-";
+// ".tmp-cubridge-<64 hex>-<pid>-<counter>-<16 hex>": the only temporary files cleanup removes.
+constexpr std::string_view temp_prefix = ".tmp-cubridge-";
 // A temporary file this old belongs to a writer that crashed; a live writer needs milliseconds.
-constexpr auto stale_temp_age = std::chrono::hours(1);
+constexpr std::time_t stale_temp_seconds = 3600;
+// The secret the entries' tags are keyed with, 32 random bytes, mode 0600.
+constexpr std::string_view mac_key_name = "cubridge-mac.key";
+constexpr std::size_t mac_key_bytes = crypto_generichash_KEYBYTES;
+static_assert(mac_key_bytes == 32);
 
 using hash_value = std::array<unsigned char, hash_bytes>;
+using mac_key = std::array<unsigned char, mac_key_bytes>;
 
 void ensure_sodium() {
   static const bool ready = sodium_init() >= 0;
@@ -87,10 +101,18 @@ class hasher {
   crypto_generichash_state state_{};
 };
 
-hash_value hash_bytes_of(const unsigned char* data, std::size_t size) {
+/// The entry's tag: BLAKE2b-256 keyed with the cache's secret over the header (all but the
+/// tag: magic, version, length and the key it is stored under) and the payload. Without the
+/// secret nobody can make an entry this cache accepts, whatever else they can write.
+hash_value entry_tag(const mac_key& secret, const unsigned char* header,
+                     const unsigned char* payload, std::size_t payload_size) {
   ensure_sodium();
+  crypto_generichash_state state{};
+  crypto_generichash_init(&state, secret.data(), secret.size(), hash_bytes);
+  crypto_generichash_update(&state, header, entry_tagged_header_bytes);
+  crypto_generichash_update(&state, payload, payload_size);
   hash_value out{};
-  crypto_generichash(out.data(), out.size(), data, size, nullptr, 0);
+  crypto_generichash_final(&state, out.data(), out.size());
   return out;
 }
 
@@ -107,6 +129,267 @@ std::string to_hex(const hash_value& value) {
 
 std::string version_text(library_version v) {
   return std::to_string(v.major) + "." + std::to_string(v.minor);
+}
+
+bool is_hex(std::string_view text) {
+  return std::all_of(text.begin(), text.end(),
+                     [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+}
+bool is_decimal(std::string_view text) {
+  return !text.empty() &&
+         std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+/// "<64 hex>.entry": the only names read as entries or evicted.
+bool is_entry_name(std::string_view name) {
+  return name.size() == 64 + entry_suffix.size() && name.ends_with(entry_suffix) &&
+         is_hex(name.substr(0, 64));
+}
+
+/// ".tmp-cubridge-<64 hex>-<pid>-<counter>-<16 hex>", as make_temp_name spells them.
+bool is_own_temp_name(std::string_view name) {
+  if (!name.starts_with(temp_prefix)) return false;
+  name.remove_prefix(temp_prefix.size());
+  if (name.size() < 64 + 1 || !is_hex(name.substr(0, 64)) || name[64] != '-') return false;
+  name.remove_prefix(65);
+  const std::size_t pid_end = name.find('-');
+  if (pid_end == std::string_view::npos || !is_decimal(name.substr(0, pid_end))) return false;
+  name.remove_prefix(pid_end + 1);
+  const std::size_t counter_end = name.find('-');
+  if (counter_end == std::string_view::npos || !is_decimal(name.substr(0, counter_end)))
+    return false;
+  name.remove_prefix(counter_end + 1);
+  return name.size() == 16 && is_hex(name);
+}
+
+/// A fresh temporary name of the cache's own pattern; `tag_hex` is the key of the entry it will
+/// become (64 hex digits).
+std::string make_temp_name(std::string_view tag_hex) {
+  static std::atomic<std::uint64_t> counter{0};
+  ensure_sodium();
+  std::array<unsigned char, 8> random{};
+  randombytes_buf(random.data(), random.size());
+  std::string suffix;
+  for (unsigned char byte : random) {
+    suffix += "0123456789abcdef"[byte >> 4];
+    suffix += "0123456789abcdef"[byte & 15];
+  }
+  return std::string(temp_prefix) + std::string(tag_hex) + "-" + std::to_string(::getpid()) + "-" +
+         std::to_string(counter.fetch_add(1)) + "-" + suffix;
+}
+
+// ---- ownership and permission checks ----------------------------------------------------------
+
+std::string octal_mode(mode_t mode) {
+  char text[8];
+  std::snprintf(text, sizeof text, "%04o", static_cast<unsigned>(mode & 07777));
+  return text;
+}
+
+/// "a directory owned by uid 1000, mode 0777", from what fstat found.
+std::string describe(const struct stat& info) {
+  const char* kind = S_ISDIR(info.st_mode)    ? "a directory"
+                     : S_ISREG(info.st_mode)  ? "a regular file"
+                     : S_ISLNK(info.st_mode)  ? "a symbolic link"
+                     : S_ISFIFO(info.st_mode) ? "a FIFO"
+                                              : "a special file";
+  return std::string(kind) + " owned by uid " + std::to_string(info.st_uid) + ", mode " +
+         octal_mode(info.st_mode);
+}
+
+/// Throws cubridge::error (errc::io): "refusing <which>: found <found>; required: <required>".
+[[noreturn]] void refuse(const std::string& which, const std::string& found,
+                         const std::string& required) {
+  detail::throw_errc(errc::io, "compile_cache::open",
+                     "refusing " + which + ": found " + found + "; required: " + required);
+}
+
+constexpr mode_t written_by_others = S_IWGRP | S_IWOTH;
+
+/// The cache directory: the effective user's, and only theirs to write.
+bool safe_cache_directory(const struct stat& info) {
+  return S_ISDIR(info.st_mode) && info.st_uid == ::geteuid() &&
+         (info.st_mode & written_by_others) == 0;
+}
+
+/// A directory above the cache: nobody but root and the user can rename what is in it (a
+/// sticky directory such as /tmp lets others remove only their own names).
+bool safe_ancestor(const struct stat& info) {
+  return S_ISDIR(info.st_mode) && (info.st_uid == 0 || info.st_uid == ::geteuid()) &&
+         ((info.st_mode & written_by_others) == 0 || (info.st_mode & S_ISVTX) != 0);
+}
+
+/// A file the cache reads (an entry): a regular file of the user's, writable only by them.
+bool safe_file(const struct stat& info) {
+  return S_ISREG(info.st_mode) && info.st_uid == ::geteuid() &&
+         (info.st_mode & written_by_others) == 0;
+}
+
+/// Opens `directory` (creating what is missing, mode 0700) one component at a time from "/",
+/// never following a link, checking each directory through the descriptor it opened: what is
+/// checked is what is used. Links in the given path are resolved first (so $HOME may be one);
+/// the resolved path is what is checked. Throws cubridge::error (errc::io) naming the path.
+unique_fd open_cache_directory(const fs::path& directory) {
+  std::error_code ec;
+  const fs::path absolute = fs::absolute(directory, ec);
+  fs::path resolved = ec ? fs::path() : fs::weakly_canonical(absolute, ec);
+  if (ec)
+    detail::throw_errc(errc::io, "compile_cache::open",
+                       "opening compile cache '" + directory.string() + "': " + ec.message());
+  const uid_t user = ::geteuid();
+  const std::string user_text = "uid " + std::to_string(user) + " (the effective user)";
+  const std::string cache_required =
+      "a directory owned by " + user_text + " and not writable by group or others (chmod 700)";
+  const std::string cache_which = "compile cache '" + directory.string() + "'";
+  auto ancestor_which = [&directory](const fs::path& path) {
+    return "'" + path.string() + "', a directory above compile cache '" + directory.string() + "'";
+  };
+  const std::string ancestor_required =
+      "every directory above the cache owned by root or " + user_text +
+      " and not writable by group or others unless sticky (as /tmp is)";
+
+  unique_fd current(::open("/", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  fs::path at = resolved.root_path();
+  std::vector<std::string> parts;
+  for (const auto& part : resolved.relative_path())
+    if (!part.empty() && part != ".") parts.push_back(part.string());
+  auto fail = [&](const fs::path& path, const std::string& what) -> void {
+    detail::throw_errc(
+        errc::io, "compile_cache::open",
+        "opening compile cache '" + directory.string() + "': '" + path.string() + "' " + what);
+  };
+  if (!current) fail(at, std::string("cannot be opened: ") + std::strerror(errno));
+  struct stat info {};
+  if (::fstat(current.get(), &info) != 0) fail(at, std::strerror(errno));
+  if (parts.empty()) {
+    if (!safe_cache_directory(info)) refuse(cache_which, describe(info), cache_required);
+    return current;
+  }
+  if (!safe_ancestor(info)) refuse(ancestor_which(at), describe(info), ancestor_required);
+
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    const bool last = i + 1 == parts.size();
+    const std::string& name = parts[i];
+    at /= name;
+    constexpr int flags = O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC;
+    unique_fd next(::openat(current.get(), name.c_str(), flags));
+    bool created = false;
+    if (!next && errno == ENOENT) {
+      if (::mkdirat(current.get(), name.c_str(), 0700) == 0) {
+        created = true;
+      } else if (errno != EEXIST) {  // EEXIST: another process made it meanwhile
+        fail(at, std::string("cannot be created: ") + std::strerror(errno));
+      }
+      next.reset(::openat(current.get(), name.c_str(), flags));
+    }
+    if (!next) {
+      const int saved = errno;
+      struct stat link {};
+      if (::fstatat(current.get(), name.c_str(), &link, AT_SYMLINK_NOFOLLOW) == 0 &&
+          !S_ISDIR(link.st_mode)) {
+        // Not a directory, or a link that appeared after the path was resolved.
+        if (last) refuse(cache_which, describe(link), cache_required);
+        refuse(ancestor_which(at), describe(link), ancestor_required);
+      }
+      fail(at, std::string("cannot be opened: ") + std::strerror(saved));
+    }
+    if (::fstat(next.get(), &info) != 0) fail(at, std::strerror(errno));
+    // The umask may have taken bits away: a directory made here is exactly 0700.
+    if (created && info.st_uid == user && (info.st_mode & 07777) != 0700) {
+      if (::fchmod(next.get(), 0700) != 0) fail(at, std::string("chmod: ") + std::strerror(errno));
+      info.st_mode = (info.st_mode & ~mode_t{07777}) | 0700;
+    }
+    if (last) {
+      if (!safe_cache_directory(info)) refuse(cache_which, describe(info), cache_required);
+    } else if (!safe_ancestor(info)) {
+      refuse(ancestor_which(at), describe(info), ancestor_required);
+    }
+    current = std::move(next);
+  }
+  return current;
+}
+
+bool write_all(int fd, const unsigned char* data, std::size_t size) {
+  while (size > 0) {
+    const ssize_t n = ::write(fd, data, size);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    data += n;
+    size -= static_cast<std::size_t>(n);
+  }
+  return true;
+}
+
+/// Reads exactly `size` bytes; false on a short read or an error.
+bool read_all(int fd, unsigned char* data, std::size_t size) {
+  while (size > 0) {
+    const ssize_t n = ::read(fd, data, size);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    data += n;
+    size -= static_cast<std::size_t>(n);
+  }
+  return true;
+}
+
+/// The secret in `directory_fd`, made on first use: written to a temporary file (O_EXCL, mode
+/// 0600) and linked to its name, which fails if it exists, so two processes starting together
+/// agree on one key and nobody reads a half-written one. A key that is not a regular 32-byte
+/// file of the user's that only they can read or write is refused, not replaced.
+mac_key load_or_create_mac_key(int directory_fd, const fs::path& directory) {
+  const fs::path key_path = directory / mac_key_name;
+  const std::string which =
+      "'" + key_path.string() + "', the key of compile cache '" + directory.string() + "'";
+  const std::string required = "a regular file of " + std::to_string(mac_key_bytes) +
+                               " bytes owned by uid " + std::to_string(::geteuid()) +
+                               " with mode 0600 (remove it to make a new key: every entry is "
+                               "then compiled again)";
+  auto fail = [&](const std::string& what) {
+    detail::throw_errc(errc::io, "compile_cache::open",
+                       "compile cache key '" + key_path.string() + "': " + what);
+  };
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    unique_fd fd(::openat(directory_fd, mac_key_name.data(),
+                          O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+    if (fd) {
+      struct stat info {};
+      if (::fstat(fd.get(), &info) != 0) fail(std::strerror(errno));
+      if (!S_ISREG(info.st_mode) || info.st_uid != ::geteuid() || (info.st_mode & 077) != 0 ||
+          info.st_size != static_cast<off_t>(mac_key_bytes))
+        refuse(which, describe(info) + ", " + std::to_string(info.st_size) + " bytes", required);
+      mac_key key{};
+      if (!read_all(fd.get(), key.data(), key.size())) fail("short read");
+      return key;
+    }
+    if (errno != ENOENT) {
+      const int saved = errno;
+      struct stat info {};
+      if (::fstatat(directory_fd, mac_key_name.data(), &info, AT_SYMLINK_NOFOLLOW) == 0)
+        refuse(which, describe(info), required);
+      fail(std::string("cannot be opened: ") + std::strerror(saved));
+    }
+    // None yet: make one. The temporary name's tag is all zeros (it is no entry's key).
+    const std::string temp = make_temp_name(std::string(64, '0'));
+    unique_fd out(::openat(directory_fd, temp.c_str(),
+                           O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+    if (!out) fail(std::string("cannot be created: ") + std::strerror(errno));
+    mac_key key{};
+    randombytes_buf(key.data(), key.size());
+    const bool written = ::fchmod(out.get(), 0600) == 0 &&
+                         write_all(out.get(), key.data(), key.size()) && ::fsync(out.get()) == 0;
+    sodium_memzero(key.data(), key.size());
+    out.reset();
+    const int linked =
+        written ? ::linkat(directory_fd, temp.c_str(), directory_fd, mac_key_name.data(), 0) : -1;
+    const int saved = errno;
+    ::unlinkat(directory_fd, temp.c_str(), 0);
+    if (!written) fail("cannot be written: " + std::string(std::strerror(saved)));
+    if (linked != 0 && saved != EEXIST)  // EEXIST: another process made one first; use it
+      fail(std::string("cannot be created: ") + std::strerror(saved));
+    ::fsync(directory_fd);
+  }
+  fail("vanished while being created");
+  return {};
 }
 
 // ---- the include scan ----------------------------------------------------------------------
@@ -262,7 +545,8 @@ void put_string(std::vector<unsigned char>& out, std::string_view s) {
   put_bytes(out, s.data(), s.size());
 }
 
-std::vector<unsigned char> encode_entry(const hash_value& key, const compiled_image& image) {
+std::vector<unsigned char> encode_entry(const mac_key& secret, const hash_value& key,
+                                        const compiled_image& image) {
   std::vector<unsigned char> payload;
   put_u64(payload, image.cubin.size());
   put_bytes(payload, image.cubin.data(), image.cubin.size());
@@ -280,8 +564,8 @@ std::vector<unsigned char> encode_entry(const hash_value& key, const compiled_im
   put_u32(entry, 0);
   put_u64(entry, payload.size());
   put_bytes(entry, key.data(), key.size());
-  const hash_value payload_hash = hash_bytes_of(payload.data(), payload.size());
-  put_bytes(entry, payload_hash.data(), payload_hash.size());
+  const hash_value tag = entry_tag(secret, entry.data(), payload.data(), payload.size());
+  put_bytes(entry, tag.data(), tag.size());
   put_bytes(entry, payload.data(), payload.size());
   return entry;
 }
@@ -326,11 +610,14 @@ struct byte_reader {
   }
 };
 
-enum class read_outcome { hit, absent, corrupt };
+/// hit: served. absent: no entry. corrupt: a file of ours that is not a valid entry for the key
+/// (truncated, damaged, another key, another format or another secret). refused: not a file the
+/// cache trusts itself to read (a link, a FIFO, another user's, writable by others).
+enum class read_outcome { hit, absent, corrupt, refused };
 
-/// Decodes a whole entry file; false if anything is off.
-bool decode_entry(const std::vector<unsigned char>& bytes, const hash_value& key,
-                  compiled_image& out) {
+/// Decodes a whole entry file; false if anything is off, the tag first of all.
+bool decode_entry(const std::vector<unsigned char>& bytes, const mac_key& secret,
+                  const hash_value& key, compiled_image& out) {
   if (bytes.size() < entry_header_bytes) return false;
   byte_reader header{bytes.data(), entry_header_bytes};
   std::array<unsigned char, 8> magic{};
@@ -339,14 +626,15 @@ bool decode_entry(const std::vector<unsigned char>& bytes, const hash_value& key
   header.u32();  // reserved
   const std::uint64_t payload_size = header.u64();
   hash_value stored_key{};
-  hash_value stored_hash{};
+  hash_value stored_tag{};
   header.take(stored_key.data(), stored_key.size());
-  header.take(stored_hash.data(), stored_hash.size());
+  header.take(stored_tag.data(), stored_tag.size());
   if (!header.ok || magic != entry_magic || version != entry_format_version || stored_key != key ||
       payload_size != bytes.size() - entry_header_bytes)
     return false;
   const unsigned char* payload = bytes.data() + entry_header_bytes;
-  if (hash_bytes_of(payload, payload_size) != stored_hash) return false;
+  const hash_value tag = entry_tag(secret, bytes.data(), payload, payload_size);
+  if (sodium_memcmp(tag.data(), stored_tag.data(), tag.size()) != 0) return false;
 
   byte_reader reader{payload, static_cast<std::size_t>(payload_size)};
   const std::uint64_t cubin_size = reader.u64();
@@ -366,79 +654,64 @@ bool decode_entry(const std::vector<unsigned char>& bytes, const hash_value& key
   return reader.ok && reader.left == 0;
 }
 
-read_outcome read_entry(const fs::path& path, const hash_value& key, compiled_image& out) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return read_outcome::absent;  // missing, or unreadable: compile instead
-  struct stat info {};
-  if (::fstat(fd, &info) != 0) {
-    ::close(fd);
+/// Reads entry `name` in `directory_fd`. Only a regular file of the user's that only they may
+/// write is opened at all (checked before opening, so a FIFO or device is never opened, and
+/// again on the descriptor, so a swap in between is caught); O_NONBLOCK so nothing can block.
+/// `found` gets what was looked at, for the caller's decision to remove it.
+read_outcome read_entry(int directory_fd, const std::string& name, const mac_key& secret,
+                        const hash_value& key, compiled_image& out, struct stat& found) {
+  if (::fstatat(directory_fd, name.c_str(), &found, AT_SYMLINK_NOFOLLOW) != 0)
     return read_outcome::absent;
-  }
-  if (info.st_size < 0 || static_cast<std::uint64_t>(info.st_size) < entry_header_bytes ||
-      static_cast<std::uint64_t>(info.st_size) > max_entry_bytes) {
-    ::close(fd);
+  if (!safe_file(found)) return read_outcome::refused;
+  const unique_fd fd(
+      ::openat(directory_fd, name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+  if (!fd) return errno == ENOENT ? read_outcome::absent : read_outcome::refused;
+  if (::fstat(fd.get(), &found) != 0) return read_outcome::absent;
+  if (!safe_file(found)) return read_outcome::refused;
+  if (found.st_size < 0 || static_cast<std::uint64_t>(found.st_size) < entry_header_bytes ||
+      static_cast<std::uint64_t>(found.st_size) > max_entry_bytes)
     return read_outcome::corrupt;
-  }
-  std::vector<unsigned char> bytes(static_cast<std::size_t>(info.st_size));
-  std::size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::read(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    done += static_cast<std::size_t>(n);
-  }
-  if (done != bytes.size() || !decode_entry(bytes, key, out)) {
-    ::close(fd);
+  std::vector<unsigned char> bytes(static_cast<std::size_t>(found.st_size));
+  if (!read_all(fd.get(), bytes.data(), bytes.size()) || !decode_entry(bytes, secret, key, out))
     return read_outcome::corrupt;
-  }
   // The access time eviction goes by: the modification time, which we control (atime is
   // often not updated, noatime/relatime).
-  ::futimens(fd, nullptr);
-  ::close(fd);
+  ::futimens(fd.get(), nullptr);
   return read_outcome::hit;
 }
 
-bool write_all(int fd, const unsigned char* data, std::size_t size) {
-  while (size > 0) {
-    const ssize_t n = ::write(fd, data, size);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    data += n;
-    size -= static_cast<std::size_t>(n);
-  }
-  return true;
-}
-
-/// Writes the entry to a temporary file in the same directory, flushes it to disk and renames
-/// it into place, so the final name only ever holds a complete entry.
-bool store_entry(const fs::path& directory, const std::string& key_hex,
+/// Writes the entry to a temporary file in the directory (O_EXCL, O_NOFOLLOW, mode 0600),
+/// flushes it to disk and renames it into place, so the final name only ever holds a complete
+/// entry. Whatever had the final name (a damaged entry, a link) is replaced, never written
+/// through.
+bool store_entry(int directory_fd, const std::string& key_hex,
                  const std::vector<unsigned char>& bytes) {
-  static std::atomic<std::uint64_t> counter{0};
-  ensure_sodium();
-  std::array<unsigned char, 8> random{};
-  randombytes_buf(random.data(), random.size());
-  std::string suffix;
-  for (unsigned char byte : random) suffix += "0123456789abcdef"[byte & 15];
-  const fs::path temp =
-      directory / (std::string(temp_prefix) + key_hex + "-" + std::to_string(::getpid()) + "-" +
-                   std::to_string(counter.fetch_add(1)) + "-" + suffix);
-  const fs::path final_path = directory / (key_hex + std::string(entry_suffix));
-
-  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) return false;
-  const bool written = write_all(fd, bytes.data(), bytes.size()) && ::fsync(fd) == 0;
-  const bool closed = ::close(fd) == 0;
-  if (!written || !closed || ::rename(temp.c_str(), final_path.c_str()) != 0) {
-    ::unlink(temp.c_str());
+  const std::string temp = make_temp_name(key_hex);
+  const std::string final_name = key_hex + std::string(entry_suffix);
+  unique_fd fd(::openat(directory_fd, temp.c_str(),
+                        O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+  if (!fd) return false;
+  // The umask may have taken bits away, never added them: make it exactly 0600.
+  const bool written = ::fchmod(fd.get(), 0600) == 0 &&
+                       write_all(fd.get(), bytes.data(), bytes.size()) && ::fsync(fd.get()) == 0;
+  const bool closed = ::close(fd.release()) == 0;
+  if (!written || !closed ||
+      ::renameat(directory_fd, temp.c_str(), directory_fd, final_name.c_str()) != 0) {
+    ::unlinkat(directory_fd, temp.c_str(), 0);
     return false;
   }
   // Make the rename itself durable.
-  const int dir_fd = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir_fd >= 0) {
-    ::fsync(dir_fd);
-    ::close(dir_fd);
-  }
+  ::fsync(directory_fd);
   return true;
+}
+
+/// Removes `name` only while it is still the file `seen` (same device and inode): another
+/// process of the user's may have renamed a good entry there since.
+bool remove_if_same(int directory_fd, const std::string& name, const struct stat& seen) {
+  struct stat now {};
+  if (::fstatat(directory_fd, name.c_str(), &now, AT_SYMLINK_NOFOLLOW) != 0) return false;
+  if (now.st_dev != seen.st_dev || now.st_ino != seen.st_ino) return false;
+  return ::unlinkat(directory_fd, name.c_str(), 0) == 0;
 }
 
 }  // namespace
@@ -447,6 +720,10 @@ bool store_entry(const fs::path& directory, const std::string& key_hex,
 
 struct compile_cache::state {
   fs::path directory;
+  // Everything is opened relative to this descriptor of the checked directory, never by path:
+  // renaming or replacing the path after open() changes nothing.
+  unique_fd directory_fd;
+  mac_key secret{};
   std::uint64_t max_bytes = 0;
   std::string nvrtc;
   std::string nvjitlink;
@@ -454,8 +731,14 @@ struct compile_cache::state {
   std::atomic<std::uint64_t> hits{0};
   std::atomic<std::uint64_t> misses{0};
   std::atomic<std::uint64_t> corrupt_dropped{0};
+  std::atomic<std::uint64_t> refused{0};
   std::atomic<std::uint64_t> evicted{0};
   std::atomic<std::uint64_t> store_failures{0};
+
+  state() = default;
+  state(const state&) = delete;
+  state& operator=(const state&) = delete;
+  ~state() { sodium_memzero(secret.data(), secret.size()); }
 
   // Keys being compiled by some thread of this cache; others wait for that result.
   std::mutex in_flight_mutex;
@@ -467,18 +750,28 @@ struct compile_cache::state {
     return directory / (key_hex + std::string(entry_suffix));
   }
 
-  /// Reads the entry; drops it if it is corrupt.
-  bool try_read(const hash_value& key, const std::string& key_hex, compiled_image& out) {
-    const fs::path path = entry_path(key_hex);
-    switch (read_entry(path, key, out)) {
+  /// Reads the entry; drops it if it is a corrupt file of ours, skips it if it is refused
+  /// (counted once per lookup: `refusal_counted` carries that from the first read).
+  bool try_read(const hash_value& key, const std::string& key_hex, compiled_image& out,
+                bool& refusal_counted) {
+    const std::string name = key_hex + std::string(entry_suffix);
+    struct stat found {};
+    switch (read_entry(directory_fd.get(), name, secret, key, out, found)) {
       case read_outcome::hit:
         return true;
       case read_outcome::absent:
         return false;
       case read_outcome::corrupt:
-        // Another process may have renamed a good entry here since we read: then we lose
-        // that entry, never serve a bad one.
-        if (::unlink(path.c_str()) == 0) corrupt_dropped.fetch_add(1);
+        if (remove_if_same(directory_fd.get(), name, found)) corrupt_dropped.fetch_add(1);
+        return false;
+      case read_outcome::refused:
+        if (!refusal_counted) refused.fetch_add(1);
+        refusal_counted = true;
+        // Ours but writable by others: its content cannot be trusted, and it is ours to
+        // remove. Anything else (a link, a FIFO, another user's file) is left alone; the
+        // store renames a new entry over the name.
+        if (S_ISREG(found.st_mode) && found.st_uid == ::geteuid())
+          remove_if_same(directory_fd.get(), name, found);
         return false;
     }
     return false;
@@ -487,7 +780,8 @@ struct compile_cache::state {
   compiled_image get_or_make(const hash_value& key, const std::function<compiled_image()>& make) {
     const std::string key_hex = to_hex(key);
     compiled_image image;
-    if (try_read(key, key_hex, image)) {
+    bool refusal_counted = false;
+    if (try_read(key, key_hex, image, refusal_counted)) {
       hits.fetch_add(1);
       return image;
     }
@@ -510,12 +804,12 @@ struct compile_cache::state {
     };
     try {
       // A thread that held the key until just now may have stored it.
-      if (try_read(key, key_hex, image)) {
+      if (try_read(key, key_hex, image, refusal_counted)) {
         hits.fetch_add(1);
       } else {
         image = make();
         misses.fetch_add(1);
-        if (store_entry(directory, key_hex, encode_entry(key, image))) {
+        if (store_entry(directory_fd.get(), key_hex, encode_entry(secret, key, image))) {
           trim_quietly();
         } else {
           store_failures.fetch_add(1);
@@ -537,50 +831,59 @@ struct compile_cache::state {
     }
   }
 
+  /// Evicts and cleans up, touching only the cache's own files: "<64 hex>.entry" and
+  /// ".tmp-cubridge-..." names that are regular files of the user's. Everything else in the
+  /// directory (other names, links, FIFOs, directories, other users' files) is left alone.
   void trim() {
     std::lock_guard lock(trim_mutex);
     struct entry {
-      fs::file_time_type used;
+      std::int64_t used_ns;
       std::uint64_t size;
-      fs::path path;
+      std::string name;
+      struct stat seen;
     };
     std::vector<entry> entries;
     std::uint64_t total = 0;
-    const auto now = fs::file_time_type::clock::now();
-    std::error_code ec;
-    fs::directory_iterator it(directory, ec);
-    if (ec)
-      detail::throw_errc(errc::io, "directory_iterator",
-                         "listing compile cache '" + directory.string() + "': " + ec.message());
-    for (; it != fs::directory_iterator(); it.increment(ec)) {
-      if (ec) break;
-      const std::string name = it->path().filename().string();
-      std::error_code entry_ec;
-      const auto time = it->last_write_time(entry_ec);
-      if (entry_ec) continue;
-      if (name.starts_with(temp_prefix)) {
-        if (now - time > stale_temp_age) fs::remove(it->path(), entry_ec);
+    const std::time_t now = std::time(nullptr);
+    // A descriptor of its own for the listing: readdir moves the offset of the one it reads.
+    unique_fd listing(::openat(directory_fd.get(), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    DIR* raw = listing ? ::fdopendir(listing.get()) : nullptr;
+    if (!raw)
+      detail::throw_errc(
+          errc::io, "fdopendir",
+          "listing compile cache '" + directory.string() + "': " + std::strerror(errno));
+    (void)listing.release();  // closedir closes it
+    const std::unique_ptr<DIR, int (*)(DIR*)> dir(raw, ::closedir);
+    const uid_t user = ::geteuid();
+    while (const dirent* item = ::readdir(dir.get())) {
+      const std::string name = item->d_name;
+      const bool is_entry = is_entry_name(name);
+      if (!is_entry && !is_own_temp_name(name)) continue;
+      struct stat info {};
+      if (::fstatat(directory_fd.get(), name.c_str(), &info, AT_SYMLINK_NOFOLLOW) != 0) continue;
+      if (!S_ISREG(info.st_mode) || info.st_uid != user) continue;
+      if (!is_entry) {
+        if (now - info.st_mtim.tv_sec > stale_temp_seconds)
+          remove_if_same(directory_fd.get(), name, info);
         continue;
       }
-      if (!name.ends_with(entry_suffix) || !it->is_regular_file(entry_ec)) continue;
-      const std::uint64_t size = it->file_size(entry_ec);
-      if (entry_ec) continue;
-      entries.push_back({time, size, it->path()});
-      total += size;
+      const std::int64_t used_ns =
+          std::int64_t{info.st_mtim.tv_sec} * 1'000'000'000 + info.st_mtim.tv_nsec;
+      entries.push_back({used_ns, static_cast<std::uint64_t>(info.st_size), name, info});
+      total += static_cast<std::uint64_t>(info.st_size);
     }
     if (total <= max_bytes) return;
     std::sort(entries.begin(), entries.end(), [](const entry& a, const entry& b) {
-      return a.used != b.used ? a.used < b.used : a.path < b.path;
+      return a.used_ns != b.used_ns ? a.used_ns < b.used_ns : a.name < b.name;
     });
     for (const auto& e : entries) {
       if (total <= max_bytes) break;
-      std::error_code remove_ec;
-      if (fs::remove(e.path, remove_ec)) {
+      if (remove_if_same(directory_fd.get(), e.name, e.seen)) {
         evicted.fetch_add(1);
-        total -= e.size;
-      } else if (!fs::exists(e.path, remove_ec)) {
-        total -= e.size;  // another process removed it first
       }
+      // Either removed now, or already gone or replaced by another process (whose new
+      // entry the next pass counts).
+      total -= e.size;
     }
   }
 
@@ -652,14 +955,10 @@ fs::path compile_cache::default_directory() {
 
 compile_cache compile_cache::open(const fs::path& directory, std::uint64_t max_bytes) {
   CUBRIDGE_EXPECTS(max_bytes > 0, "opening compile cache '" + directory.string() + "'");
-  std::error_code ec;
-  fs::create_directories(directory, ec);
-  if (ec || !fs::is_directory(directory, ec))
-    detail::throw_errc(errc::io, "create_directories",
-                       "opening compile cache '" + directory.string() +
-                           "': " + (ec ? ec.message() : std::string("not a directory")));
   auto s = std::make_unique<state>();
   s->directory = directory;
+  s->directory_fd = open_cache_directory(directory);
+  s->secret = load_or_create_mac_key(s->directory_fd.get(), directory);
   s->max_bytes = max_bytes;
   s->nvrtc = version_text(nvrtc_version());
   s->nvjitlink = version_text(nvjitlink_version());
@@ -695,6 +994,10 @@ fs::path compile_cache::entry_path(std::string_view key) const {
   return state_->entry_path(std::string(key));
 }
 
+fs::path compile_cache::key_path() const {
+  return state_->directory / mac_key_name;
+}
+
 const fs::path& compile_cache::directory() const noexcept {
   return state_->directory;
 }
@@ -704,8 +1007,12 @@ std::uint64_t compile_cache::max_bytes() const noexcept {
 }
 
 compile_cache_stats compile_cache::stats() const noexcept {
-  return {state_->hits.load(), state_->misses.load(), state_->corrupt_dropped.load(),
-          state_->evicted.load(), state_->store_failures.load()};
+  return {.hits = state_->hits.load(),
+          .misses = state_->misses.load(),
+          .corrupt_dropped = state_->corrupt_dropped.load(),
+          .refused = state_->refused.load(),
+          .evicted = state_->evicted.load(),
+          .store_failures = state_->store_failures.load()};
 }
 
 void compile_cache::trim() {

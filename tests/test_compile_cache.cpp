@@ -7,11 +7,15 @@
 
 #include "temp_dir.hpp"
 
+#include <sodium.h>
 #include <spawn.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <array>
 #include <chrono>
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -39,8 +43,6 @@ extern "C" __global__ void scale(float* data, float factor, int n) {
   if (i < n) data[i] *= factor;
 }
 )";
-
-
 
 std::string read_text(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
@@ -79,6 +81,13 @@ files_in_dir list(const fs::path& dir) {
 
 void set_age(const fs::path& path, std::chrono::seconds age) {
   fs::last_write_time(path, fs::file_time_type::clock::now() - age);
+}
+
+/// The permission bits of `path` itself (a link is not followed).
+unsigned mode_of(const fs::path& path) {
+  struct stat info {};
+  EXPECT_EQ(::lstat(path.c_str(), &info), 0) << path;
+  return info.st_mode & 07777;
 }
 
 TEST(CompileCache, MissThenHitReturnsIdenticalBytes) {
@@ -356,14 +365,15 @@ TEST(CompileCache, InterruptedWritesAreNeverServed) {
   std::string good_entry;
   std::string key;
   {
-    temp_dir scratch;
-    auto cache = cubridge::compile_cache::open(scratch.path);
+    // The reference entry, made with this directory's secret, then removed again.
+    auto cache = cubridge::compile_cache::open(dir.path);
     good_cubin = cache.get_or_compile(src).cubin;
     key = cache.key_for(src, {});
     good_entry = read_text(cache.entry_path(key));
+    fs::remove(cache.entry_path(key));
   }
   // A writer that died before its rename: a partial temp file (fresh, so not yet cleaned).
-  const fs::path temp = dir.path / (".tmp-" + key + "-99999-0-deadbeefdeadbeef");
+  const fs::path temp = dir.path / (".tmp-cubridge-" + key + "-99999-0-deadbeefdeadbeef");
   write_text(temp, good_entry.substr(0, good_entry.size() / 2));
   {
     auto cache = cubridge::compile_cache::open(dir.path);
@@ -386,7 +396,7 @@ TEST(CompileCache, InterruptedWritesAreNeverServed) {
   }
   // A temp file left by a writer that crashed long ago is removed on open.
   set_age(temp, 2h);
-  const fs::path young = dir.path / (".tmp-" + key + "-99999-1-feedfeedfeedfeed");
+  const fs::path young = dir.path / (".tmp-cubridge-" + key + "-99999-1-feedfeedfeedfeed");
   write_text(young, "partial");
   (void)cubridge::compile_cache::open(dir.path);
   EXPECT_FALSE(fs::exists(temp));
@@ -507,24 +517,48 @@ TEST(CompileCache, ChildProcessCompilesIntoSharedDirectory) {
   EXPECT_EQ(cache.stats().corrupt_dropped, 0u);
 }
 
-TEST(CompileCache, TwoProcessesRacingForOneKey) {
-  temp_dir dir;
-  const std::string env = "CUBRIDGE_TEST_CACHE_CHILD_DIR=" + dir.path.string();
+/// Starts this test binary again running only `test`, with `env` ("NAME=value") added.
+pid_t spawn_self(const std::string& test, const std::string& env) {
   std::vector<char*> child_env;
   for (char** e = environ; *e; ++e) child_env.push_back(*e);
   child_env.push_back(const_cast<char*>(env.c_str()));
   child_env.push_back(nullptr);
   std::string self = fs::read_symlink("/proc/self/exe").string();
-  std::string filter = "--gtest_filter=CompileCache.ChildProcessCompilesIntoSharedDirectory";
+  std::string filter = "--gtest_filter=CompileCache." + test;
   char* argv[] = {self.data(), filter.data(), nullptr};
+  pid_t pid = -1;
+  if (::posix_spawn(&pid, self.c_str(), nullptr, nullptr, argv, child_env.data()) != 0) return -1;
+  return pid;
+}
+
+/// Waits for `pid` at most `limit`; kills it past that. The exit status, or nullopt if killed.
+std::optional<int> wait_at_most(pid_t pid, std::chrono::seconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  int status = 0;
+  for (;;) {
+    const pid_t done = ::waitpid(pid, &status, WNOHANG);
+    if (done == pid) return status;
+    if (done < 0 || std::chrono::steady_clock::now() > deadline) break;
+    std::this_thread::sleep_for(20ms);
+  }
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, &status, 0);
+  return std::nullopt;
+}
+
+TEST(CompileCache, TwoProcessesRacingForOneKey) {
+  temp_dir dir;
+  const std::string env = "CUBRIDGE_TEST_CACHE_CHILD_DIR=" + dir.path.string();
   constexpr int child_count = 2;
   pid_t children[child_count];
-  for (auto& pid : children)
-    ASSERT_EQ(::posix_spawn(&pid, self.c_str(), nullptr, nullptr, argv, child_env.data()), 0);
+  for (auto& pid : children) {
+    pid = spawn_self("ChildProcessCompilesIntoSharedDirectory", env);
+    ASSERT_GT(pid, 0);
+  }
   for (pid_t pid : children) {
-    int status = 0;
-    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
+    const auto status = wait_at_most(pid, 300s);
+    ASSERT_TRUE(status.has_value()) << "child still running after 300 s";
+    EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << "child status " << *status;
   }
   EXPECT_EQ(list(dir.path).entries, 1);
   EXPECT_EQ(list(dir.path).temps, 0);
@@ -598,6 +632,9 @@ TEST(CompileCache, OpenChecksItsArguments) {
   }
   auto nested = cubridge::compile_cache::open(dir.path / "a" / "b" / "c", 12345);
   EXPECT_TRUE(fs::is_directory(dir.path / "a" / "b" / "c"));
+  // Directories the cache creates are its user's alone.
+  for (const auto& made : {dir.path / "a", dir.path / "a" / "b", dir.path / "a" / "b" / "c"})
+    EXPECT_EQ(mode_of(made), 0700u) << made;
   EXPECT_EQ(nested.directory(), dir.path / "a" / "b" / "c");
   EXPECT_EQ(nested.max_bytes(), 12345u);
   auto moved = std::move(nested);
@@ -663,6 +700,281 @@ TEST(CompileCache, DefaultDirectoryFollowsTheEnvironment) {
   auto cache = cubridge::compile_cache::open_default();
   EXPECT_EQ(cache.directory(), dir.path / "env");
   EXPECT_EQ(cache.max_bytes(), cubridge::compile_cache::default_max_bytes);
+}
+
+// ---- the trust model (docs/compile-cache.md) ------------------------------------------------
+
+constexpr std::size_t entry_header_bytes = 88;  // magic, version, reserved, length, key, tag
+
+std::array<unsigned char, 32> from_hex(std::string_view hex) {
+  std::array<unsigned char, 32> out{};
+  for (std::size_t i = 0; i < out.size(); ++i)
+    out[i] = static_cast<unsigned char>(std::stoi(std::string(hex.substr(2 * i, 2)), nullptr, 16));
+  return out;
+}
+
+/// An entry in the cache's layout whose integrity field is the UNKEYED BLAKE2b-256 of the
+/// payload: what anyone able to write into the directory can compute.
+std::string forged_entry(std::uint32_t version, std::string_view key_hex,
+                         std::string_view payload) {
+  EXPECT_GE(sodium_init(), 0);
+  std::string entry = "CUBRCCHE";
+  auto put_le = [&entry](std::uint64_t v, int bytes) {
+    for (int i = 0; i < bytes; ++i) entry += static_cast<char>((v >> (8 * i)) & 0xff);
+  };
+  put_le(version, 4);
+  put_le(0, 4);
+  put_le(payload.size(), 8);
+  const auto key = from_hex(key_hex);
+  entry.append(reinterpret_cast<const char*>(key.data()), key.size());
+  std::array<unsigned char, 32> hash{};
+  crypto_generichash(hash.data(), hash.size(),
+                     reinterpret_cast<const unsigned char*>(payload.data()), payload.size(),
+                     nullptr, 0);
+  entry.append(reinterpret_cast<const char*>(hash.data()), hash.size());
+  entry.append(payload);
+  return entry;
+}
+
+TEST(CompileCache, PlantedEntryWithAnUnkeyedHashIsNotLoaded) {
+  temp_dir dir;
+  const cubridge::cuda_source a{.name = "a.cu", .text = named_kernel("kernel_a")};
+  const cubridge::cuda_source b{.name = "b.cu", .text = named_kernel("kernel_b")};
+  std::string key_a;
+  std::string payload_b;  // b's code, lowered names and log, in the entry's payload layout
+  {
+    auto cache = cubridge::compile_cache::open(dir.path);
+    (void)cache.get_or_compile(b);
+    key_a = cache.key_for(a, {});
+    payload_b = read_text(cache.entry_path(cache.key_for(b, {}))).substr(entry_header_bytes);
+  }
+  // The old format, the current one and a later one: none is trusted on an unkeyed hash.
+  for (std::uint32_t version : {1u, 2u, 3u}) {
+    write_text(dir.path / (key_a + ".entry"), forged_entry(version, key_a, payload_b));
+    auto cache = cubridge::compile_cache::open(dir.path);
+    const auto got = cache.get_or_compile(a);
+    EXPECT_NE(inspect(got.cubin).find_kernel("kernel_a"), nullptr) << "format " << version;
+    EXPECT_EQ(inspect(got.cubin).find_kernel("kernel_b"), nullptr) << "format " << version;
+    EXPECT_EQ(cache.stats().hits, 0u) << "format " << version;
+    EXPECT_EQ(cache.stats().misses, 1u) << "format " << version;
+    EXPECT_EQ(cache.stats().corrupt_dropped, 1u) << "format " << version;
+  }
+}
+
+TEST(CompileCache, SymlinkedEntryIsNotFollowed) {
+  temp_dir dir;
+  const cubridge::cuda_source src{.name = "scale.cu", .text = scale_source};
+  auto cache = cubridge::compile_cache::open(dir.path / "cache");
+  const auto good = cache.get_or_compile(src).cubin;
+  const fs::path entry = cache.entry_path(cache.key_for(src, {}));
+  // A valid entry, even, but outside the directory: the link is not followed.
+  const fs::path outside = dir.path / "outside.entry";
+  fs::rename(entry, outside);
+  set_age(outside, 2h);
+  const auto outside_time = fs::last_write_time(outside);
+  fs::create_symlink(outside, entry);
+
+  auto fresh = cubridge::compile_cache::open(dir.path / "cache");
+  const auto got = fresh.get_or_compile(src);
+  EXPECT_EQ(fresh.stats().hits, 0u);
+  EXPECT_EQ(fresh.stats().misses, 1u);
+  EXPECT_EQ(fresh.stats().refused, 1u);
+  EXPECT_EQ(fresh.stats().corrupt_dropped, 0u);
+  EXPECT_EQ(got.cubin, good);
+  EXPECT_EQ(fs::last_write_time(outside), outside_time);  // not touched through the link
+  EXPECT_FALSE(fs::is_symlink(entry));                    // replaced by a real entry
+  EXPECT_TRUE(fs::exists(outside));
+}
+
+// Run by FifoEntryDoesNotBlock in a child process; skipped when run on its own.
+TEST(CompileCache, ChildReadsPastAFifoEntry) {
+  const char* dir = std::getenv("CUBRIDGE_TEST_CACHE_FIFO_DIR");
+  if (!dir) GTEST_SKIP() << "only runs as a child of FifoEntryDoesNotBlock";
+  auto cache = cubridge::compile_cache::open(dir);
+  const auto got = cache.get_or_compile({.name = "scale.cu", .text = scale_source});
+  EXPECT_NE(inspect(got.cubin).find_kernel("scale"), nullptr);
+  EXPECT_EQ(cache.stats().hits, 0u);
+  EXPECT_EQ(cache.stats().misses, 1u);
+  EXPECT_EQ(cache.stats().refused, 1u);
+}
+
+TEST(CompileCache, FifoEntryDoesNotBlock) {
+  temp_dir dir;
+  const cubridge::cuda_source src{.name = "scale.cu", .text = scale_source};
+  fs::path entry;
+  {
+    auto cache = cubridge::compile_cache::open(dir.path);
+    entry = cache.entry_path(cache.key_for(src, {}));
+  }
+  ASSERT_EQ(::mkfifo(entry.c_str(), 0600), 0);
+  // In a child, so a read that blocks on the FIFO cannot hang this test: it is killed.
+  const pid_t child =
+      spawn_self("ChildReadsPastAFifoEntry", "CUBRIDGE_TEST_CACHE_FIFO_DIR=" + dir.path.string());
+  ASSERT_GT(child, 0);
+  const auto status = wait_at_most(child, 120s);
+  ASSERT_TRUE(status.has_value()) << "get_or_compile blocked on a FIFO named as an entry";
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << "child status " << *status;
+  EXPECT_TRUE(fs::is_regular_file(fs::symlink_status(entry)));
+}
+
+/// open() must refuse `directory` with an io error naming `named` and containing `found`.
+void expect_refused(const fs::path& directory, const fs::path& named, const std::string& found) {
+  try {
+    (void)cubridge::compile_cache::open(directory);
+    ADD_FAILURE() << "opened " << directory;
+  } catch (const cubridge::error& e) {
+    const std::string what = e.what();
+    EXPECT_TRUE(e.is(cubridge::errc::io)) << what;
+    EXPECT_NE(what.find("'" + named.string() + "'"), std::string::npos) << what;
+    EXPECT_NE(what.find(found), std::string::npos) << what;
+    EXPECT_NE(what.find("required"), std::string::npos) << what;
+  }
+}
+
+TEST(CompileCache, DirectoryWritableByOthersIsRefused) {
+  temp_dir dir;
+  const fs::path cache_dir = dir.path / "cache";
+  fs::create_directory(cache_dir);
+  ::chmod(cache_dir.c_str(), 0777);
+  expect_refused(cache_dir, cache_dir, "mode 0777");
+  ::chmod(cache_dir.c_str(), 0770);
+  expect_refused(cache_dir, cache_dir, "mode 0770");
+  ::chmod(cache_dir.c_str(), 0755);  // readable by others is allowed: the key is 0600
+  EXPECT_NO_THROW((void)cubridge::compile_cache::open(cache_dir));
+
+  // A directory above it that others may write to could swap the cache for another.
+  const fs::path shared = dir.path / "shared";
+  fs::create_directories(shared / "cache");
+  ::chmod((shared / "cache").c_str(), 0700);
+  ::chmod(shared.c_str(), 0777);
+  expect_refused(shared / "cache", shared, "mode 0777");
+  // Unless it is sticky, as /tmp is: others cannot rename or remove what is not theirs.
+  ::chmod(shared.c_str(), 01777);
+  EXPECT_NO_THROW((void)cubridge::compile_cache::open(shared / "cache"));
+}
+
+TEST(CompileCache, DirectoryOwnedByAnotherUserIsRefused) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to give a directory to another user";
+  temp_dir dir;
+  constexpr uid_t other = 54321;
+  const fs::path theirs = dir.path / "theirs";
+  fs::create_directory(theirs);
+  ::chmod(theirs.c_str(), 0700);
+  ASSERT_EQ(::chown(theirs.c_str(), other, other), 0);
+  expect_refused(theirs, theirs, "uid 54321");
+
+  // Above the cache: a directory of another (non-root) user.
+  const fs::path above = dir.path / "above";
+  fs::create_directories(above / "cache");
+  ::chmod((above / "cache").c_str(), 0700);
+  ::chmod(above.c_str(), 0755);
+  ASSERT_EQ(::chown(above.c_str(), other, other), 0);
+  expect_refused(above / "cache", above, "uid 54321");
+}
+
+TEST(CompileCache, EntriesWritableByOthersOrNotOursAreRecompiled) {
+  temp_dir dir;
+  const cubridge::cuda_source src{.name = "scale.cu", .text = scale_source};
+  std::vector<std::byte> good;
+  fs::path entry;
+  {
+    auto cache = cubridge::compile_cache::open(dir.path);
+    good = cache.get_or_compile(src).cubin;
+    entry = cache.entry_path(cache.key_for(src, {}));
+  }
+  EXPECT_EQ(mode_of(entry), 0600u);
+  ::chmod(entry.c_str(), 0666);
+  {
+    auto cache = cubridge::compile_cache::open(dir.path);
+    EXPECT_EQ(cache.get_or_compile(src).cubin, good);
+    EXPECT_EQ(cache.stats().hits, 0u);
+    EXPECT_EQ(cache.stats().misses, 1u);
+    EXPECT_EQ(cache.stats().refused, 1u);
+    EXPECT_EQ(mode_of(entry), 0600u);  // written anew
+  }
+  if (::geteuid() == 0) {
+    ASSERT_EQ(::chown(entry.c_str(), 54321, 54321), 0);
+    auto cache = cubridge::compile_cache::open(dir.path);
+    EXPECT_EQ(cache.get_or_compile(src).cubin, good);
+    EXPECT_EQ(cache.stats().hits, 0u);
+    EXPECT_EQ(cache.stats().misses, 1u);
+    EXPECT_EQ(cache.stats().refused, 1u);
+  }
+}
+
+TEST(CompileCache, CleanupTouchesOnlyTheCachesOwnFiles) {
+  temp_dir dir;
+  const std::string hex64(64, 'a');
+  const fs::path foreign_temp = dir.path / ".tmp-foo";
+  const fs::path old_style_temp = dir.path / (".tmp-" + hex64 + "-99999-0-deadbeefdeadbeef");
+  const fs::path notes = dir.path / "notes.txt";
+  const fs::path backup = dir.path / (hex64 + ".entry.bak");
+  const fs::path own_stale = dir.path / (".tmp-cubridge-" + hex64 + "-99999-0-0123456789abcdef");
+  const fs::path own_name_dir = dir.path / (".tmp-cubridge-" + hex64 + "-99999-1-0123456789abcdef");
+  const fs::path outside = dir.path / "outside" / "precious";
+  const fs::path own_name_link =
+      dir.path / (".tmp-cubridge-" + hex64 + "-99999-2-0123456789abcdef");
+  const fs::path entry_link = dir.path / (std::string(64, 'b') + ".entry");
+  for (const auto& file : {foreign_temp, old_style_temp, notes, backup, own_stale, outside})
+    write_text(file, std::string(4096, 'x'));
+  fs::create_directory(own_name_dir);
+  fs::create_symlink(outside, own_name_link);
+  fs::create_symlink(outside, entry_link);
+  for (const auto& file :
+       {foreign_temp, old_style_temp, notes, backup, own_stale, outside, own_name_dir})
+    set_age(file, 2h);
+
+  // Opening cleans up stale temporary files, and a limit of 1 byte evicts every entry.
+  auto cache = cubridge::compile_cache::open(dir.path, 1);
+  EXPECT_FALSE(fs::exists(own_stale));  // the cache's own, an hour old: a crashed writer's
+  for (const auto& kept : {foreign_temp, old_style_temp, notes, backup, own_name_dir, outside})
+    EXPECT_TRUE(fs::exists(kept)) << kept;
+  EXPECT_TRUE(fs::is_symlink(own_name_link));
+  EXPECT_TRUE(fs::is_symlink(entry_link));
+  (void)cache.get_or_compile({.name = "scale.cu", .text = scale_source});
+  EXPECT_EQ(cache.stats().evicted, 1u);  // its own entry only
+  for (const auto& kept : {foreign_temp, old_style_temp, notes, backup, own_name_dir, outside})
+    EXPECT_TRUE(fs::exists(kept)) << kept;
+  EXPECT_TRUE(fs::is_symlink(entry_link));
+}
+
+TEST(CompileCache, KeyFileIsPrivateAndAnotherKeyRecompiles) {
+  temp_dir dir;
+  const cubridge::cuda_source src{.name = "scale.cu", .text = scale_source};
+  const fs::path key_file = dir.path / "cubridge-mac.key";
+  std::vector<std::byte> good;
+  {
+    auto cache = cubridge::compile_cache::open(dir.path);
+    EXPECT_EQ(cache.key_path(), key_file);
+    good = cache.get_or_compile(src).cubin;
+  }
+  ASSERT_TRUE(fs::is_regular_file(fs::symlink_status(key_file)));
+  EXPECT_EQ(mode_of(key_file), 0600u);
+  EXPECT_EQ(fs::file_size(key_file), 32u);
+  const std::string first_key = read_text(key_file);
+  {
+    auto cache = cubridge::compile_cache::open(dir.path);  // the same key: a hit
+    EXPECT_EQ(cache.get_or_compile(src).cubin, good);
+    EXPECT_EQ(cache.stats().hits, 1u);
+  }
+  // Another key (as another user's cache, or a fresh one, would have) does not trust the
+  // entries made with the first: each is dropped and compiled again.
+  fs::remove(key_file);
+  {
+    auto cache = cubridge::compile_cache::open(dir.path);
+    EXPECT_NE(read_text(key_file), first_key);
+    EXPECT_EQ(cache.get_or_compile(src).cubin, good);
+    EXPECT_EQ(cache.stats().hits, 0u);
+    EXPECT_EQ(cache.stats().misses, 1u);
+    EXPECT_EQ(cache.stats().corrupt_dropped, 1u);
+  }
+  // A key others may read, or a link, is refused rather than used.
+  ::chmod(key_file.c_str(), 0644);
+  expect_refused(dir.path, key_file, "mode 0644");
+  ::chmod(key_file.c_str(), 0600);
+  fs::rename(key_file, dir.path / "elsewhere.key");
+  fs::create_symlink(dir.path / "elsewhere.key", key_file);
+  expect_refused(dir.path, key_file, "symbolic link");
 }
 
 }  // namespace

@@ -24,16 +24,30 @@
 // not evaluate `#if`, so it may hash files the compile does not read (a wasted miss at worst,
 // never a wrong hit). Sources with computed includes should give their headers in memory.
 //
+// Trust model (docs/compile-cache.md): the cache is private to one user. The directory must be
+// owned by the effective user and not writable by group or others, and every directory above it
+// owned by root or that user and not writable by others unless sticky (as /tmp is); open()
+// checks this on descriptors it opens component by component without following links, creates
+// what is missing with mode 0700, and refuses anything else. Every entry carries a BLAKE2b-256
+// tag keyed with a 32-byte secret kept in the directory ("cubridge-mac.key", mode 0600, made on
+// first use), so only a holder of the secret (the user, or root) can make an entry the cache
+// accepts. Entries are read relative to the directory's descriptor, only if they are regular
+// files of the user's that only they may write, with O_NOFOLLOW | O_NONBLOCK (a link is not
+// followed, a FIFO never blocks); anything else is skipped (stats().refused) and compiled again.
+//
 // Entries are immutable files named by their key, "<64 hex digits>.entry", each a header
-// (magic, format version, payload length, the key, a BLAKE2b-256 hash of the payload) and the
-// payload (cubin, lowered names, log). Writes go to a temporary file in the same directory,
-// which is fsync'ed and then renamed over the final name, so a crash never leaves a partial
-// entry under a final name; reads check everything and drop an entry that is truncated,
-// corrupt or not for its key (then compile again). Several processes may share a directory:
-// they only ever rename complete files into place, and a reader keeps the file it opened.
-// Each hit sets the entry's modification time to now; after each store (and on open) entries
-// are evicted least recently used first until the directory is under its size limit, and
-// temporary files left by crashed writers are removed once they are an hour old.
+// (magic, format version 2, payload length, the key, the keyed tag over all of these and the
+// payload) and the payload (cubin, lowered names, log). Writes go to a temporary file of the
+// cache's own naming (".tmp-cubridge-<key>-<pid>-<counter>-<random>", O_EXCL | O_NOFOLLOW,
+// mode 0600), which is fsync'ed and then renamed over the final name, so a crash never leaves a
+// partial entry under a final name; reads check everything and drop an entry that is
+// truncated, corrupt, not for its key or not tagged with this cache's secret (then compile
+// again). Several processes of the user may share a directory: they only ever rename complete
+// files into place, and a reader keeps the file it opened. Each hit sets the entry's
+// modification time to now; after each store (and on open) entries are evicted least recently
+// used first until the directory is under its size limit, and temporary files of the cache's
+// naming left by crashed writers are removed once they are an hour old. Cleanup and eviction
+// touch nothing else: only regular files of the user's with those two kinds of names.
 //
 // Thread safety: one compile_cache may be used from many threads at once; threads asking for a
 // key that another thread of the same cache is compiling wait for that compile.
@@ -54,8 +68,13 @@ struct compile_cache_stats {
   std::uint64_t hits = 0;
   /// Compiles done because no valid entry was there.
   std::uint64_t misses = 0;
-  /// Entries found truncated, corrupt or for another key, and deleted.
+  /// Entries of ours found truncated, corrupt, for another key, of another format or tagged
+  /// with another secret, and deleted.
   std::uint64_t corrupt_dropped = 0;
+  /// Entry names that were not a regular file of the user's writable only by them (a link, a
+  /// FIFO, another user's file, a file others may write): not read, compiled again. Such a
+  /// file is deleted only if it is a regular file of the user's.
+  std::uint64_t refused = 0;
   /// Entries deleted to keep the directory under its size limit.
   std::uint64_t evicted = 0;
   /// Compiled results that could not be written (disk full, read-only directory); the
@@ -74,11 +93,14 @@ class compile_cache {
   /// Throws cubridge::error (errc::io) when none of these variables is set.
   [[nodiscard]] static std::filesystem::path default_directory();
 
-  /// Opens (creating it and its parents if needed) the cache in `directory`, which holds at
-  /// most `max_bytes` of entries, and evicts down to that limit.
+  /// Opens (creating it and its parents if needed, mode 0700) the cache in `directory`, which
+  /// holds at most `max_bytes` of entries, checks who may write it (see above), reads or makes
+  /// its secret key, and evicts down to that limit.
   /// Throws cubridge::error (errc::io) naming the directory when it cannot be created or is
-  /// not a directory; errc::precondition if max_bytes is 0; compile_error if NVRTC or nvJitLink
-  /// cannot report its version (part of every key).
+  /// not a directory, and "refusing '<path>': found <owner, mode>; required: <what>" when the
+  /// directory, a directory above it or the key file fails the checks; errc::precondition if
+  /// max_bytes is 0; compile_error if NVRTC or nvJitLink cannot report its version (part of
+  /// every key).
   [[nodiscard]] static compile_cache open(const std::filesystem::path& directory,
                                           std::uint64_t max_bytes = default_max_bytes);
 
@@ -110,7 +132,10 @@ class compile_cache {
 
   /// Where the entry of `key` lives (whether or not it exists).
   [[nodiscard]] std::filesystem::path entry_path(std::string_view key) const;
-  /// The cache's directory.
+  /// Where the secret key the entries are tagged with lives (directory() / "cubridge-mac.key").
+  [[nodiscard]] std::filesystem::path key_path() const;
+  /// The cache's directory, as given to open(); the cache itself uses the directory it
+  /// checked on open, through a descriptor, even if this path is renamed or replaced later.
   [[nodiscard]] const std::filesystem::path& directory() const noexcept;
   /// The size limit in bytes.
   [[nodiscard]] std::uint64_t max_bytes() const noexcept;
