@@ -35,6 +35,7 @@
 //   ".address_size 32|64"; kernels are ".entry name (.param ...) { ... }".
 
 #include "cubridge/image.hpp"
+#include "cubridge/detail/file_io.hpp"
 
 #include <algorithm>
 #include <array>
@@ -1080,27 +1081,38 @@ image_info inspect_image(std::span<const std::byte> bytes) {
 }
 
 image_info inspect_image_file(const std::filesystem::path& path) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec))
-    detail::throw_errc(errc::io, "inspect_image_file", "'" + path.string() + "' is a directory");
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    detail::throw_errc(errc::io, "inspect_image_file",
-                       "cannot open '" + path.string() + "': " + std::strerror(errno));
+  // A regular file only (a FIFO or device would block or never end), sized before reading, and
+  // read whole only when its first bytes can begin an image: a 2 GiB file of anything else is
+  // refused after one chunk.
+  detail::regular_file file(path, std::numeric_limits<std::uint64_t>::max(), "image");
+  const auto size = static_cast<std::uint64_t>(file.status().st_size);
+  if (size > max_file_size)
+    detail::throw_errc(errc::bad_image, "inspect_image_file",
+                       "'" + path.string() + "' is larger than the 2 GiB an image may have (" +
+                           std::to_string(size) + " bytes)");
   std::vector<std::byte> data;
   constexpr std::size_t chunk = std::size_t{1} << 20;
-  while (in) {
-    const auto old = data.size();
-    data.resize(old + chunk);
-    in.read(reinterpret_cast<char*>(data.data() + old), static_cast<std::streamsize>(chunk));
-    data.resize(old + static_cast<std::size_t>(in.gcount()));
+  file.read_some(data, chunk);
+  const bool may_be_image = (data.size() >= 4 && (rd32(data, 0) == 0x464c457fu ||  // "\x7fELF"
+                                                  rd32(data, 0) == fatbin_magic)) ||
+                            looks_like_ptx(data);
+  if (data.size() == chunk && !may_be_image) {
+    // Not an image unless PTX text begins after more than a chunk of comments and spaces: a NUL
+    // or anything else seen whole ends the question here.
+    const std::string_view text(reinterpret_cast<const char*>(data.data()), data.size());
+    const auto pos = skip_space_and_comments(text, 0);
+    if (text.find('\0') != std::string_view::npos ||
+        (pos != std::string_view::npos && pos + 9 <= text.size()))
+      detail::throw_errc(errc::bad_image, "inspect_image_file",
+                         "'" + path.string() + "': not a cubin, fatbin or PTX image (" +
+                             std::to_string(size) + " bytes; first bytes: " + first_bytes(data) +
+                             ")");
+  }
+  data.reserve(static_cast<std::size_t>(size) + chunk);  // room for the read that sees the end
+  while (file.read_some(data, chunk) != 0)  // to its end, even if it grew since fstat
     if (data.size() > max_file_size)
       detail::throw_errc(errc::bad_image, "inspect_image_file",
                          "'" + path.string() + "' is larger than the 2 GiB an image may have");
-  }
-  if (in.bad())
-    detail::throw_errc(errc::io, "inspect_image_file",
-                       "reading '" + path.string() + "' failed: " + std::strerror(errno));
   try {
     return inspect_image(data);
   } catch (const image_error& e) {

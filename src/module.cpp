@@ -1,6 +1,7 @@
 // module, library and kernel: bytes -> (inspected) image -> loaded module -> kernel -> launch.
 #include <cubridge/detail/check.hpp>
 #include <cubridge/detail/describe.hpp>
+#include <cubridge/detail/file_io.hpp>
 #include <cubridge/driver.hpp>
 #include <cubridge/image.hpp>
 #include <cubridge/kernel.hpp>
@@ -16,18 +17,9 @@
 namespace cubridge {
 
 std::vector<std::byte> read_file_bytes(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    detail::throw_errc(errc::io, "open", "cannot read " + path.string() + ": " + std::strerror(errno));
-  std::vector<std::byte> bytes;
-  in.seekg(0, std::ios::end);
-  const auto size = in.tellg();
-  if (size < 0) detail::throw_errc(errc::io, "seek", "cannot size " + path.string());
-  bytes.resize(static_cast<std::size_t>(size));
-  in.seekg(0);
-  in.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-  if (!in) detail::throw_errc(errc::io, "read", "short read from " + path.string());
-  return bytes;
+  // A regular file only: a FIFO or device named here would block the loader or never end. 2 GiB
+  // is the most an image may have (inspect_image_file).
+  return detail::read_regular_file(path, std::uint64_t{2} << 30, "file");
 }
 
 namespace {

@@ -32,6 +32,7 @@ step(sign 0 "f3.bundle: module 'filters' v3, cubin for sm_90"
      ${TOOL} sign --key k.key --name filters --version 3 ${CUBIN} -o f3.bundle)
 
 file(WRITE ${WORK_DIR}/bad.key "cubridge-ed25519-secret not-hex\n")
+file(CHMOD ${WORK_DIR}/bad.key PERMISSIONS OWNER_READ OWNER_WRITE)  # else refused as readable
 step(sign_bad_key 1 "bad_key" ${TOOL} sign --key bad.key --name filters --version 3 ${CUBIN})
 step(sign_missing_key 1 "cannot open 'missing.key'"
      ${TOOL} sign --key missing.key --name filters --version 3 ${CUBIN})

@@ -2,60 +2,17 @@
 // in-memory module sink, which runs one command while it serves and exits with its status.
 //
 //   update_test_server --trust K.pub [--gpu 90] -- COMMAND ARGS...   ({URL} becomes the URL)
+#include "tools/memory_sink.hpp"
+
 #include <cubridge/update_endpoint.hpp>
 
 #include <cstdio>
 #include <cstring>
-#include <map>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include <sys/wait.h>
 #include <unistd.h>
-
-namespace {
-
-// Versions in memory: the current one and one to roll back to, as hot_module keeps them.
-class memory_sink final : public cubridge::module_sink {
- public:
-  explicit memory_sink(int sm) : sm_(sm) {}
-  int device_sm() const override { return sm_; }
-  std::uint64_t current_version(std::string_view name) const override {
-    std::lock_guard lock(mutex_);
-    const auto it = modules_.find(std::string(name));
-    return it == modules_.end() ? 0 : it->second.first;
-  }
-  cubridge::sink_result apply(const cubridge::verified_bundle& bundle) override {
-    std::lock_guard lock(mutex_);
-    auto& [current, previous] = modules_[bundle.manifest.name];
-    previous = current;
-    current = bundle.version();
-    return {cubridge::sink_outcome::done, current, {}};
-  }
-  cubridge::sink_result rollback(std::string_view name) override {
-    std::lock_guard lock(mutex_);
-    const auto it = modules_.find(std::string(name));
-    if (it == modules_.end()) return {cubridge::sink_outcome::unknown_module, 0, "no such module"};
-    auto& [current, previous] = it->second;
-    if (previous == 0) return {cubridge::sink_outcome::no_previous_version, current, "none"};
-    std::swap(current, previous);
-    return {cubridge::sink_outcome::done, current, {}};
-  }
-  std::vector<cubridge::module_report> status() const override {
-    std::lock_guard lock(mutex_);
-    std::vector<cubridge::module_report> out;
-    for (const auto& [name, v] : modules_) out.push_back({name, v.first, {v.second, v.first}, 0, {}});
-    return out;
-  }
-
- private:
-  int sm_;
-  mutable std::mutex mutex_;
-  std::map<std::string, std::pair<std::uint64_t, std::uint64_t>> modules_;
-};
-
-}  // namespace
 
 int main(int argc, char** argv) {
   std::string trust;
@@ -70,7 +27,7 @@ int main(int argc, char** argv) {
     return 64;
   }
   try {
-    memory_sink sink(sm);
+    cubridge::testing::memory_sink sink(sm);
     cubridge::update_endpoint_options options;
     options.keys.add(cubridge::read_public_key_file(trust));
     cubridge::update_endpoint endpoint(sink, options);

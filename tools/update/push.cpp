@@ -1,15 +1,21 @@
 // `cubridge push URL FILE` and `cubridge push URL --rollback NAME`: talk to a service's update
-// endpoint (docs/update-endpoint.md) and say plainly what it answered.
+// endpoint (docs/update-endpoint.md) and say plainly what it answered. Everything the endpoint
+// sends is shown escaped and bounded (server_text.hpp); names go into paths percent-encoded.
 #include "exit_codes.hpp"
+#include "update/arguments.hpp"
+#include "update/server_text.hpp"
 #include "update/signing.hpp"
 #include "update/update_commands.hpp"
 
 #include <cubridge/compile.hpp>
+#include <cubridge/detail/file_io.hpp>
 #include <cubridge/rollback_request.hpp>
 
 #include <httplib.h>
 #include <nlohmann/json.hpp>
+#include <openssl/x509.h>
 
+#include <algorithm>
 #include <iostream>
 
 namespace cubridge::tool {
@@ -22,84 +28,154 @@ struct unreachable : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A string the endpoint sent, escaped for the terminal; `fallback` (ours) when it sent none.
+std::string text_field(const json& body, const char* key, std::string_view fallback) {
+  const auto it = body.find(key);
+  if (it == body.end()) return std::string(fallback);
+  return printable(it->is_string() ? it->get<std::string>() : it->dump());
+}
+
+// A version the endpoint sent; `fallback` when it sent none or something else.
+std::uint64_t number_field(const json& body, const char* key, std::uint64_t fallback) {
+  const auto it = body.find(key);
+  return it != body.end() && it->is_number_unsigned() ? it->get<std::uint64_t>() : fallback;
+}
+
+// "sm_90", "sm_100a": the only GPU names taken from an endpoint as a compile target.
+bool is_gpu_name(std::string_view s) {
+  if (!s.starts_with("sm_")) return false;
+  s.remove_prefix(3);
+  if (s.ends_with('a') || s.ends_with('f')) s.remove_suffix(1);
+  return (s.size() == 2 || s.size() == 3) &&
+         std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
 class endpoint_client {
  public:
-  endpoint_client(std::string url, const std::string& ca_cert) : url_(std::move(url)) {
-    while (url_.ends_with('/')) url_.pop_back();
-    client_ = std::make_unique<httplib::Client>(url_);
-    if (!client_->is_valid())
-      detail::throw_errc(errc::precondition, "push",
-                         "'" + url_ + "' is not an endpoint URL (http://HOST:PORT or https://...)");
+  endpoint_client(const endpoint_url& url, const std::string& ca_cert)
+      : url_(url.text()), host_(url.host), ca_cert_(ca_cert) {
+    if (url.scheme == "https") {
+      auto tls = std::make_unique<httplib::SSLClient>(url.host, url.port);
+      tls_ = tls.get();
+      tls->enable_server_certificate_verification(true);
+      if (!ca_cert.empty()) {
+        // Checked here, before any connection: a FIFO would block OpenSSL, a missing file would
+        // only show as a failed handshake.
+        (void)detail::read_regular_file(ca_cert, std::uint64_t{1} << 20, "CA certificate");
+        tls->set_ca_cert_path(ca_cert.c_str());
+      }
+      client_ = std::move(tls);
+    } else {
+      if (!ca_cert.empty())
+        throw usage_error("--ca-cert is for an https endpoint; " + url_ + " is plain http");
+      client_ = std::make_unique<httplib::ClientImpl>(url.host, url.port);
+    }
+    client_->set_url_encode(false);  // paths are percent-encoded here, once
     client_->set_connection_timeout(5, 0);
     client_->set_read_timeout(120, 0);  // staging may compile and validate
     client_->set_write_timeout(30, 0);
     client_->set_tcp_nodelay(true);
-    if (!ca_cert.empty()) client_->set_ca_cert_path(ca_cert.c_str());
   }
 
-  // The answer's status and JSON body; throws unreachable when there is none.
+  // The answer's status and JSON body; throws unreachable when there is none, and
+  // std::runtime_error (exit_failure) when the endpoint's certificate is not trusted.
   std::pair<int, json> call(const std::string& method, const std::string& path,
                             const std::string& body = {}, const char* type = "") {
-    auto r = method == "GET"   ? client_->Get(path.c_str())
-             : method == "PUT" ? client_->Put(path.c_str(), body, type)
-                               : client_->Post(path.c_str(), body, type);
-    if (!r)
-      throw unreachable("cannot reach " + url_ + ": " +
-                        (r.error() == httplib::Error::Connection
-                             ? std::string("could not connect (nothing listening there?)")
-                             : httplib::to_string(r.error())));
+    auto r = method == "GET"   ? client_->Get(path)
+             : method == "PUT" ? client_->Put(path, body, type)
+                               : client_->Post(path, body, type);
+    if (!r) fail(r.error());
     auto parsed = json::parse(r->body, nullptr, false);
-    if (parsed.is_discarded()) parsed = json{{"error", "not_json"}, {"detail", r->body.substr(0, 200)}};
+    if (parsed.is_discarded() || !parsed.is_object())
+      parsed = json{{"error", "not_json"}, {"detail", r->body.substr(0, 300)}};
     return {r->status, std::move(parsed)};
   }
 
   const std::string& url() const { return url_; }
 
  private:
+  [[noreturn]] void fail(httplib::Error error) const {
+    switch (error) {
+      case httplib::Error::SSLServerVerification: {
+        // Reached, but not proven to be the endpoint: not worth retrying, so not exit 75.
+        const long result = tls_ ? tls_->get_openssl_verify_result() : X509_V_OK;
+        if (result == X509_V_OK)  // the chain verified; httplib's host name check did not
+          throw std::runtime_error("refused " + url_ + ": its TLS certificate does not name " +
+                                   host_ + "; connect by a name or address it was issued for");
+        throw std::runtime_error(
+            "refused " + url_ + ": its TLS certificate is not trusted (" +
+            X509_verify_cert_error_string(result) + ")" +
+            (ca_cert_.empty() ? "; give --ca-cert with the certificate of the CA that signed it"
+                              : " by the CA certificates in --ca-cert '" + ca_cert_ + "'"));
+      }
+      case httplib::Error::SSLLoadingCerts:
+        throw std::runtime_error("cannot use --ca-cert '" + ca_cert_ +
+                                 "': OpenSSL found no PEM certificate in it");
+      case httplib::Error::Connection:
+        throw unreachable("cannot reach " + url_ +
+                          ": could not connect (nothing listening there?)");
+      case httplib::Error::SSLConnection:
+        throw unreachable("cannot reach " + url_ +
+                          ": the TLS handshake failed (is it a plain http:// endpoint?)");
+      default:
+        throw unreachable("cannot reach " + url_ + ": " + httplib::to_string(error));
+    }
+  }
+
   std::string url_;
-  std::unique_ptr<httplib::Client> client_;
+  std::string host_;
+  std::string ca_cert_;
+  std::unique_ptr<httplib::ClientImpl> client_;
+  httplib::SSLClient* tls_ = nullptr;  // client_, when https
 };
 
 // "refused: 409 replayed_version: module 'filters' v3 is not above v3 (serving)".
 int report_refusal(int status, const json& body) {
-  std::cerr << "cubridge: refused: " << status << " " << body.value("error", "unknown") << ": "
-            << body.value("detail", "(no detail)") << "\n";
+  std::cerr << "cubridge: refused: " << status << " " << text_field(body, "error", "unknown")
+            << ": " << text_field(body, "detail", "(no detail)") << "\n";
   return exit_failure;
 }
 
+// The module called `name` in a status answer, or null.
 json find_module(const json& status, const std::string& name) {
-  for (const auto& m : status.value("modules", json::array()))
-    if (m.value("name", "") == name) return m;
+  const auto modules = status.find("modules");
+  if (modules == status.end() || !modules->is_array()) return nullptr;
+  for (const auto& m : *modules)
+    if (m.is_object() && m.contains("name") && m["name"] == name) return m;
   return nullptr;
 }
+
+std::string module_path(const std::string& name) { return "/v1/modules/" + percent_encode(name); }
 
 }  // namespace
 
 int update_commands::push() const {
   const auto& a = push_args_;
   try {
-    endpoint_client endpoint(a.url, a.ca_cert);
+    endpoint_client endpoint(parse_endpoint_url(a.url), a.ca_cert);
     if (!a.rollback.empty()) {
       if (!a.file.empty() || a.key.empty()) {
         std::cerr << "cubridge: push --rollback NAME takes --key and no file\n";
         return exit_usage;
       }
+      const auto key = read_signing_key(a.key, a.allow_readable_key);
       // The request names the version it rolls back from: ask which one serves.
       const auto [code, status] = endpoint.call("GET", "/v1/modules");
       if (code != 200) return report_refusal(code, status);
       const auto module = find_module(status, a.rollback);
       if (module.is_null()) {
-        std::cerr << "cubridge: " << endpoint.url() << " has no module '" << a.rollback << "'\n";
+        std::cerr << "cubridge: " << endpoint.url() << " has no module '" << printable(a.rollback)
+                  << "'\n";
         return exit_failure;
       }
-      const auto from = module.value("current_version", std::uint64_t{0});
-      const auto body = sign_rollback_request(a.rollback, from, read_secret_key_file(a.key));
+      const auto from = number_field(module, "current_version", 0);
+      const auto body = sign_rollback_request(a.rollback, from, key.key);
       const auto [rc, answer] =
-          endpoint.call("POST", "/v1/modules/" + a.rollback + "/rollback", body, "text/plain");
+          endpoint.call("POST", module_path(a.rollback) + "/rollback", body, "text/plain");
       if (rc != 200) return report_refusal(rc, answer);
-      std::cout << "rolled back '" << a.rollback << "' v" << answer.value("from_version", from)
-                << " -> v" << answer.value("version", std::uint64_t{0}) << " at "
-                << endpoint.url() << "\n";
+      std::cout << "rolled back '" << printable(a.rollback) << "' v"
+                << number_field(answer, "from_version", from) << " -> v"
+                << number_field(answer, "version", 0) << " at " << endpoint.url() << "\n";
       return exit_ok;
     }
     if (a.file.empty()) {
@@ -111,7 +187,10 @@ int update_commands::push() const {
     std::vector<std::byte> bundle;
     bundle_manifest m;
     if (file.extension() == ".bundle") {
-      bundle = read_bytes(file);
+      if (!a.expires.empty())
+        throw usage_error("--expires is signed into a bundle; " + file.string() +
+                          " is signed already (give --expires to `cubridge sign`)");
+      bundle = read_input(file, max_input_bytes, "bundle").bytes;
       m = peek_manifest(bundle);
     } else {
       if (a.key.empty() || a.version == 0) {
@@ -119,58 +198,52 @@ int update_commands::push() const {
                   << " signs it first: give --key and --version (or push a .bundle)\n";
         return exit_usage;
       }
-      signing_request request{file, a.key, a.name, a.version, a.target};
+      signing_request request{file,     a.key,        a.name, a.version,
+                              a.target, std::nullopt, a.allow_readable_key};
+      if (!a.expires.empty())
+        request.expires = parse_expires(a.expires, std::chrono::system_clock::now());
+      const auto key = read_signing_key(request.key, request.allow_readable_key);
+      const auto input = read_input(file, max_input_bytes, "payload");
       if (file.extension() == ".cu") {
         // Compiled here for the target GPU, so the service loads machine code and a compile
         // error shows here rather than as a refusal.
         if (request.target.empty()) {
           const auto [code, status] = endpoint.call("GET", "/v1/modules");
           if (code != 200) return report_refusal(code, status);
-          if (!status.contains("gpu") || !status["gpu"].is_string()) {
-            std::cerr << "cubridge: " << endpoint.url() << " does not say its GPU; give --target\n";
+          const auto gpu = status.find("gpu");
+          if (gpu == status.end() || !gpu->is_string() || !is_gpu_name(gpu->get<std::string>())) {
+            std::cerr << "cubridge: " << endpoint.url() << " does not say its GPU ("
+                      << (gpu == status.end() ? "no \"gpu\"" : printable(gpu->dump()))
+                      << "); give --target\n";
             return exit_failure;
           }
-          request.target = status["gpu"].get<std::string>();
+          request.target = gpu->get<std::string>();
         }
-        const auto source = read_bytes(file);
         compile_options options;
         options.architecture = request.target;
         options.include_paths.push_back(file.parent_path().empty() ? "." : file.parent_path());
         const auto compiled = nvrtc_compile(
             {file.filename().string(),
-             std::string(reinterpret_cast<const char*>(source.data()), source.size())},
+             std::string(reinterpret_cast<const char*>(input.bytes.data()), input.bytes.size())},
             options);
         std::cout << "compiled " << file.string() << " for " << request.target << " ("
                   << compiled.cubin.size() << " bytes)\n";
-        const auto cubin = std::filesystem::temp_directory_path() /
-                           ("cubridge-push-" + std::to_string(::getpid()) + ".cubin");
-        {
-          std::ofstream out(cubin, std::ios::binary | std::ios::trunc);
-          out.write(reinterpret_cast<const char*>(compiled.cubin.data()),
-                    static_cast<std::streamsize>(compiled.cubin.size()));
-        }
-        if (request.name.empty()) request.name = file.stem().string();
-        request.file = cubin;
-        try {
-          bundle = sign_file(request, &m);
-        } catch (...) {
-          std::filesystem::remove(cubin);
-          throw;
-        }
-        std::filesystem::remove(cubin);
+        // Signed from memory: the machine code never passes through a file another user could
+        // plant or swap.
+        bundle = sign_payload(request, compiled.cubin, false, key.key, &m);
       } else {
-        bundle = sign_file(request, &m);
+        bundle = sign_payload(request, input.bytes, false, key.key, &m);
       }
     }
     const std::string name = a.name.empty() ? m.name : a.name;
     const auto [code, answer] =
-        endpoint.call("PUT", "/v1/modules/" + name,
+        endpoint.call("PUT", module_path(name),
                       std::string(reinterpret_cast<const char*>(bundle.data()), bundle.size()),
                       "application/octet-stream");
     if (code != 200) return report_refusal(code, answer);
-    std::cout << "promoted '" << answer.value("module", name) << "' v"
-              << answer.value("version", m.version) << " (was v"
-              << answer.value("previous_version", std::uint64_t{0}) << ") at " << endpoint.url()
+    std::cout << "promoted '" << text_field(answer, "module", printable(name)) << "' v"
+              << number_field(answer, "version", m.version) << " (was v"
+              << number_field(answer, "previous_version", 0) << ") at " << endpoint.url()
               << "\n";
     return exit_ok;
   } catch (const unreachable& e) {

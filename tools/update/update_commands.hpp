@@ -18,8 +18,10 @@ class update_commands {
   /// True when the command line named keygen, sign or push.
   [[nodiscard]] bool parsed() const;
   /// Runs what was parsed and returns the exit status (tools/exit_codes.hpp): exit_ok,
-  /// exit_failure (bad input, refused by the endpoint), exit_unreachable (no answer).
-  /// Reports every error in one line on stderr. Never throws.
+  /// exit_failure (bad input file, refused by the endpoint, its TLS certificate not trusted),
+  /// exit_usage (a command line wrong in a way CLI11 could not see: a bad URL or --expires, an
+  /// output that is an input), exit_unreachable (no answer). Reports every error in one line on
+  /// stderr. Never throws.
   [[nodiscard]] int run() const noexcept;
 
  private:
@@ -31,12 +33,14 @@ class update_commands {
     bool force = false;
   } keygen_args_;
   struct {
-    std::string key, name, target, file, out;
+    std::string key, name, target, file, out, expires;
     std::uint64_t version = 0;
+    bool allow_readable_key = false;
   } sign_args_;
   struct {
-    std::string url, file, key, name, target, rollback, ca_cert;
+    std::string url, file, key, name, target, rollback, ca_cert, expires;
     std::uint64_t version = 0;
+    bool allow_readable_key = false;
   } push_args_;
 
   int keygen() const;

@@ -1,0 +1,61 @@
+#pragma once
+// A module_sink in memory for the CLI tests (update_test_server, test_cli): per module the
+// serving version and one to roll back to, as hot_module keeps them; no GPU.
+#include <cubridge/module_sink.hpp>
+
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace cubridge::testing {
+
+class memory_sink final : public cubridge::module_sink {
+ public:
+  explicit memory_sink(int sm = 90) : sm_(sm) {}
+  int device_sm() const override { return sm_; }
+  std::uint64_t current_version(std::string_view name) const override {
+    std::lock_guard lock(mutex_);
+    const auto it = modules_.find(std::string(name));
+    return it == modules_.end() ? 0 : it->second.first;
+  }
+  cubridge::sink_result apply(const cubridge::verified_bundle& bundle) override {
+    std::lock_guard lock(mutex_);
+    auto& [current, previous] = modules_[bundle.manifest.name];
+    previous = current;
+    current = bundle.version();
+    payloads_[bundle.manifest.name] = bundle.payload;
+    return {cubridge::sink_outcome::done, current, {}};
+  }
+  cubridge::sink_result rollback(std::string_view name) override {
+    std::lock_guard lock(mutex_);
+    const auto it = modules_.find(std::string(name));
+    if (it == modules_.end()) return {cubridge::sink_outcome::unknown_module, 0, "no such module"};
+    auto& [current, previous] = it->second;
+    if (previous == 0) return {cubridge::sink_outcome::no_previous_version, current, "none"};
+    std::swap(current, previous);
+    return {cubridge::sink_outcome::done, current, {}};
+  }
+  std::vector<cubridge::module_report> status() const override {
+    std::lock_guard lock(mutex_);
+    std::vector<cubridge::module_report> out;
+    for (const auto& [name, v] : modules_)
+      out.push_back({name, v.first, {v.second, v.first}, 0, {}});
+    return out;
+  }
+  /// The payload last applied to `name` (empty when none).
+  std::vector<std::byte> payload(const std::string& name) const {
+    std::lock_guard lock(mutex_);
+    const auto it = payloads_.find(name);
+    return it == payloads_.end() ? std::vector<std::byte>{} : it->second;
+  }
+
+ private:
+  int sm_;
+  mutable std::mutex mutex_;
+  std::map<std::string, std::pair<std::uint64_t, std::uint64_t>> modules_;
+  std::map<std::string, std::vector<std::byte>> payloads_;
+};
+
+}  // namespace cubridge::testing
