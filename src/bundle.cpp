@@ -1,5 +1,6 @@
 // Signed module bundles; the format is specified in docs/bundle-format.md.
 #include <cubridge/bundle.hpp>
+#include <cubridge/detail/file_io.hpp>
 #include <cubridge/detail/signing.hpp>
 #include <cubridge/image.hpp>
 
@@ -178,7 +179,47 @@ std::optional<std::chrono::sys_seconds> parse_time_text(std::string_view s) {
          std::chrono::seconds{second};
 }
 
+// Empty when `text` has no NUL byte and is valid UTF-8 (RFC 3629: no overlong forms, no
+// surrogates, nothing above U+10FFFF), else what is wrong and at which byte.
+std::string signed_text_problem(std::string_view text) {
+  const auto* s = reinterpret_cast<const unsigned char*>(text.data());
+  const std::size_t n = text.size();
+  for (std::size_t i = 0; i < n;) {
+    const unsigned c = s[i];
+    if (c == 0) return "NUL byte at offset " + std::to_string(i);
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    std::size_t length = 0;
+    unsigned low = 0x80, high = 0xBF;  // allowed range of the second byte
+    if (c >= 0xC2 && c <= 0xDF) {
+      length = 2;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      length = 3;
+      if (c == 0xE0) low = 0xA0;   // overlong
+      if (c == 0xED) high = 0x9F;  // surrogates
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      length = 4;
+      if (c == 0xF0) low = 0x90;   // overlong
+      if (c == 0xF4) high = 0x8F;  // above U+10FFFF
+    } else {
+      return "invalid UTF-8 at offset " + std::to_string(i);
+    }
+    if (n - i < length) return "truncated UTF-8 sequence at offset " + std::to_string(i);
+    if (s[i + 1] < low || s[i + 1] > high)
+      return "invalid UTF-8 at offset " + std::to_string(i);
+    for (std::size_t k = 2; k < length; ++k)
+      if (s[i + k] < 0x80 || s[i + k] > 0xBF)
+        return "invalid UTF-8 at offset " + std::to_string(i);
+    i += length;
+  }
+  return {};
+}
+
 // --- strict manifest reader -----------------------------------------------------------------
+
+std::string printable(std::string_view name);
 
 using json = nlohmann::json;
 
@@ -204,10 +245,10 @@ struct manifest_reader {
     if (depth != 1) return stop("manifest is not a JSON object");
     return true;
   }
-  bool null() { return stop("field '" + current() + "' is null"); }
-  bool boolean(bool) { return stop("field '" + current() + "' is a boolean"); }
+  bool null() { return stop("field " + current() + " is null"); }
+  bool boolean(bool) { return stop("field " + current() + " is a boolean"); }
   bool number_integer(json::number_integer_t) {
-    return stop("field '" + current() + "' is a negative number");
+    return stop("field " + current() + " is a negative number");
   }
   bool number_unsigned(json::number_unsigned_t v) {
     if (!value_ok()) return false;
@@ -215,7 +256,7 @@ struct manifest_reader {
     return true;
   }
   bool number_float(json::number_float_t, const json::string_t&) {
-    return stop("field '" + current() + "' is not an unsigned integer");
+    return stop("field " + current() + " is not an unsigned integer");
   }
   bool string(json::string_t& v) {
     if (!value_ok()) return false;
@@ -224,13 +265,13 @@ struct manifest_reader {
   }
   bool binary(json::binary_t&) { return stop("binary value"); }
   bool start_object(std::size_t) {
-    if (depth != 0) return stop("field '" + current() + "' is an object");
+    if (depth != 0) return stop("field " + current() + " is an object");
     ++depth;
     return true;
   }
   bool key(json::string_t& k) {
     for (const auto& f : fields)
-      if (f.key == k) return stop("duplicate field '" + k + "'");
+      if (f.key == k) return stop("duplicate field " + printable(k));
     fields.push_back({std::move(k), std::nullopt, std::nullopt});
     return true;
   }
@@ -240,20 +281,25 @@ struct manifest_reader {
   }
   bool start_array(std::size_t) {
     return stop(depth == 0 ? "manifest is not a JSON object"
-                           : "field '" + current() + "' is an array");
+                           : "field " + current() + " is an array");
   }
   bool end_array() { return true; }
   bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) {
     syntax_problem = e.what();
     return false;
   }
+  // The field being read, for messages: from untrusted input, so printable and bounded.
   std::string current() const {
-    return fields.empty() ? std::string("(top level)") : fields.back().key;
+    return fields.empty() ? std::string("(top level)") : printable(fields.back().key);
   }
 };
 
 bundle_manifest read_manifest(std::string_view bytes) {
   constexpr const char* call = "verify_bundle (manifest)";
+  // Before the parser: nlohmann's lexer takes a NUL for the end of the input, so whatever
+  // follows one (more JSON, invalid UTF-8) would be signed but never read.
+  if (auto problem = signed_text_problem(bytes); !problem.empty())
+    refuse(bundle_reason::malformed_manifest, call, "manifest: " + problem);
   manifest_reader reader;
   bool ok = false;
   try {
@@ -270,11 +316,13 @@ bundle_manifest read_manifest(std::string_view bytes) {
   }
 
   bundle_manifest m;
-  const std::array<std::string_view, 8> required = {
-      "name", "version", "target", "kind", "payload_sha256", "payload_size", "created", "key_id"};
+  const std::array<std::string_view, 9> known = {"name",         "version", "target",
+                                                 "kind",         "payload_sha256",
+                                                 "payload_size", "created", "key_id",
+                                                 "expires"};  // the last one optional
   for (const auto& f : reader.fields)
-    if (std::find(required.begin(), required.end(), f.key) == required.end())
-      refuse(bundle_reason::invalid_manifest, call, "unknown field '" + f.key + "'");
+    if (std::find(known.begin(), known.end(), f.key) == known.end())
+      refuse(bundle_reason::invalid_manifest, call, "unknown field " + printable(f.key));
   auto find = [&](std::string_view key) -> const manifest_reader::field& {
     for (const auto& f : reader.fields)
       if (f.key == key) return f;
@@ -316,6 +364,16 @@ bundle_manifest read_manifest(std::string_view bytes) {
   if (!created)
     refuse(bundle_reason::invalid_manifest, call, "created is not YYYY-MM-DDTHH:MM:SSZ");
   m.created_time = *created;
+  if (std::any_of(reader.fields.begin(), reader.fields.end(),
+                  [](const auto& f) { return f.key == "expires"; })) {
+    m.expires = text("expires");
+    m.expires_time = parse_time_text(m.expires);
+    if (!m.expires_time)
+      refuse(bundle_reason::invalid_manifest, call, "expires is not YYYY-MM-DDTHH:MM:SSZ");
+    if (*m.expires_time <= m.created_time)
+      refuse(bundle_reason::invalid_manifest, call,
+             "expires " + m.expires + " is not after created " + m.created);
+  }
   const auto& id = text("key_id");
   if (!is_lower_hex(id, 16) || !parse_hex(id, m.key_id))
     refuse(bundle_reason::invalid_manifest, call, "key_id is not 16 lower-case hex digits");
@@ -364,6 +422,8 @@ std::string_view to_string(bundle_reason reason) noexcept {
       return "unsigned_bundle";
     case bundle_reason::bad_signature:
       return "bad_signature";
+    case bundle_reason::expired:
+      return "expired";
     case bundle_reason::payload_mismatch:
       return "payload_mismatch";
     case bundle_reason::payload_kind_mismatch:
@@ -469,29 +529,18 @@ std::array<std::byte, 32> key_bytes_from_text(std::string_view text, std::string
   return bytes;
 }
 
+// A regular file only (a FIFO would block the reader), sized before it is read.
 std::string read_small_file(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) detail::throw_errc(errc::io, "read key file", "cannot open '" + path.string() + "'");
-  std::string text(4097, '\0');
-  in.read(text.data(), static_cast<std::streamsize>(text.size()));
-  if (in.bad())
-    detail::throw_errc(errc::io, "read key file", "cannot read '" + path.string() + "'");
-  text.resize(static_cast<std::size_t>(in.gcount()));
-  if (text.size() > 4096)
-    detail::throw_errc(errc::io, "read key file", "'" + path.string() + "' is over 4 KiB");
+  auto bytes = detail::read_regular_file(path, 4096, "key file");
+  std::string text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  sodium_memzero(bytes.data(), bytes.size());
   return text;
 }
 
+// Through a fresh file renamed into place: a symlink at `path` is replaced, never written
+// through, and a reader never sees half a key.
 void write_text_file(const std::filesystem::path& path, const std::string& text, mode_t mode) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
-  if (fd < 0)
-    detail::throw_errc(errc::io, "write key file", "cannot create '" + path.string() + "'");
-  // An existing file keeps its mode under O_CREAT; tighten it explicitly.
-  const bool ok = ::fchmod(fd, mode) == 0 &&
-                  ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
-  const bool closed = ::close(fd) == 0;
-  if (!ok || !closed)
-    detail::throw_errc(errc::io, "write key file", "cannot write '" + path.string() + "'");
+  detail::write_file_atomically(path, std::as_bytes(std::span(text)), mode, true, "key file");
 }
 }  // namespace
 
@@ -565,6 +614,18 @@ std::string manifest_json(const bundle_manifest_input& input, std::span<const st
   m["payload_sha256"] = sha256_hex(payload);
   m["payload_size"] = static_cast<std::uint64_t>(payload.size());
   m["created"] = format_time_text(created);
+  if (!parse_time_text(m["created"].get<std::string>()))
+    refuse(bundle_reason::invalid_manifest, call, "created is not a year 0000 to 9999 time");
+  if (input.expires) {
+    const auto expires = std::chrono::floor<std::chrono::seconds>(*input.expires);
+    if (expires <= created)
+      refuse(bundle_reason::invalid_manifest, call,
+             "expires " + format_time_text(expires) + " is not after created " +
+                 format_time_text(created));
+    if (!parse_time_text(format_time_text(expires)))
+      refuse(bundle_reason::invalid_manifest, call, "expires is not a year 0000 to 9999 time");
+    m["expires"] = format_time_text(expires);
+  }
   m["key_id"] = to_hex(signer.id());
   try {
     return m.dump();  // keys sorted, compact, UTF-8
@@ -578,6 +639,14 @@ std::string format_time(std::chrono::sys_seconds time) {
 }
 std::optional<std::chrono::sys_seconds> parse_time(std::string_view text) {
   return parse_time_text(text);
+}
+
+std::string check_signed_text(std::string_view text) {
+  return signed_text_problem(text);
+}
+
+std::string printable(std::string_view text) {
+  return cubridge::printable(text);
 }
 
 std::vector<std::byte> sign_bundle_unchecked(std::string_view manifest,
@@ -710,7 +779,21 @@ verified_bundle verify_bundle(std::span<const std::byte> bytes, const trusted_ke
     refuse(bundle_reason::bad_signature, call,
            who + ": signature does not verify with key " + to_hex(manifest.key_id));
 
-  // 7. Payload size and hash.
+  // 7. Expiry, against the receiver's clock: only once the signature vouches for the times.
+  const auto now = std::chrono::floor<std::chrono::seconds>(
+      limits.now.value_or(std::chrono::system_clock::now()));
+  if (manifest.expires_time && now >= *manifest.expires_time)
+    refuse(bundle_reason::expired, call,
+           who + ": expired at " + manifest.expires + ", it is " + format_time_text(now));
+  if (!manifest.expires_time && limits.require_expiry)
+    refuse(bundle_reason::expired, call,
+           who + ": has no expires field and this receiver requires one");
+  if (limits.max_age && now - manifest.created_time > *limits.max_age)
+    refuse(bundle_reason::expired, call,
+           who + ": created " + manifest.created + ", more than " +
+               std::to_string(limits.max_age->count()) + " s before " + format_time_text(now));
+
+  // 8. Payload size and hash.
   if (manifest.payload_size != payload.size())
     refuse(bundle_reason::payload_mismatch, call,
            who + ": payload is " + std::to_string(payload.size()) + " bytes, manifest says " +
@@ -719,7 +802,7 @@ verified_bundle verify_bundle(std::span<const std::byte> bytes, const trusted_ke
     refuse(bundle_reason::payload_mismatch, call,
            who + ": payload SHA-256 differs from the manifest's");
 
-  // 8. Payload kind and target.
+  // 9. Payload kind and target.
   if (manifest.kind == payload_kind::cuda_source) {
     if (std::find(payload.begin(), payload.end(), std::byte{0}) != payload.end())
       refuse(bundle_reason::payload_kind_mismatch, call, who + ": CUDA source contains a NUL byte");

@@ -29,6 +29,10 @@ std::string sign_line(std::string_view line, const secret_key& key) {
 // Line 1 as one flat JSON object: a DOM parse with a callback that refuses nesting and
 // duplicate keys (nlohmann would keep the last of duplicates silently).
 json parse_request_line(std::string_view line) {
+  // Before the parser: nlohmann's lexer takes a NUL for the end of the input, so whatever
+  // follows one (more fields, invalid UTF-8) would be signed but never read.
+  if (auto problem = detail::check_signed_text(line); !problem.empty())
+    refuse(bundle_reason::malformed_manifest, verify_call, "request line: " + problem);
   std::set<std::string> keys;
   std::string problem;
   bool duplicate = false;
@@ -40,7 +44,7 @@ json parse_request_line(std::string_view line) {
     }
     if (event == json::parse_event_t::key && !keys.insert(parsed.get<std::string>()).second) {
       duplicate = true;
-      if (problem.empty()) problem = "duplicate field '" + parsed.get<std::string>() + "'";
+      if (problem.empty()) problem = "duplicate field " + detail::printable(parsed.get<std::string>());
     }
     return true;
   };
@@ -124,7 +128,7 @@ rollback_request verify_rollback_request(std::string_view body, const trusted_ke
                                                             "key_id", "module",  "nonce"};
   for (const auto& [field, value] : request.items())
     if (std::find(known.begin(), known.end(), field) == known.end())
-      refuse(bundle_reason::invalid_manifest, verify_call, "unknown field '" + field + "'");
+      refuse(bundle_reason::invalid_manifest, verify_call, "unknown field " + detail::printable(field));
 
   rollback_request out;
   const auto& id_text = text_field(request, "key_id");

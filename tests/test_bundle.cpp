@@ -64,6 +64,11 @@ class BundleTest : public ::testing::Test {
   std::string manifest(const cubridge::bundle_manifest_input& in) const {
     return cubridge::detail::manifest_json(in, cubin, keys.public_key);
   }
+  // `json` with the value of "name" replaced by `name` as raw bytes.
+  static std::string replace_name(std::string json, const std::string& name) {
+    const auto at = json.find("\"name\":\"") + 8;
+    return json.replace(at, json.find('"', at) - at, name);
+  }
   bytes signed_with_manifest(const std::string& json) const {
     return cubridge::detail::sign_bundle_unchecked(json, cubin, keys.secret_key);
   }
@@ -304,6 +309,164 @@ TEST_F(BundleTest, IllTypedFieldsAreRefused) {
   }
 }
 
+// nlohmann's lexer ends its input at a NUL byte: without a check of its own, the verifier would
+// accept a signed manifest with anything after a NUL (more JSON, invalid UTF-8) that another
+// parser reads differently.
+TEST_F(BundleTest, NulBytesAndInvalidUtf8AnywhereAreRefused) {
+  const auto json = manifest(input());
+  const std::string nul(1, '\0');
+  for (const std::string& bad :
+       {json + nul, json + nul + "garbage", json + nul + "\xff\xfe", json + nul + json,
+        json.substr(0, json.size() - 1) + nul + "}", nul + json,
+        json + "\xff", json + " \xc0\xaf",
+        // in a string: overlong '/', a UTF-16 surrogate, beyond U+10FFFF, truncated
+        replace_name(json, "a\xc0\xaf" "b"), replace_name(json, "a\xed\xa0\x80" "b"),
+        replace_name(json, "a\xf4\x90\x80\x80" "b"), replace_name(json, "a\xe2\x82")}) {
+    SCOPED_TRACE(::testing::PrintToString(bad));
+    EXPECT_REFUSED(cubridge::verify_bundle(signed_with_manifest(bad), trusted),
+                   bundle_reason::malformed_manifest);
+  }
+  try {
+    (void)cubridge::verify_bundle(signed_with_manifest(json + nul + "x"), trusted);
+    ADD_FAILURE() << "a manifest with a NUL byte verified";
+  } catch (const bundle_error& e) {
+    EXPECT_NE(e.involved().find("NUL byte at offset " + std::to_string(json.size())),
+              std::string::npos)
+        << e.what();
+  }
+  // Valid UTF-8 of every length still verifies (a name is any UTF-8 without control characters).
+  EXPECT_NO_THROW((void)cubridge::verify_bundle(
+      signed_with_manifest(replace_name(json, "\xc3\xa9t\xc3\xa9-\xe2\x82\xac-\xf0\x9f\x9a\x80")),
+      trusted));
+}
+
+TEST_F(BundleTest, VersionsAreExactlyTheUnsignedSixtyFourBitIntegers) {
+  const auto json = manifest(input());
+  auto with_version = [&](const std::string& version) {
+    auto out = json;
+    out.replace(out.find("\"version\":3"), 11, "\"version\":" + version);
+    return out;
+  };
+  EXPECT_EQ(cubridge::verify_bundle(signed_with_manifest(with_version("18446744073709551615")),
+                                    trusted)
+                .version(),
+            18446744073709551615u);
+  EXPECT_EQ(cubridge::verify_bundle(
+                cubridge::sign_bundle(input("filters", 18446744073709551615u), cubin,
+                                      keys.secret_key),
+                trusted)
+                .version(),
+            18446744073709551615u);
+  for (const std::string& bad :
+       {std::string("18446744073709551616"), std::string("36893488147419103232"),
+        std::string("1e3"), std::string("1E3"), std::string("1.0"), std::string("3.5"),
+        std::string("-1"), std::string("-0"), std::string("\"5\""), std::string("0")}) {
+    SCOPED_TRACE(bad);
+    EXPECT_REFUSED(cubridge::verify_bundle(signed_with_manifest(with_version(bad)), trusted),
+                   bundle_reason::invalid_manifest);
+  }
+  for (const std::string& bad : {std::string("+5"), std::string("05"), std::string("0x5")}) {
+    SCOPED_TRACE(bad);
+    EXPECT_REFUSED(cubridge::verify_bundle(signed_with_manifest(with_version(bad)), trusted),
+                   bundle_reason::malformed_manifest);
+  }
+}
+
+// --- expiry -------------------------------------------------------------------------------------
+
+TEST_F(BundleTest, ExpiresIsSignedAndEnforcedAgainstTheClock) {
+  const auto created = *input().created;
+  auto in = input();
+  in.expires = created + std::chrono::hours{24} + std::chrono::milliseconds{999};  // cut to s
+  const auto bundle = cubridge::sign_bundle(in, cubin, keys.secret_key);
+  EXPECT_NE(as_text(bundle).find("\"expires\":\"2026-11-30T12:00:00Z\""), std::string::npos);
+  cubridge::verify_limits limits;
+  limits.now = created + std::chrono::hours{1};
+  const auto verified = cubridge::verify_bundle(bundle, trusted, limits);
+  EXPECT_EQ(verified.manifest.expires, "2026-11-30T12:00:00Z");
+  ASSERT_TRUE(verified.manifest.expires_time.has_value());
+  EXPECT_EQ(*verified.manifest.expires_time,
+            std::chrono::sys_days{std::chrono::year{2026} / 11 / 30} + std::chrono::hours{12});
+  limits.now = created + std::chrono::hours{24} - std::chrono::seconds{1};
+  EXPECT_NO_THROW((void)cubridge::verify_bundle(bundle, trusted, limits));
+  limits.now = created + std::chrono::hours{24};  // valid strictly before `expires`
+  EXPECT_REFUSED(cubridge::verify_bundle(bundle, trusted, limits), bundle_reason::expired);
+  limits.now = created + std::chrono::hours{24 * 400};
+  EXPECT_REFUSED(cubridge::verify_bundle(bundle, trusted, limits), bundle_reason::expired);
+  // The default clock is the system's: a bundle that expired in 2000 is refused today.
+  auto old = input();
+  old.created = std::chrono::sys_days{std::chrono::year{1999} / 1 / 1};
+  old.expires = std::chrono::sys_days{std::chrono::year{2000} / 1 / 1};
+  EXPECT_REFUSED(cubridge::verify_bundle(cubridge::sign_bundle(old, cubin, keys.secret_key), trusted),
+                 bundle_reason::expired);
+  // The expiry is covered by the signature: pushing it later breaks the signature, which is
+  // reported first.
+  auto moved = as_text(bundle);
+  moved.replace(moved.find("2026-11-30T12"), 13, "2099-11-30T12");
+  limits.now = created + std::chrono::hours{48};
+  EXPECT_REFUSED(cubridge::verify_bundle(as_bytes(moved), trusted, limits),
+                 bundle_reason::bad_signature);
+}
+
+TEST_F(BundleTest, BundlesWithoutExpiresNeverExpireUnlessTheReceiverSaysSo) {
+  const auto bundle = cubridge::sign_bundle(input(), cubin, keys.secret_key);
+  EXPECT_EQ(as_text(bundle).find("expires"), std::string::npos) << "format unchanged without it";
+  cubridge::verify_limits limits;
+  limits.now = *input().created + std::chrono::hours{24 * 365 * 50};
+  const auto verified = cubridge::verify_bundle(bundle, trusted, limits);
+  EXPECT_EQ(verified.manifest.expires, "");
+  EXPECT_FALSE(verified.manifest.expires_time.has_value());
+  limits.require_expiry = true;
+  EXPECT_REFUSED(cubridge::verify_bundle(bundle, trusted, limits), bundle_reason::expired);
+  auto in = input();
+  in.expires = *in.created + std::chrono::hours{24 * 365 * 100};
+  EXPECT_NO_THROW(
+      (void)cubridge::verify_bundle(cubridge::sign_bundle(in, cubin, keys.secret_key), trusted, limits));
+}
+
+TEST_F(BundleTest, MaxAgeRefusesBundlesCreatedLongAgo) {
+  const auto bundle = cubridge::sign_bundle(input(), cubin, keys.secret_key);
+  cubridge::verify_limits limits;
+  limits.now = *input().created + std::chrono::hours{2};
+  limits.max_age = std::chrono::hours{3};
+  EXPECT_NO_THROW((void)cubridge::verify_bundle(bundle, trusted, limits));
+  limits.max_age = std::chrono::hours{2};
+  EXPECT_NO_THROW((void)cubridge::verify_bundle(bundle, trusted, limits));
+  limits.max_age = std::chrono::hours{1};
+  EXPECT_REFUSED(cubridge::verify_bundle(bundle, trusted, limits), bundle_reason::expired);
+}
+
+TEST_F(BundleTest, ExpiresMustBeAWellFormedTimeAfterCreated) {
+  auto in = input();
+  in.expires = in.created;
+  EXPECT_REFUSED(cubridge::sign_bundle(in, cubin, keys.secret_key), bundle_reason::invalid_manifest);
+  in.expires = *in.created - std::chrono::seconds{1};
+  EXPECT_REFUSED(cubridge::sign_bundle(in, cubin, keys.secret_key), bundle_reason::invalid_manifest);
+  in.expires = *in.created + std::chrono::milliseconds{500};  // the same second once cut
+  EXPECT_REFUSED(cubridge::sign_bundle(in, cubin, keys.secret_key), bundle_reason::invalid_manifest);
+  const auto json = manifest(input());
+  auto with_expires = [&](const std::string& value) {
+    auto out = json;
+    out.insert(out.find(",\"key_id\""), ",\"expires\":" + value);
+    return out;
+  };
+  EXPECT_NO_THROW((void)cubridge::verify_bundle(
+      signed_with_manifest(with_expires("\"2126-11-29T12:00:00Z\"")), trusted));
+  for (const std::string& bad :
+       {std::string("\"2026-11-29T12:00:00Z\""), std::string("\"2026-11-29T11:59:59Z\""),
+        std::string("\"2126-11-29 12:00:00\""), std::string("\"never\""), std::string("\"\""),
+        std::string("4102444800"), std::string("null")}) {
+    SCOPED_TRACE(bad);
+    EXPECT_REFUSED(cubridge::verify_bundle(signed_with_manifest(with_expires(bad)), trusted),
+                   bundle_reason::invalid_manifest);
+  }
+  EXPECT_REFUSED(cubridge::verify_bundle(
+                     signed_with_manifest(with_expires("\"2126-11-29T12:00:00Z\",\"expires\":"
+                                                       "\"2127-11-29T12:00:00Z\"")),
+                     trusted),
+                 bundle_reason::malformed_manifest);
+}
+
 TEST_F(BundleTest, BadNamesAreRefused) {
   const std::string null_name("a\0b", 3);
   for (const auto& name :
@@ -444,6 +607,16 @@ TEST_F(BundleTest, WriteFuzzSeeds) {
         cubridge::detail::sign_bundle_unchecked(
             "{\"created\":\"2026-11-29T12:00:00Z\",\"extra\":[1,{}],\"kind\":\"cuda_source\"}",
             source, key));
+  auto expiring = input("e", 3, "sm_90", cubridge::payload_kind::cuda_source);
+  expiring.expires = std::chrono::sys_days{std::chrono::year{2126} / 1 / 1};
+  write("source_expires_2126.bundle", cubridge::sign_bundle(expiring, source, key));
+  expiring.expires = *expiring.created + std::chrono::seconds{1};
+  write("source_expired.bundle", cubridge::sign_bundle(expiring, source, key));
+  const auto manifest_text = cubridge::detail::manifest_json(
+      input("n", 1, "sm_90", cubridge::payload_kind::cuda_source), source, key.public_key());
+  write("nul_after_manifest.bundle",
+        cubridge::detail::sign_bundle_unchecked(manifest_text + std::string(1, '\0') + "\xff{}",
+                                                source, key));
 }
 
 }  // namespace

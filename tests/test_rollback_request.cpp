@@ -128,6 +128,63 @@ TEST_F(RollbackRequestTest, EveryRefusalHasItsReason) {
                  bundle_reason::bad_signature);
 }
 
+// nlohmann's lexer ends its input at a NUL byte: without a check of its own, the verifier would
+// accept a signed request line with anything after a NUL that another parser reads differently.
+TEST_F(RollbackRequestTest, NulBytesAndInvalidUtf8AnywhereAreRefused) {
+  const auto body = cubridge::sign_rollback_request("filters", 7, keys.secret_key, noon);
+  const auto line = body.substr(0, body.find('\n'));
+  auto sign = [&](const std::string& l) {
+    return cubridge::detail::sign_rollback_line_unchecked(l, keys.secret_key);
+  };
+  const std::string nul(1, '\0');
+  auto module = [&](const std::string& raw) {
+    auto l = line;
+    return l.replace(l.find("filters"), 7, raw);
+  };
+  for (const std::string& bad :
+       {line + nul, line + nul + ",\"module\":\"other\"}", line + nul + "\xff\xfe",
+        line + "\xff", module("fil\xc0\xaf" "ters"), module("fil\xed\xa0\x80" "ters"),
+        module("fil\xe2\x82")}) {
+    SCOPED_TRACE(::testing::PrintToString(bad));
+    EXPECT_REFUSED(cubridge::verify_rollback_request(sign(bad), trusted),
+                   bundle_reason::malformed_manifest);
+  }
+  // A NUL in the signature line is no signature either.
+  EXPECT_REFUSED(cubridge::verify_rollback_request(body.substr(0, body.size() - 1) + nul, trusted),
+                 bundle_reason::malformed);
+  // Valid UTF-8 in the module name still verifies.
+  EXPECT_EQ(cubridge::verify_rollback_request(sign(module("\xc3\xa9t\xc3\xa9\xf0\x9f\x9a\x80")),
+                                              trusted)
+                .module,
+            "\xc3\xa9t\xc3\xa9\xf0\x9f\x9a\x80");
+}
+
+TEST_F(RollbackRequestTest, FromVersionIsExactlyAnUnsignedSixtyFourBitInteger) {
+  const auto body = cubridge::sign_rollback_request("filters", 7, keys.secret_key, noon);
+  const auto line = body.substr(0, body.find('\n'));
+  auto with_version = [&](const std::string& version) {
+    auto l = line;
+    l.replace(l.find("\"from_version\":7"), 16, "\"from_version\":" + version);
+    return cubridge::detail::sign_rollback_line_unchecked(l, keys.secret_key);
+  };
+  EXPECT_EQ(cubridge::verify_rollback_request(with_version("18446744073709551615"), trusted)
+                .from_version,
+            18446744073709551615u);
+  EXPECT_EQ(cubridge::verify_rollback_request(
+                cubridge::sign_rollback_request("filters", 18446744073709551615u, keys.secret_key),
+                trusted)
+                .from_version,
+            18446744073709551615u);
+  for (const std::string& bad :
+       {std::string("18446744073709551616"), std::string("1e3"), std::string("1.0"),
+        std::string("-1"), std::string("-0"), std::string("\"5\""), std::string("0"),
+        std::string("null"), std::string("true")}) {
+    SCOPED_TRACE(bad);
+    EXPECT_REFUSED(cubridge::verify_rollback_request(with_version(bad), trusted),
+                   bundle_reason::invalid_manifest);
+  }
+}
+
 // Writes the fuzzer's seed requests (fuzz/corpus/rollback/) when CUBRIDGE_WRITE_ROLLBACK_SEEDS
 // names a directory; they are signed with the fuzzer's fixed key (the same text as in
 // fuzz/rollback_fuzz.cpp). Fixed nonces, so that rewriting them changes nothing.
@@ -207,6 +264,11 @@ TEST_F(RollbackRequestTest, WriteFuzzSeeds) {
                      "\",\"module\":\"filters\",\"nonce\":\"00112233445566778899aabbccddeeff\"}"),
                 bundle_reason::invalid_manifest);
   write_refused("fractional_version.req", sign(line("filters", "7.0")),
+                bundle_reason::invalid_manifest);
+  write_refused("nul_after_line.req",
+                sign(request_line + std::string(1, '\0') + ",\"module\":\"other\"}"),
+                bundle_reason::malformed_manifest);
+  write_refused("exponent_version.req", sign(line("filters", "1e3")),
                 bundle_reason::invalid_manifest);
 }
 

@@ -37,6 +37,8 @@ enum class bundle_reason {
   unknown_key,            ///< the manifest's key id is not among the trusted keys
   unsigned_bundle,        ///< the signature is all zero bytes
   bad_signature,          ///< the signature does not verify with the trusted key
+  expired,                ///< past its signed `expires`, `created` older than the receiver's
+                          ///< max_age, or no `expires` where the receiver requires one
   payload_mismatch,       ///< payload size or SHA-256 differ from the manifest
   payload_kind_mismatch,  ///< payload is not what the manifest's kind says (per inspect_image)
   target_mismatch,        ///< the image has no code that runs on the manifest's target
@@ -161,6 +163,9 @@ struct bundle_manifest_input {
   payload_kind kind = payload_kind::cubin;
   /// Creation time; the current time when not given. Whole seconds (sub-seconds are cut).
   std::optional<std::chrono::system_clock::time_point> created;
+  /// Optional expiry: verify_bundle refuses the bundle from this time on. Whole seconds
+  /// (sub-seconds are cut); must be after `created`. None: the bundle never expires.
+  std::optional<std::chrono::system_clock::time_point> expires;
 };
 
 /// A manifest as read from a verified bundle.
@@ -177,6 +182,9 @@ struct bundle_manifest {
   /// RFC 3339 UTC, "YYYY-MM-DDTHH:MM:SSZ".
   std::string created;
   std::chrono::sys_seconds created_time{};
+  /// The signed expiry, same form as `created`; empty (and expires_time nullopt) when none.
+  std::string expires;
+  std::optional<std::chrono::sys_seconds> expires_time;
   cubridge::key_id key_id{};
 };
 
@@ -186,6 +194,13 @@ struct verify_limits {
   std::size_t max_bundle_bytes = std::size_t{64} << 20;
   /// Largest manifest accepted, in bytes.
   std::size_t max_manifest_bytes = std::size_t{16} << 10;
+  /// The time expiry is checked against; nullopt: the system clock (an override is for tests
+  /// and for receivers with a clock of their own).
+  std::optional<std::chrono::system_clock::time_point> now;
+  /// Refuse (bundle_reason::expired) bundles without an `expires` field.
+  bool require_expiry = false;
+  /// Refuse (bundle_reason::expired) bundles whose `created` is more than this before `now`.
+  std::optional<std::chrono::seconds> max_age;
 };
 
 /// A bundle that passed every check of verify_bundle.
@@ -198,14 +213,17 @@ struct verified_bundle {
 
 /// Builds and signs a bundle of `payload` described by `input` with `key`; computes the payload's
 /// SHA-256, size and the key id itself. Does not inspect the payload (verify_bundle does).
-/// Throws cubridge::bundle_error (invalid_manifest) when `input` breaks the schema.
+/// Throws cubridge::bundle_error (invalid_manifest) when `input` breaks the schema (including an
+/// `expires` not after `created`).
 [[nodiscard]] std::vector<std::byte> sign_bundle(const bundle_manifest_input& input,
                                                  std::span<const std::byte> payload,
                                                  const secret_key& key);
 
 /// Verifies a bundle and returns its manifest and payload. Checks, in this order, each failure
 /// with its own bundle_reason: total size, magic, format version, lengths, manifest JSON and
-/// schema, key id trusted, signature (all-zero: unsigned_bundle), payload size and SHA-256,
+/// schema (a NUL byte or invalid UTF-8 anywhere in the manifest: malformed_manifest), key id
+/// trusted, signature (all-zero: unsigned_bundle), expiry against `limits.now` (expired: now at
+/// or past `expires`, older than `max_age`, none where required), payload size and SHA-256,
 /// payload kind (inspect_image for cubin and fatbin; no NUL bytes for cuda_source) and target
 /// (the image must run on the manifest's target, see can_run_on).
 /// Throws cubridge::bundle_error; nothing else for any input.

@@ -19,6 +19,16 @@ namespace cubridge::detail {
 /// Parses exactly out.size() * 2 lower-case hex digits into `out`; false on anything else.
 [[nodiscard]] bool parse_lower_hex(std::string_view text, std::span<std::byte> out);
 
+/// What is wrong with `text` as the bytes of a signed JSON document, or an empty string: a NUL
+/// byte anywhere (nlohmann's lexer ends the input at a NUL, so bytes after one would be signed
+/// but never parsed) or invalid UTF-8 (overlong forms, surrogates, beyond U+10FFFF, truncated
+/// sequences), each named with its byte offset. Run before the JSON parser sees `text`.
+[[nodiscard]] std::string check_signed_text(std::string_view text);
+
+/// `text` from untrusted input as it may appear in a message: quoted, its first 64 bytes with
+/// anything but printable ASCII shown as '?', "..." when longer.
+[[nodiscard]] std::string printable(std::string_view text);
+
 /// Fills `out` with cryptographically random bytes.
 void random_bytes(std::span<std::byte> out);
 
