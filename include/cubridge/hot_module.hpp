@@ -134,7 +134,9 @@ struct hot_module_options {
   /// message naming the module, the version or stream, and the driver's error. Runs on the
   /// thread that met it: the background reclaimer, a caller of reclaim(), or a thread
   /// destroying a stream (then it must not create or destroy streams itself). Exceptions it
-  /// throws are ignored. After a failure the background thread retries every 100 ms, not 1 ms.
+  /// throws are ignored. It must not launch this module's kernels (it may run under a
+  /// version's lock); reading stats() is fine. After a failure the background thread retries
+  /// every 100 ms, not 1 ms.
   std::function<void(const std::string& message)> on_reclaim_failure;
 };
 

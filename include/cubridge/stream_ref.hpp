@@ -25,8 +25,8 @@ inline CUstream moved_from_stream() noexcept {
 [[noreturn]] void throw_moved_from_stream();
 }  // namespace detail
 
-/// Non-owning CUstream / cudaStream_t. There is no default: a launch names its stream, the
-/// legacy default stream too (legacy_default()).
+/// Non-owning CUstream / cudaStream_t. Not default-constructible: a launch_config names its
+/// stream, the legacy default stream too (legacy_default()).
 class stream_ref {
  public:
   /// Adopts a stream of either API. A null handle is the legacy default stream of the context
