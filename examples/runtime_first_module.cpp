@@ -31,7 +31,10 @@ int main(int argc, char** argv) {
   auto primary = cubridge::primary_context::adopt_runtime();
   auto module = cubridge::module::load_file(primary, argv[1]);
   auto saxpy = module.get_kernel("saxpy").typed<float, const float*, float*, std::size_t>();
-  saxpy.launch({.grid = {unsigned((n + 255) / 256)}, .block = {256}}, 2.0f, x, y, n);
+  saxpy.launch({.grid = {unsigned((n + 255) / 256)},
+                .block = {256},
+                .stream = cubridge::stream_ref::legacy_default()},
+               2.0f, x, y, n);
   cudaMemcpy(hy.data(), y, n * sizeof(float), cudaMemcpyDeviceToHost);  // syncs the legacy stream
 
   std::size_t wrong = 0;

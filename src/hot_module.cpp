@@ -5,9 +5,11 @@
 #include <cubridge/image.hpp>
 #include <cubridge/scoped_current.hpp>
 
+#include <cubridge/detail/describe.hpp>
+
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
+#include <exception>
 #include <mutex>
 #include <thread>
 
@@ -28,6 +30,26 @@ void raise_to(std::atomic<T>& slot, T value) noexcept {
   }
 }
 
+std::uint64_t next_module_serial() noexcept {
+  static std::atomic<std::uint64_t> counter{1};
+  return counter.fetch_add(1, std::memory_order_relaxed);
+}
+
+kernel_limits limits_of(const kernel& k) {
+  return {static_cast<unsigned long long>(k.attribute(CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK)),
+          static_cast<unsigned>(k.attribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES))};
+}
+
+std::string what_of(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    return x.what();
+  } catch (...) {
+    return "an exception that is not a std::exception";
+  }
+}
+
 std::vector<std::string> interface_of(std::span<const std::byte> image, const std::string& name) {
   const auto info = inspect_image(image);
   std::vector<std::string> names;
@@ -42,51 +64,90 @@ std::vector<std::string> interface_of(std::span<const std::byte> image, const st
 }  // namespace
 
 struct hot_module::state {
-  state(context_arg c, std::string n, std::vector<std::string> names, hot_version first)
+  state(context_arg c, std::string n, std::vector<std::string> names, hot_version first,
+        hot_module_options o)
       : ctx(std::move(c)),
         name(std::move(n)),
         kernel_names(std::move(names)),
         usage(kernel_names.size()),
         versions(std::move(first)),
+        options(std::move(o)),
         stream_listener(detail::add_stream_listener([this](CUstream s) { seal(s); })),
-        reclaimer([this] { reclaim_loop(); }) {}
+        reclaimer([this] {
+          detail::run_reclaimer(
+              signal, [this] { return reclaim_now(); }, std::chrono::milliseconds(1),
+              std::chrono::milliseconds(100), [] {});
+        }) {}
 
   state(const state&) = delete;
   state& operator=(const state&) = delete;
 
   ~state() {
     detail::remove_stream_listener(stream_listener);
-    {
-      std::lock_guard lock(reclaimer_mutex);
-      stopping = true;
-    }
-    wake.notify_all();
+    signal.stop();
     reclaimer.join();
   }
 
-  /// Unloads what can be unloaded; never throws (a broken context is reported by launches).
-  std::size_t reclaim_now() noexcept {
+  /// Counts a failure on the reclaim path and reports it; never throws.
+  void report_reclaim_failure(const std::string& what) noexcept {
+    reclaim_failures.fetch_add(1);
+    try {
+      const std::string message = "module '" + name + "': " + what;
+      {
+        std::lock_guard lock(failure_mutex);
+        last_reclaim_failure = message;
+      }
+      if (options.on_reclaim_failure) options.on_reclaim_failure(message);
+    } catch (...) {
+      // Out of memory, or the callback threw: the count above still shows it.
+    }
+  }
+
+  /// Unloads what can be unloaded; never throws: failures are counted and reported.
+  detail::reclaim_pass reclaim_now(std::size_t* unloaded = nullptr) noexcept {
+    detail::reclaim_pass pass;
     try {
       scoped_current current(ctx.ref());
-      return versions.reclaim(
+      const auto n = versions.reclaim(
           [](const event& e) {
             // Done, or failed for good (a sticky fault): either way nothing more will run.
             return driver::api().cuEventQuery(e.get()) != CUDA_ERROR_NOT_READY;
           },
-          [this](const CUstream& s) { return last_event_on(s); });
+          [this](const CUstream& s) { return last_event_on(s); },
+          [&](std::uint64_t id, std::exception_ptr e) {
+            pass.failed = true;
+            report_reclaim_failure("retired version " + std::to_string(id) +
+                                   " stays loaded for now: " + what_of(e));
+          });
+      if (unloaded) *unloaded = n;
     } catch (...) {
-      return 0;
+      pass.failed = true;
+      report_reclaim_failure("reclaiming retired versions: " + what_of(std::current_exception()));
     }
+    try {
+      pass.waiting = versions.get_stats().retired != 0;
+    } catch (...) {
+      pass.waiting = true;  // a mutex failure: poll rather than sleep for good
+    }
+    return pass;
   }
 
   /// An event recorded on `s` now: complete once everything queued on `s` so far is.
   event last_event_on(CUstream s) {
+    if (const auto fault = detail::reclaim_event_fault.load()) [[unlikely]]
+      fault(s);
     auto e = event::create(ctx);
     // If the driver refuses (a raw stream destroyed without before_stream_destroy()), its queued
     // work still runs to the end: wait for the whole context, on this (non-serving) thread, and
     // return the never-recorded event, which queries as complete. Failing would pin the version.
-    if (driver::api().cuEventRecord(e.get(), s) != CUDA_SUCCESS)
+    if (const CUresult r = driver::api().cuEventRecord(e.get(), s); r != CUDA_SUCCESS) {
+      report_reclaim_failure("cuEventRecord " + detail::driver_error_name(r) +
+                             ": recording the last event of a retired version on stream " +
+                             detail::hex(s) +
+                             " (destroyed without before_stream_destroy()?); waited for the "
+                             "whole context instead");
       (void)driver::api().cuCtxSynchronize();
+    }
     return e;
   }
 
@@ -100,22 +161,10 @@ struct hot_module::state {
         return last_event_on(stream);
       });
     } catch (...) {
-      // Out of events or a broken context: the version then stays pinned, which is safe.
-    }
-  }
-
-  void reclaim_loop() {
-    std::unique_lock lock(reclaimer_mutex);
-    while (!stopping) {
-      // Sleep until a promotion retires something; then poll briefly until it is unloaded.
-      if (versions.get_stats().retired == 0)
-        wake.wait(lock);
-      else
-        wake.wait_for(lock, std::chrono::milliseconds(1));
-      if (stopping) break;
-      lock.unlock();
-      (void)reclaim_now();
-      lock.lock();
+      // Out of events or a broken context: the reclaimer records on the dead handle later and,
+      // refused, waits for the whole context.
+      report_reclaim_failure("sealing stream " + detail::hex(s) +
+                             " before its destruction: " + what_of(std::current_exception()));
     }
   }
 
@@ -126,76 +175,170 @@ struct hot_module::state {
                            "; the current version keeps serving");
   }
 
+  /// Why `v` cannot serve the launch shapes used so far ("kernel 'k' is launched with 1024
+  /// threads per block, <who> allows 128"), or empty if it can.
+  std::string misfit(const hot_version& v, const std::string& who) const {
+    for (std::size_t i = 0; i < kernel_names.size(); ++i) {
+      const auto threads = usage[i].threads_per_block.load();
+      if (threads > v.limits[i].max_threads_per_block)
+        return "kernel '" + kernel_names[i] + "' is launched with " + std::to_string(threads) +
+               " threads per block, " + who + " allows " +
+               std::to_string(v.limits[i].max_threads_per_block);
+      const auto shared = usage[i].dynamic_shared_bytes.load();
+      if (shared > v.limits[i].max_dynamic_shared_bytes)
+        return "kernel '" + kernel_names[i] + "' is launched with " + std::to_string(shared) +
+               " bytes of dynamic shared memory, " + who + " allows " +
+               std::to_string(v.limits[i].max_dynamic_shared_bytes);
+    }
+    return {};
+  }
+
   /// An instantiated graph that follows the current version.
   struct tracked_graph {
     CUgraph graph = nullptr;
     CUgraphExec exec = nullptr;
     std::vector<std::pair<CUgraphNode, std::size_t>> nodes;  // node, interface kernel index
-    std::uint64_t bound_version = 0;                         // the version its nodes launch
+    /// The version its nodes launch; 0 when unknown (a failed undo): launch_graph() retargets.
+    std::uint64_t bound_version = 0;
     std::mutex mutex;  // a graph exec is not thread-safe: retarget and launch one at a time
   };
 
-  /// Points `g`'s nodes at `to`'s kernels, if they point elsewhere. Caller holds g.mutex.
-  void retarget(tracked_graph& g, const hot_kernel::chain::lease& to) {
-    if (g.bound_version == to.id()) return;
-    for (const auto& [node, index] : g.nodes) {
-      CUDA_KERNEL_NODE_PARAMS params{};
-      const std::string what = "kernel node of '" + kernel_names[index] + "' in a graph of module '" +
-                               name + "', retargeted to version " + std::to_string(to.id());
-      CUBRIDGE_CU(cuGraphKernelNodeGetParams, (node, &params), what);
-      params.func = to.payload().kernels[index].launch_handle();
-      params.kern = nullptr;
-      params.ctx = nullptr;
-      CUBRIDGE_CU(cuGraphKernelNodeSetParams, (node, &params), what);
-      CUBRIDGE_CU(cuGraphExecKernelNodeSetParams, (g.exec, node, &params), what);
-    }
-    g.bound_version = to.id();
+  /// Makes `node` of `g` launch `function`: in the instantiated graph first, then in the graph
+  /// itself (so that later instantiations agree). `steps` counts what changed, for undo.
+  void set_node_function(tracked_graph& g, CUgraphNode node, std::size_t index, CUfunction function,
+                         std::uint64_t to_id, int& steps) {
+    const auto what = [&] {
+      return "kernel node of '" + kernel_names[index] + "' in a graph of module '" + name +
+             "', retargeted to version " + std::to_string(to_id);
+    };
+    CUDA_KERNEL_NODE_PARAMS params{};
+    CUBRIDGE_CU(cuGraphKernelNodeGetParams, (node, &params), what());
+    params.func = function;
+    params.kern = nullptr;
+    params.ctx = nullptr;
+    CUBRIDGE_CU(cuGraphExecKernelNodeSetParams, (g.exec, node, &params), what());
+    steps = 1;
+    // After the exec: a node's update may free the argument storage `params` points into.
+    CUBRIDGE_CU(cuGraphKernelNodeSetParams, (node, &params), what());
+    steps = 2;
   }
 
-  /// Retargets every tracked graph to the current version (after promote and rollback).
-  void retarget_all() {
-    std::lock_guard list_lock(graphs_mutex);
-    if (graphs.empty()) return;
-    scoped_current current(ctx.ref());
-    const auto to = versions.acquire();
-    for (auto& g : graphs) {
-      std::lock_guard lock(g->mutex);
-      retarget(*g, to);
+  /// Puts back what set_node_function changed (`steps`), pointing at `function`. Never throws;
+  /// false if the driver refused.
+  static bool restore_node_function(tracked_graph& g, CUgraphNode node, CUfunction function,
+                                    int steps) noexcept {
+    const auto& cu = driver::api();
+    CUDA_KERNEL_NODE_PARAMS params{};
+    if (cu.cuGraphKernelNodeGetParams(node, &params) != CUDA_SUCCESS) return false;
+    params.func = function;
+    params.kern = nullptr;
+    params.ctx = nullptr;
+    if (steps >= 1 && cu.cuGraphExecKernelNodeSetParams(g.exec, node, &params) != CUDA_SUCCESS)
+      return false;
+    if (steps >= 2 && cu.cuGraphKernelNodeSetParams(node, &params) != CUDA_SUCCESS) return false;
+    return true;
+  }
+
+  /// Points `g`'s nodes at version `to_id`'s kernels, if they point elsewhere (launch_graph(),
+  /// which retries after a failure). Caller holds g.mutex.
+  void retarget(tracked_graph& g, const hot_version& to, std::uint64_t to_id) {
+    if (g.bound_version == to_id) return;
+    for (const auto& [node, index] : g.nodes) {
+      int steps = 0;
+      set_node_function(g, node, index, to.kernels[index].launch_handle(), to_id, steps);
+    }
+    g.bound_version = to_id;
+  }
+
+  /// Points every tracked graph at `to`, all or nothing: on a failure, every node changed so
+  /// far is pointed back at `from` and the error rethrown (a graph whose undo the driver
+  /// refused is marked unknown, for launch_graph() to retarget). Caller holds graphs_mutex and
+  /// every graph's mutex, and sets bound_version once the switch is made.
+  void retarget_all(const hot_version& from, const hot_version& to, std::uint64_t to_id) {
+    struct change {
+      tracked_graph* graph;
+      CUgraphNode node;
+      std::size_t index;
+      int steps;
+    };
+    std::vector<change> changes;
+    try {
+      for (auto& g : graphs) {
+        if (g->bound_version == to_id) continue;
+        for (const auto& [node, index] : g->nodes) {
+          changes.push_back({g.get(), node, index, 0});
+          set_node_function(*g, node, index, to.kernels[index].launch_handle(), to_id,
+                            changes.back().steps);
+        }
+      }
+    } catch (...) {
+      for (auto it = changes.rbegin(); it != changes.rend(); ++it)
+        if (it->steps > 0 &&
+            !restore_node_function(*it->graph, it->node, from.kernels[it->index].launch_handle(),
+                                   it->steps))
+          it->graph->bound_version = 0;  // unknown: launch_graph() retargets before launching
+      throw;
     }
   }
+
+  /// A switch (promote or rollback) under way: the swap mutex, the graph list and every
+  /// tracked graph locked (no graph launches meanwhile), and the context current if needed.
+  struct switching {
+    explicit switching(state& s, bool needs_context) : swap(s.swap_mutex), list(s.graphs_mutex) {
+      for (auto& g : s.graphs) each.emplace_back(g->mutex);
+      if (needs_context || !s.graphs.empty()) current.emplace(s.ctx.ref());
+    }
+    std::lock_guard<std::mutex> swap;
+    std::lock_guard<std::mutex> list;
+    std::vector<std::unique_lock<std::mutex>> each;
+    std::optional<scoped_current> current;
+  };
 
   context_arg ctx;
   std::string name;
+  const std::uint64_t serial = next_module_serial();  // staged versions name their module by it
   std::vector<std::string> kernel_names;
   std::vector<launch_usage> usage;  // per kernel, same order as kernel_names
   hot_kernel::chain versions;
   std::atomic<std::uint64_t> rejected{0};
+  std::mutex swap_mutex;  // one promote or rollback at a time, before graphs_mutex
   std::mutex graphs_mutex;
   std::vector<std::unique_ptr<tracked_graph>> graphs;
 
+  hot_module_options options;
+  std::atomic<std::uint64_t> reclaim_failures{0};
+  std::mutex failure_mutex;
+  std::string last_reclaim_failure;
+
   std::uint64_t stream_listener;  // removed first in ~state, before anything it uses dies
 
-  std::mutex reclaimer_mutex;
-  std::condition_variable wake;
-  bool stopping = false;
+  detail::reclaim_signal signal;
   std::thread reclaimer;  // last: starts once everything above exists
 };
 
-hot_module hot_module::load(context_arg ctx, std::string name, std::span<const std::byte> image) {
+hot_module hot_module::load(context_arg ctx, std::string name, std::span<const std::byte> image,
+                            hot_module_options options) {
   auto names = interface_of(image, name);
   auto loaded = module::load(ctx, image, {.name = name + " v1"});
-  hot_version first{std::move(loaded), {}};
-  for (const auto& k : names) first.kernels.push_back(first.loaded.get_kernel(k));
-  return hot_module(
-      std::make_shared<state>(std::move(ctx), std::move(name), std::move(names), std::move(first)));
+  hot_version first{std::move(loaded), {}, {}};
+  for (const auto& k : names) {
+    first.kernels.push_back(first.loaded.get_kernel(k));
+    first.limits.push_back(limits_of(first.kernels.back()));
+  }
+  return hot_module(std::make_shared<state>(std::move(ctx), std::move(name), std::move(names),
+                                            std::move(first), std::move(options)));
 }
 
 hot_module::~hot_module() = default;
 
+hot_module::state& hot_module::checked() const {
+  CUBRIDGE_EXPECTS(state_ != nullptr, "a moved-from hot_module: it has no module any more");
+  return *state_;
+}
+
 staged_version hot_module::stage(std::span<const std::byte> image,
                                  const stage_options& options) const {
-  CUBRIDGE_EXPECTS(state_ != nullptr, "hot_module was moved from");
-  auto& s = *state_;
+  auto& s = checked();
   const std::string source = options.source_name.empty() ? "memory" : options.source_name;
   std::optional<module> loaded;
   try {
@@ -206,7 +349,7 @@ staged_version hot_module::stage(std::span<const std::byte> image,
   }
   // The interface: the same kernels with the same parameters, fitting the launches in use.
   const auto current = s.versions.acquire();
-  hot_version staged{std::move(*loaded), {}};
+  hot_version staged{std::move(*loaded), {}, {}};
   for (std::size_t i = 0; i < s.kernel_names.size(); ++i) {
     const auto& kname = s.kernel_names[i];
     std::optional<kernel> k;
@@ -227,22 +370,10 @@ staged_version hot_module::stage(std::span<const std::byte> image,
                              std::to_string(before[p].offset) + ", now " +
                              std::to_string(after[p].size) + " bytes at offset " +
                              std::to_string(after[p].offset));
-    const auto threads = s.usage[i].threads_per_block.load();
-    const auto max_threads =
-        static_cast<unsigned long long>(k->attribute(CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK));
-    if (threads > max_threads)
-      s.reject(source, "kernel '" + kname + "' is launched with " + std::to_string(threads) +
-                           " threads per block, the new version allows " +
-                           std::to_string(max_threads));
-    const auto shared = s.usage[i].dynamic_shared_bytes.load();
-    const auto max_shared =
-        static_cast<unsigned>(k->attribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES));
-    if (shared > max_shared)
-      s.reject(source, "kernel '" + kname + "' is launched with " + std::to_string(shared) +
-                           " bytes of dynamic shared memory, the new version allows " +
-                           std::to_string(max_shared));
+    staged.limits.push_back(limits_of(*k));
     staged.kernels.push_back(std::move(*k));
   }
+  if (const auto why = s.misfit(staged, "the new version"); !why.empty()) s.reject(source, why);
   for (const auto& variable : options.carry_globals) {
     std::optional<device_span<std::byte>> old_bytes, new_bytes;
     try {
@@ -265,51 +396,75 @@ staged_version hot_module::stage(std::span<const std::byte> image,
       s.reject(source, "smoke test failed");
     }
   }
-  return staged_version(std::move(staged), options.carry_globals);
+  return staged_version(std::move(staged), options.carry_globals, source, s.serial,
+                        "module '" + s.name + "' in " + s.ctx.ref().describe());
 }
 
 std::uint64_t hot_module::promote(staged_version version) {
-  CUBRIDGE_EXPECTS(state_ != nullptr, "hot_module was moved from");
-  if (!version.carry_globals_.empty()) {
-    scoped_current current(state_->ctx.ref());
-    const auto serving = state_->versions.acquire();
-    for (const auto& variable : version.carry_globals_) {
-      const auto from = serving.payload().loaded.get_global(variable);
-      const auto to = version.version_.loaded.get_global(variable);
-      CUBRIDGE_CU(cuMemcpy, (to.address(), from.address(), from.size()),
-                  "carrying __device__ variable '" + variable + "' of module '" + state_->name +
-                      "' into the new version");
-    }
-  }
-  const auto id = state_->versions.promote(std::move(version.version_));
-  state_->wake.notify_all();
-  state_->retarget_all();
+  auto& s = checked();
+  CUBRIDGE_EXPECTS(version.owner_ != 0,
+                   "promoting a moved-from staged_version into module '" + s.name + "'");
+  if (version.owner_ != s.serial)
+    detail::throw_errc(errc::precondition, "hot_module::promote",
+                       "a version staged by " + version.owner_name_ + " cannot be promoted into " +
+                           "module '" + s.name + "' in " + s.ctx.ref().describe() +
+                           ": its kernels are another module's; stage it with this module, "
+                           "which keeps serving");
+  state::switching lock(s, !version.carry_globals_.empty());
+  const auto id =
+      s.versions.promote(std::move(version.version_), [&](const auto& from, const auto& to) {
+        // Everything that can fail, before the switch; the staged version is not serving yet.
+        if (const auto why = s.misfit(to.payload, "the new version"); !why.empty()) {
+          s.rejected.fetch_add(1);
+          detail::throw_errc(errc::version_rejected, "hot_module::promote",
+                             "module '" + s.name + "' version from " + version.source_ + ": " +
+                                 why + "; the current version keeps serving");
+        }
+        for (const auto& variable : version.carry_globals_) {
+          const auto source = from.payload.loaded.get_global(variable);
+          const auto target = to.payload.loaded.get_global(variable);
+          CUBRIDGE_CU(cuMemcpy, (target.address(), source.address(), source.size()),
+                      "carrying __device__ variable '" + variable + "' of module '" + s.name +
+                          "' into the new version");
+        }
+        s.retarget_all(from.payload, to.payload, to.id);
+      });
+  for (auto& g : s.graphs) g->bound_version = id;
+  s.signal.notify();
   return id;
 }
 
 std::uint64_t hot_module::rollback() {
-  CUBRIDGE_EXPECTS(state_ != nullptr, "hot_module was moved from");
-  const auto id = state_->versions.rollback();
-  state_->wake.notify_all();
-  state_->retarget_all();
+  auto& s = checked();
+  state::switching lock(s, false);
+  const auto id = s.versions.rollback([&](const auto& from, const auto& to) {
+    const std::string who = "version " + std::to_string(to.id);
+    if (const auto why = s.misfit(to.payload, who); !why.empty())
+      detail::throw_errc(errc::version_rejected, "hot_module::rollback",
+                         "module '" + s.name + "': rollback to " + who + " refused: " + why +
+                             "; version " + std::to_string(from.id) + " keeps serving");
+    s.retarget_all(from.payload, to.payload, to.id);
+  });
+  for (auto& g : s.graphs) g->bound_version = id;
+  s.signal.notify();
   return id;
 }
 
 hot_kernel hot_module::get_kernel(std::string_view name) const {
-  CUBRIDGE_EXPECTS(state_ != nullptr, "hot_module was moved from");
-  for (std::size_t i = 0; i < state_->kernel_names.size(); ++i)
-    if (state_->kernel_names[i] == name) return hot_kernel(state_, i, std::string(name));
+  auto& s = checked();
+  for (std::size_t i = 0; i < s.kernel_names.size(); ++i)
+    if (s.kernel_names[i] == name) return hot_kernel(state_, i, std::string(name));
   detail::throw_errc(errc::precondition, "hot_module::get_kernel",
-                     "module '" + state_->name + "' has no kernel '" + std::string(name) + "'");
+                     "module '" + s.name + "' has no kernel '" + std::string(name) + "'");
 }
 
 std::uint64_t hot_module::read_global(std::string_view variable, std::span<std::byte> out) const {
-  CUBRIDGE_EXPECTS(state_ != nullptr, "hot_module was moved from");
-  scoped_current current(state_->ctx.ref());
-  const auto serving = state_->versions.acquire();
+  auto& s = checked();
+  scoped_current current(s.ctx.ref());
+  const auto serving = s.versions.acquire();
   const auto bytes = serving.payload().loaded.get_global(variable);
   const std::string what = "__device__ variable '" + std::string(variable) + "' of module '" +
-                           state_->name + "' version " + std::to_string(serving.id());
+                           s.name + "' version " + std::to_string(serving.id());
   if (bytes.size() != out.size())
     detail::throw_errc(errc::precondition, "hot_module::read_global",
                        what + " is " + std::to_string(bytes.size()) + " bytes, the destination " +
@@ -318,22 +473,36 @@ std::uint64_t hot_module::read_global(std::string_view variable, std::span<std::
   return serving.id();
 }
 
-const std::string& hot_module::name() const noexcept { return state_->name; }
-context_ref hot_module::context() const noexcept { return state_->ctx.ref(); }
+const std::string& hot_module::name() const {
+  return checked().name;
+}
+context_ref hot_module::context() const {
+  return checked().ctx.ref();
+}
 
 hot_module_stats hot_module::stats() const {
-  const auto chain_stats = state_->versions.get_stats();
-  return {chain_stats.current_id, chain_stats.promotions, state_->rejected.load(),
-          chain_stats.retired, chain_stats.reclaimed};
+  auto& s = checked();
+  const auto chain_stats = s.versions.get_stats();
+  hot_module_stats out;
+  out.current_version = chain_stats.current_id;
+  out.promotions = chain_stats.promotions;
+  out.rejected = s.rejected.load();
+  out.retired_waiting = chain_stats.retired;
+  out.unloaded = chain_stats.reclaimed;
+  out.reclaim_failures = s.reclaim_failures.load();
+  std::lock_guard lock(s.failure_mutex);
+  out.last_reclaim_failure = s.last_reclaim_failure;
+  return out;
 }
 
 std::size_t hot_module::reclaim() const {
-  return state_->reclaim_now();
+  std::size_t unloaded = 0;
+  (void)checked().reclaim_now(&unloaded);
+  return unloaded;
 }
 
 void hot_module::track_graph(CUgraph graph, CUgraphExec exec) {
-  CUBRIDGE_EXPECTS(state_ != nullptr, "hot_module was moved from");
-  auto& s = *state_;
+  auto& s = checked();
   auto tracked = std::make_unique<state::tracked_graph>();
   tracked->graph = graph;
   tracked->exec = exec;
@@ -342,6 +511,9 @@ void hot_module::track_graph(CUgraph graph, CUgraphExec exec) {
   CUBRIDGE_CU(cuGraphGetNodes, (graph, nullptr, &count), what);
   std::vector<CUgraphNode> nodes(count);
   CUBRIDGE_CU(cuGraphGetNodes, (graph, nodes.data(), &count), what);
+  // Under the list's lock: no promote or rollback can switch between reading the nodes and
+  // tracking them, so bound_version is the version they launch.
+  std::lock_guard lock(s.graphs_mutex);
   const auto current = s.versions.acquire();
   for (CUgraphNode node : nodes) {
     CUgraphNodeType type{};
@@ -358,19 +530,30 @@ void hot_module::track_graph(CUgraph graph, CUgraphExec exec) {
                        "no kernel node of the graph launches the current version of module '" +
                            s.name + "'");
   tracked->bound_version = current.id();
-  std::lock_guard lock(s.graphs_mutex);
   s.graphs.push_back(std::move(tracked));
 }
 
 void hot_module::untrack_graph(CUgraphExec exec) {
-  CUBRIDGE_EXPECTS(state_ != nullptr, "hot_module was moved from");
-  std::lock_guard lock(state_->graphs_mutex);
-  std::erase_if(state_->graphs, [&](const auto& g) { return g->exec == exec; });
+  auto& s = checked();
+  std::lock_guard lock(s.graphs_mutex);
+  std::erase_if(s.graphs, [&](const auto& g) { return g->exec == exec; });
 }
 
+namespace {
+[[noreturn]] void refuse_per_thread_stream(const std::string& what) {
+  detail::throw_errc(errc::precondition, "hot launch",
+                     what +
+                         " on the per-thread default stream (CU_STREAM_PER_THREAD): it is "
+                         "another stream on every thread, so the event that lets its "
+                         "version be unloaded could not follow this thread's work. Launch on "
+                         "a stream of your own (cubridge::stream) or the legacy default stream");
+}
+}  // namespace
+
 std::uint64_t hot_module::launch_graph(CUgraphExec exec, stream_ref stream) const {
-  CUBRIDGE_EXPECTS(state_ != nullptr, "hot_module was moved from");
-  auto& s = *state_;
+  auto& s = checked();
+  if (stream.is_per_thread()) [[unlikely]]
+    refuse_per_thread_stream("a graph of module '" + s.name + "'");
   state::tracked_graph* g = nullptr;
   {
     std::lock_guard lock(s.graphs_mutex);
@@ -381,7 +564,7 @@ std::uint64_t hot_module::launch_graph(CUgraphExec exec, stream_ref stream) cons
                                      "' does not track (track_graph first)");
   std::lock_guard lock(g->mutex);
   const auto lease = s.versions.acquire();
-  s.retarget(*g, lease);  // a promote may not have reached this graph yet
+  s.retarget(*g, lease.payload(), lease.id());  // a failed undo may have left it unknown
   CUBRIDGE_CU(cuGraphLaunch, (exec, stream.get()),
               "a graph of module '" + s.name + "' on version " + std::to_string(lease.id()));
   lease.note(stream.get());
@@ -401,7 +584,17 @@ CUgraphNode hot_kernel::add_node(CUgraph graph, const kernel& k, const launch_co
   return node;
 }
 
-hot_kernel::chain::lease hot_kernel::acquire() const { return state_->versions.acquire(); }
+hot_kernel::chain::lease hot_kernel::acquire() const {
+  CUBRIDGE_EXPECTS(state_ != nullptr, "a moved-from hot_kernel");
+  return state_->versions.acquire();
+}
+
+hot_kernel::chain::lease hot_kernel::acquire(const launch_config& config) const {
+  if (config.stream.is_per_thread()) [[unlikely]]
+    refuse_per_thread_stream("hot kernel '" + name_ + "' of module '" +
+                             (state_ ? state_->name : std::string("?")) + "' launched");
+  return acquire();
+}
 
 void hot_kernel::finish(const chain::lease& lease, const launch_config& config) const {
   // A serving thread launches the same version on the same stream again and again; noting the

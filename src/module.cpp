@@ -296,6 +296,7 @@ std::string launch_config::describe() const {
   std::string text = "grid " + d(grid) + " block " + d(block) + " shared " +
                      std::to_string(dynamic_shared_bytes) + " B";
   if (cluster.x) text += " cluster " + d(cluster);
+  if (stream.is_moved_from()) return text + " on a moved-from stream";
   return text + " on stream " + detail::hex(stream.get());
 }
 

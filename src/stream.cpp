@@ -55,23 +55,34 @@ void notify_stream_destroy(CUstream stream) noexcept {
 
 void before_stream_destroy(CUstream stream) noexcept { detail::notify_stream_destroy(stream); }
 
+void detail::throw_moved_from_stream() {
+  throw_errc(errc::precondition, "cubridge::stream",
+             "the stream was moved from or released: it has no handle any more (a launch on it "
+             "would otherwise run on the legacy default stream)");
+}
+
 namespace {
 std::string name_stream(CUstream s) { return "stream " + detail::hex(s); }
 std::string name_event(CUevent e) { return "event " + detail::hex(e); }
 }  // namespace
 
+// Each checks the handle (get()) before it calls the driver: a moved-from stream is refused
+// as such, with or without a driver.
 context_ref stream_ref::context() const {
+  const CUstream handle = get();
   CUcontext owner = nullptr;
-  CUBRIDGE_CU(cuStreamGetCtx, (handle_, &owner), "asking which context owns " + name_stream(handle_));
+  CUBRIDGE_CU(cuStreamGetCtx, (handle, &owner), "asking which context owns " + name_stream(handle));
   return context_ref::from_native(owner);
 }
 
 void stream_ref::synchronize() const {
-  CUBRIDGE_CU(cuStreamSynchronize, (handle_), name_stream(handle_));
+  const CUstream handle = get();
+  CUBRIDGE_CU(cuStreamSynchronize, (handle), name_stream(handle));
 }
 
 bool stream_ref::ready() const {
-  const CUresult r = driver::api().cuStreamQuery(handle_);
+  const CUstream handle = get();
+  const CUresult r = driver::api().cuStreamQuery(handle);
   if (r == CUDA_ERROR_NOT_READY) return false;
   if (r != CUDA_SUCCESS)
     detail::throw_driver_error(r, "cuStreamQuery", name_stream(handle_),
@@ -80,7 +91,8 @@ bool stream_ref::ready() const {
 }
 
 void stream_ref::wait(event_ref event) const {
-  CUBRIDGE_CU(cuStreamWaitEvent, (handle_, event.get(), 0),
+  const CUstream handle = get();
+  CUBRIDGE_CU(cuStreamWaitEvent, (handle, event.get(), 0),
               name_stream(handle_) + " waiting for " + name_event(event.get()));
 }
 
@@ -95,30 +107,36 @@ stream::stream(context_arg ctx, CUstream handle) noexcept
     : stream_ref(handle), ctx_(std::move(ctx)) {}
 
 stream::stream(stream&& other) noexcept
-    : stream_ref(std::exchange(other.handle_, nullptr)), ctx_(std::move(other.ctx_)) {}
+    : stream_ref(std::exchange(other.handle_, detail::moved_from_stream())),
+      ctx_(std::move(other.ctx_)) {}
 
 stream& stream::operator=(stream&& other) noexcept {
   if (this != &other) {
-    if (handle_) {
+    if (!is_moved_from()) {
       detail::notify_stream_destroy(handle_);
       detail::check_release(driver::api().cuStreamDestroy(handle_), "cuStreamDestroy");
     }
-    handle_ = std::exchange(other.handle_, nullptr);
+    handle_ = std::exchange(other.handle_, detail::moved_from_stream());
     ctx_ = std::move(other.ctx_);
   }
   return *this;
 }
 
 stream::~stream() {
-  if (!handle_) return;
+  if (is_moved_from()) return;
   detail::notify_stream_destroy(handle_);
   detail::check_release(driver::api().cuStreamDestroy(handle_), "cuStreamDestroy");
 }
 
-CUstream stream::release() noexcept { return std::exchange(handle_, nullptr); }
+CUstream stream::release() {
+  const CUstream handle = get();
+  handle_ = detail::moved_from_stream();
+  return handle;
+}
 
 void event_ref::record(stream_ref stream) const {
-  CUBRIDGE_CU(cuEventRecord, (handle_, stream.get()),
+  const CUstream on = stream.get();
+  CUBRIDGE_CU(cuEventRecord, (handle_, on),
               name_event(handle_) + " on " + name_stream(stream.get()));
 }
 

@@ -6,6 +6,7 @@
 #include <cubridge/device_buffer.hpp>
 #include <cubridge/hot_module.hpp>
 #include <cubridge/scoped_current.hpp>
+#include <cubridge/stream.hpp>
 
 #include "gpu_test.hpp"
 
@@ -29,7 +30,8 @@ inline unsigned read_back(const driver_buffer<unsigned>& buffer, std::size_t ind
   return value;
 }
 
-/// A context made current, the module "versions" loaded from v1, and a 256-element buffer.
+/// A context made current, the module "versions" loaded from v1, a stream and a 256-element
+/// buffer.
 class hot_module_fixture : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -38,18 +40,21 @@ class hot_module_fixture : public ::testing::Test {
     ctx_.emplace(context::create(device::get(0)));
     current_.emplace(*ctx_);
     hot_.emplace(hot_module::load(*ctx_, "versions", hot_image("v1")));
+    stream_.emplace(stream::create(*ctx_));
     out_.emplace(driver_buffer<unsigned>::allocate(*ctx_, 256));
   }
-  /// Launches write_version over 256 threads and returns what the GPU wrote.
+  /// Launches write_version over 256 threads on the fixture's stream and returns what the GPU
+  /// wrote.
   unsigned run_write_version() {
     auto k = hot_->get_kernel("write_version");
-    (void)k.launch({.block = {256}}, out_->span());
+    (void)k.launch({.block = {256}, .stream = *stream_}, out_->span());
     EXPECT_EQ(driver::api().cuCtxSynchronize(), CUDA_SUCCESS);
     return read_back(*out_, 255);
   }
   std::optional<context> ctx_;
   std::optional<scoped_current> current_;
   std::optional<hot_module> hot_;
+  std::optional<stream> stream_;
   std::optional<driver_buffer<unsigned>> out_;
 };
 

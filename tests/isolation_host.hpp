@@ -74,7 +74,10 @@ class isolation_host {
   /// "" when a host kernel still launches and computes, else why not.
   [[nodiscard]] std::string kernel_damage() const {
     try {
-      fill.launch({.grid = {unsigned(words / 256)}, .block = {256}}, scratch.span(), 7u, words);
+      fill.launch({.grid = {unsigned(words / 256)},
+                   .block = {256},
+                   .stream = cubridge::stream_ref::legacy_default()},
+                  scratch.span(), 7u, words);
       if (const CUresult r = driver::api().cuCtxSynchronize(); r != CUDA_SUCCESS)
         return "host kernel failed: cuCtxSynchronize " + detail::driver_error_name(r);
       std::vector<unsigned> back(words, 0);

@@ -32,7 +32,9 @@ const cubridge::driver::entry_points& cu() { return cubridge::driver::api(); }
 /// Fills n ints on `out` with a driver-loaded kernel in the current context, then checks them.
 bool driver_kernel_writes(const cubridge::kernel& fill, CUdeviceptr out, unsigned value, int n) {
   try {
-    fill.launch({.grid = {static_cast<unsigned>((n + 255) / 256)}, .block = {256}},
+    fill.launch({.grid = {static_cast<unsigned>((n + 255) / 256)},
+                 .block = {256},
+                 .stream = cubridge::stream_ref::legacy_default()},
                 reinterpret_cast<unsigned*>(out), value, static_cast<std::size_t>(n));
     if (cu().cuCtxSynchronize() != CUDA_SUCCESS) return false;
     std::vector<unsigned> host(n);

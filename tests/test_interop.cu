@@ -378,7 +378,9 @@ std::string driver_kernel_on_runtime_memory() {
   if (allocated != cudaSuccess) return out.text();
   CHECK(out, cubridge::context_of(data) == adopted.ref());
   CHECK(out, cudaMemcpy(data, input.data(), n * sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess);
-  add.launch(cubridge::launch_config{.grid = {static_cast<unsigned>((n + 255) / 256)}, .block = {256}},
+  add.launch(cubridge::launch_config{.grid = {static_cast<unsigned>((n + 255) / 256)},
+                                     .block = {256},
+                                     .stream = cubridge::stream_ref::legacy_default()},
              data, addend, std::size_t{n});
   CHECK(out, cudaDeviceSynchronize() == cudaSuccess);
   std::vector<float> output(n, 0.0f);

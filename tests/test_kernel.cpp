@@ -67,7 +67,8 @@ TEST_F(Kernel, TypedLaunchComputesWithEveryParameterKind) {
   auto k = module_->get_kernel("mixed_parameters");
   auto out = cubridge::driver_buffer<float>::allocate(*ctx_, 1);
   cubridge::scoped_current guard(*ctx_);
-  k.launch({}, out.span(), 3, char{2}, 1.5, triple{1, 2, 3});
+  k.launch({.stream = cubridge::stream_ref::legacy_default()}, out.span(), 3, char{2}, 1.5,
+           triple{1, 2, 3});
   float value = 0;
   CUBRIDGE_ASSERT_CU(cubridge::driver::api().cuMemcpy(reinterpret_cast<CUdeviceptr>(&value),
                                                       out.address(), sizeof value));
@@ -77,7 +78,8 @@ TEST_F(Kernel, TypedLaunchComputesWithEveryParameterKind) {
 TEST_F(Kernel, WrongCountIsRefusedBeforeLaunch) {
   auto k = module_->get_kernel("fill_u32");
   try {
-    k.launch({}, static_cast<unsigned*>(nullptr), 1u);
+    k.launch({.stream = cubridge::stream_ref::legacy_default()}, static_cast<unsigned*>(nullptr),
+             1u);
     FAIL() << "no throw";
   } catch (const cubridge::launch_argument_error& e) {
     EXPECT_NE(std::string(e.what()).find("kernel 'fill_u32' takes 3 parameters, 2 arguments given"),
@@ -89,7 +91,8 @@ TEST_F(Kernel, WrongCountIsRefusedBeforeLaunch) {
 TEST_F(Kernel, WrongSizeNamesIndexAndBothSizes) {
   auto k = module_->get_kernel("fill_u32");
   try {
-    k.launch({}, static_cast<unsigned*>(nullptr), 1u, 5u);  // size_t expected, unsigned given
+    k.launch({.stream = cubridge::stream_ref::legacy_default()}, static_cast<unsigned*>(nullptr),
+             1u, 5u);  // size_t expected, unsigned given
     FAIL() << "no throw";
   } catch (const cubridge::launch_argument_error& e) {
     EXPECT_NE(std::string(e.what()).find("kernel 'fill_u32' parameter 2 is 8 bytes, the argument "
@@ -127,7 +130,8 @@ TEST_F(Kernel, TemplateKernelByMangledName) {
   CUBRIDGE_ASSERT_CU(cubridge::driver::api().cuMemcpy(data.address(),
                                                       reinterpret_cast<CUdeviceptr>(host.data()),
                                                       n * sizeof(float)));
-  k.launch({.grid = {4}, .block = {256}}, data.span(), 2.0f, n);
+  k.launch({.grid = {4}, .block = {256}, .stream = cubridge::stream_ref::legacy_default()},
+           data.span(), 2.0f, n);
   std::vector<float> back(n);
   CUBRIDGE_ASSERT_CU(cubridge::driver::api().cuMemcpy(reinterpret_cast<CUdeviceptr>(back.data()),
                                                       data.address(), n * sizeof(float)));
@@ -140,14 +144,22 @@ TEST_F(Kernel, ClusterLaunchGoesThroughLaunchKernelEx) {
   constexpr std::size_t n = 8 * 128;
   auto out = cubridge::driver_buffer<unsigned>::allocate(*ctx_, n);
   cubridge::scoped_current guard(*ctx_);
-  k.launch({.grid = {8}, .block = {128}, .cluster = {2, 1, 1}}, out.span(), 9u, n);
+  k.launch({.grid = {8},
+            .block = {128},
+            .stream = cubridge::stream_ref::legacy_default(),
+            .cluster = {2, 1, 1}},
+           out.span(), 9u, n);
   std::vector<unsigned> host(n);
   CUBRIDGE_ASSERT_CU(cubridge::driver::api().cuMemcpy(reinterpret_cast<CUdeviceptr>(host.data()),
                                                       out.address(), n * sizeof(unsigned)));
   for (unsigned v : host) ASSERT_EQ(v, 9u);
   // A cluster that does not divide the grid is refused by the driver, with the config named.
   try {
-    k.launch({.grid = {7}, .block = {128}, .cluster = {2, 1, 1}}, out.span(), 9u, n);
+    k.launch({.grid = {7},
+              .block = {128},
+              .stream = cubridge::stream_ref::legacy_default(),
+              .cluster = {2, 1, 1}},
+             out.span(), 9u, n);
     CUBRIDGE_ASSERT_CU(cubridge::driver::api().cuCtxSynchronize());
     FAIL() << "no throw";
   } catch (const cubridge::error& e) {

@@ -14,7 +14,8 @@ std::vector<unsigned> fill_in(const cubridge::kernel& fill, const cubridge::cont
   constexpr std::size_t n = 4096;
   auto out = cubridge::driver_buffer<unsigned>::allocate(ctx, n);
   cubridge::scoped_current guard(ctx);
-  fill.launch({.grid = {n / 256}, .block = {256}}, out.span(), value, n);
+  fill.launch({.grid = {n / 256}, .block = {256}, .stream = cubridge::stream_ref::legacy_default()},
+              out.span(), value, n);
   std::vector<unsigned> host(n);
   EXPECT_EQ(cubridge::driver::api().cuMemcpy(reinterpret_cast<CUdeviceptr>(host.data()),
                                              out.address(), n * sizeof(unsigned)),

@@ -23,7 +23,9 @@ void expect_fill_works(const cubridge::module& m, const cubridge::context& ctx) 
   auto out = cubridge::driver_buffer<unsigned>::allocate(ctx, n);
   const unsigned value = std::random_device{}() | 1u;
   cubridge::scoped_current guard(ctx);
-  fill.launch({.grid = {(n + 255) / 256}, .block = {256}}, out.span(), value, n);
+  fill.launch(
+      {.grid = {(n + 255) / 256}, .block = {256}, .stream = cubridge::stream_ref::legacy_default()},
+      out.span(), value, n);
   std::vector<unsigned> host(n);
   CUBRIDGE_ASSERT_CU(cubridge::driver::api().cuMemcpy(reinterpret_cast<CUdeviceptr>(host.data()),
                                                       out.address(), n * sizeof(unsigned)));
@@ -123,7 +125,7 @@ TEST_F(Module, GlobalsAreReachable) {
   auto count = m.get_kernel("count_launch");
   cubridge::scoped_current guard(*ctx_);
   CUBRIDGE_ASSERT_CU(cubridge::driver::api().cuMemsetD8(counter.address(), 0, counter.size()));
-  for (int i = 0; i < 5; ++i) count.launch({});
+  for (int i = 0; i < 5; ++i) count.launch({.stream = cubridge::stream_ref::legacy_default()});
   unsigned long long value = 0;
   CUBRIDGE_ASSERT_CU(cubridge::driver::api().cuMemcpy(reinterpret_cast<CUdeviceptr>(&value),
                                                       counter.address(), sizeof value));
@@ -141,7 +143,8 @@ TEST_F(Module, AKernelKeepsItsModuleLoaded) {
   // The module object is gone, but the kernel still launches: the module stayed loaded.
   auto out = cubridge::driver_buffer<unsigned>::allocate(*ctx_, 256);
   cubridge::scoped_current guard(*ctx_);
-  fill->launch({.block = {256}}, out.span(), 5u, std::size_t{256});
+  fill->launch({.block = {256}, .stream = cubridge::stream_ref::legacy_default()}, out.span(), 5u,
+               std::size_t{256});
   CUBRIDGE_ASSERT_CU(cubridge::driver::api().cuCtxSynchronize());
   CUfunction f = nullptr;
   EXPECT_EQ(cubridge::driver::api().cuModuleGetFunction(&f, raw, "fill_u32"), CUDA_SUCCESS);

@@ -51,8 +51,11 @@ TEST(Prewarm, AWarmUpLaunchRunsInTheContextAndIsCheckedWhenPlanned) {
   auto fill = m.get_kernel("fill_u32");
   auto scratch = cubridge::driver_buffer<unsigned>::allocate(ctx, 256);
   cubridge::prewarm_plan plan;
-  EXPECT_THROW(plan.launch(fill, {.block = {256}}, scratch.span()), cubridge::launch_argument_error);
-  plan.launch(fill, {.block = {256}}, scratch.span(), 7u, std::size_t{256});
+  EXPECT_THROW(plan.launch(fill, {.block = {256}, .stream = cubridge::stream_ref::legacy_default()},
+                           scratch.span()),
+               cubridge::launch_argument_error);
+  plan.launch(fill, {.block = {256}, .stream = cubridge::stream_ref::legacy_default()},
+              scratch.span(), 7u, std::size_t{256});
   const auto report = plan.run(ctx);
   ASSERT_EQ(report.steps.size(), 1u) << "the refused launch added no step";
   EXPECT_EQ(report.steps[0].what, "warm-up launch of 'fill_u32'");

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <random>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -30,7 +31,6 @@ static_assert(std::is_nothrow_move_assignable_v<stream>);
 static_assert(std::is_convertible_v<const stream&, stream_ref>);
 static_assert(!std::is_constructible_v<stream_ref, std::nullptr_t>);
 static_assert(!std::is_constructible_v<stream_ref, int>);
-static_assert(stream_ref::legacy_default().get() == nullptr);
 static_assert(stream_ref::from_native(nullptr) == stream_ref::legacy_default());
 
 const cubridge::driver::entry_points& cu() { return cubridge::driver::api(); }
@@ -52,6 +52,42 @@ std::vector<unsigned char> random_bytes(std::size_t n, unsigned seed) {
   std::vector<unsigned char> v(n);
   for (auto& x : v) x = static_cast<unsigned char>(gen());
   return v;
+}
+
+// Without a GPU: the handles stream_ref tells apart, and the moved-from sentinel it refuses.
+TEST(StreamRef, TellsTheDefaultStreamsApart) {
+  EXPECT_EQ(stream_ref::legacy_default().get(), nullptr);
+  EXPECT_TRUE(stream_ref::legacy_default().is_legacy());
+  EXPECT_TRUE(stream_ref::from_native(CU_STREAM_LEGACY).is_legacy());
+  EXPECT_FALSE(stream_ref::from_native(CU_STREAM_LEGACY).is_per_thread());
+  EXPECT_TRUE(stream_ref::from_native(CU_STREAM_PER_THREAD).is_per_thread());
+  EXPECT_TRUE(stream_ref::from_native(cudaStreamPerThread).is_per_thread());
+  EXPECT_FALSE(stream_ref::from_native(CU_STREAM_PER_THREAD).is_legacy());
+  // Any other handle is a stream of its own (this one is never used).
+  const auto other = stream_ref::from_native(reinterpret_cast<CUstream>(std::uintptr_t{0x1000}));
+  EXPECT_FALSE(other.is_legacy());
+  EXPECT_FALSE(other.is_per_thread());
+  EXPECT_FALSE(other.is_moved_from());
+  EXPECT_EQ(other.get(), reinterpret_cast<CUstream>(std::uintptr_t{0x1000}));
+}
+
+TEST(StreamRef, TheMovedFromSentinelIsRefusedNotTakenForTheLegacyStream) {
+  const auto gone = stream_ref::from_native(cubridge::detail::moved_from_stream());
+  EXPECT_TRUE(gone.is_moved_from());
+  EXPECT_FALSE(gone.is_legacy());
+  EXPECT_FALSE(gone.is_per_thread());
+  EXPECT_NE(gone, stream_ref::legacy_default());
+  for (const auto& use :
+       {+[](stream_ref s) { (void)s.get(); }, +[](stream_ref s) { (void)s.runtime_handle(); },
+        +[](stream_ref s) { s.synchronize(); }, +[](stream_ref s) { (void)s.ready(); }}) {
+    try {
+      use(gone);
+      ADD_FAILURE() << "a moved-from stream was used";
+    } catch (const cubridge::error& e) {
+      EXPECT_TRUE(e.is(cubridge::errc::precondition)) << e.what();
+      EXPECT_NE(std::string(e.what()).find("moved from"), std::string::npos) << e.what();
+    }
+  }
 }
 
 TEST(Stream, CreatedInItsContext) {
@@ -154,7 +190,7 @@ TEST(Stream, MoveConstructionTransfersTheHandle) {
   auto original = stream::create(ctx);
   const CUstream handle = original.get();
   auto moved = std::move(original);
-  EXPECT_EQ(original.get(), nullptr);  // NOLINT(bugprone-use-after-move): the point of the test
+  EXPECT_TRUE(original.is_moved_from());  // NOLINT(bugprone-use-after-move): the point of the test
   EXPECT_EQ(moved.get(), handle);
   EXPECT_EQ(moved.context(), ctx.ref());
   moved.synchronize();
@@ -169,7 +205,7 @@ TEST(Stream, MoveAssignmentDestroysTheOldStream) {
   const CUstream source_handle = source.get();
   target = std::move(source);
   EXPECT_EQ(target.get(), source_handle);
-  EXPECT_EQ(source.get(), nullptr);  // NOLINT(bugprone-use-after-move)
+  EXPECT_TRUE(source.is_moved_from());  // NOLINT(bugprone-use-after-move)
   EXPECT_EQ(target.context(), ctx.ref());
   target.synchronize();
 }
@@ -181,11 +217,59 @@ TEST(Stream, ReleaseGivesUpOwnership) {
   {
     auto s = stream::create(ctx);
     raw = s.release();
-    EXPECT_EQ(s.get(), nullptr);
+    EXPECT_TRUE(s.is_moved_from());
+    EXPECT_THROW((void)s.release(), cubridge::error) << "released twice";
   }
   ASSERT_NE(raw, nullptr);
   EXPECT_EQ(stream_ref::from_native(raw).context(), ctx.ref()) << "released stream must live on";
   EXPECT_EQ(cu().cuStreamDestroy(raw), CUDA_SUCCESS);
+}
+
+// A moved-from stream used to hold 0, which every API takes for the legacy default stream: a
+// launch on it ran there without a word (issue 11, item 15). Now every use is refused.
+TEST(Stream, AMovedFromStreamRefusesEveryUse) {
+  CUBRIDGE_REQUIRE_GPU();
+  auto ctx = make_context();
+  cubridge::scoped_current guard(ctx);
+  auto module = cubridge::module::load_file(ctx, cubridge::testing::test_cubin_path());
+  const auto fill = module.get_kernel("fill_u32");
+  auto buffer = cubridge::driver_buffer<unsigned>::allocate(ctx, 256);
+  CUBRIDGE_ASSERT_CU(cu().cuMemsetD32(buffer.address(), 0, 256));
+  auto s = stream::create(ctx);
+  auto kept = std::move(s);
+  auto expect_refused = [](auto&& use, const char* what) {
+    try {
+      use();
+      ADD_FAILURE() << what << ": no throw";
+    } catch (const cubridge::error& e) {
+      EXPECT_TRUE(e.is(cubridge::errc::precondition)) << what << ": " << e.what();
+    }
+  };
+  // NOLINTBEGIN(bugprone-use-after-move): the point of the test
+  expect_refused([&] { (void)s.get(); }, "get");
+  expect_refused([&] { (void)s.runtime_handle(); }, "runtime_handle");
+  expect_refused([&] { s.synchronize(); }, "synchronize");
+  expect_refused([&] { (void)s.ready(); }, "ready");
+  expect_refused([&] { (void)s.context(); }, "context");
+  expect_refused([&] { (void)s.release(); }, "release");
+  expect_refused(
+      [&] { fill.launch({.block = {256}, .stream = s}, buffer.span(), 7u, std::size_t{256}); },
+      "a launch");
+  expect_refused([&] { cubridge::event::create(ctx).record(s); }, "an event record");
+  CUBRIDGE_ASSERT_CU(cu().cuCtxSynchronize());
+  std::vector<unsigned> host(256, 1);
+  CUBRIDGE_ASSERT_CU(
+      cu().cuMemcpy(as_address(host.data()), buffer.address(), 256 * sizeof(unsigned)));
+  for (const auto v : host) ASSERT_EQ(v, 0u) << "nothing ran, on the legacy stream or elsewhere";
+  // A new stream assigned to it is usable again; the one it was moved to still is.
+  s = stream::create(ctx);
+  fill.launch({.block = {256}, .stream = s}, buffer.span(), 7u, std::size_t{256});
+  s.synchronize();
+  kept.synchronize();
+  CUBRIDGE_ASSERT_CU(
+      cu().cuMemcpy(as_address(host.data()), buffer.address(), 256 * sizeof(unsigned)));
+  for (const auto v : host) ASSERT_EQ(v, 7u);
+  // NOLINTEND(bugprone-use-after-move)
 }
 
 TEST(Stream, KeepsItsContextAlive) {

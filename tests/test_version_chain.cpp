@@ -5,11 +5,14 @@
 
 #include <atomic>
 #include <chrono>
-#include <memory>
-#include <utility>
-#include <optional>
+#include <exception>
 #include <functional>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -354,6 +357,208 @@ TEST(VersionChain, AVersionBeingDestroyedStillCountsAsRetired) {
   EXPECT_EQ(seen.reclaimed, 0u) << "reclaimed counts versions already destroyed";
   EXPECT_EQ(c->get_stats().retired, 0u);
   EXPECT_EQ(c->get_stats().reclaimed, 2u);
+}
+
+}  // namespace
+
+// All or nothing (issue 11, item 13): what can fail runs before the switch, and a failure there
+// leaves the chain as it was.
+namespace {
+
+TEST(VersionChain, AFailedPromotePrepareSwitchesNothing) {
+  auto live = std::make_shared<std::atomic<int>>(0);
+  chain c(tracked(1, live));
+  c.promote(tracked(2, live));
+  c.promote(tracked(3, live));  // current 3, rollback target 2, version 1 retired
+  const auto before = c.get_stats();
+  std::pair<std::uint64_t, std::uint64_t> seen{0, 0};
+  int seen_value = 0;
+  EXPECT_THROW(c.promote(tracked(4, live),
+                         [&](const chain::version& from, const chain::version& to) {
+                           seen = {from.id, to.id};
+                           seen_value = to.payload.value;
+                           EXPECT_EQ(c.acquire().id(), 3u) << "the new version is not visible yet";
+                           throw std::runtime_error("a graph update failed");
+                         }),
+               std::runtime_error);
+  EXPECT_EQ(seen, (std::pair<std::uint64_t, std::uint64_t>{3, 4}));
+  EXPECT_EQ(seen_value, 4);
+  EXPECT_EQ(c.acquire().id(), 3u);
+  EXPECT_EQ(c.previous_id(), 2u);
+  const auto after = c.get_stats();
+  EXPECT_EQ(after.promotions, before.promotions);
+  EXPECT_EQ(after.retired, before.retired);
+  EXPECT_EQ(live->load(), 3) << "the refused payload is destroyed, versions 1-3 are untouched";
+  EXPECT_EQ(c.promote(tracked(5, live)), 4u) << "the refused version's id is not used";
+}
+
+TEST(VersionChain, AFailedRollbackPrepareSwitchesNothing) {
+  auto live = std::make_shared<std::atomic<int>>(0);
+  chain c(tracked(1, live));
+  c.promote(tracked(2, live));
+  std::pair<std::uint64_t, std::uint64_t> seen{0, 0};
+  EXPECT_THROW(c.rollback([&](const chain::version& from, const chain::version& to) {
+    seen = {from.id, to.id};
+    throw std::runtime_error("version 1 is too narrow");
+  }),
+               std::runtime_error);
+  EXPECT_EQ(seen, (std::pair<std::uint64_t, std::uint64_t>{2, 1}));
+  EXPECT_EQ(c.acquire().id(), 2u);
+  EXPECT_EQ(c.previous_id(), 1u);
+  EXPECT_EQ(c.get_stats().promotions, 1u);
+  EXPECT_EQ(c.rollback([](const chain::version&, const chain::version&) {}), 1u);
+  EXPECT_EQ(c.acquire().id(), 1u);
+}
+
+TEST(VersionChain, RollbackWithoutPreviousRunsNoPrepare) {
+  auto live = std::make_shared<std::atomic<int>>(0);
+  chain c(tracked(1, live));
+  bool ran = false;
+  try {
+    c.rollback([&](const chain::version&, const chain::version&) { ran = true; });
+    FAIL() << "no throw";
+  } catch (const cubridge::error& e) {
+    EXPECT_TRUE(e.is(cubridge::errc::precondition));
+  }
+  EXPECT_FALSE(ran);
+}
+
+// Reclaim failures (item 16): one version that cannot be checked does not hold back the others,
+// and the caller hears about it.
+TEST(VersionChain, AVersionWhoseTokenCannotBeMadeStaysRetiredAndTheOthersGo) {
+  auto live = std::make_shared<std::atomic<int>>(0);
+  chain c(tracked(1, live));
+  c.acquire().note(5);  // version 1 launched on stream 5
+  c.promote(tracked(2, live));
+  c.acquire().note(6);  // version 2 on stream 6
+  c.promote(tracked(3, live));
+  c.promote(tracked(4, live));  // versions 1 and 2 retired, in that order
+  auto completed = [](const int&) {
+    auto t = pending_token();
+    t->store(true);
+    return t;
+  };
+  auto no_event_for_5 = [&](const int& stream) -> token {
+    if (stream == 5) throw std::runtime_error("no event for stream 5");
+    return completed(stream);
+  };
+  std::vector<std::pair<std::uint64_t, std::string>> failures;
+  auto on_failure = [&](std::uint64_t id, std::exception_ptr e) {
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& x) {
+      failures.emplace_back(id, x.what());
+    }
+  };
+  EXPECT_EQ(c.reclaim(done, no_event_for_5, on_failure), 1u)
+      << "version 2 is reclaimed although version 1, before it, failed";
+  ASSERT_EQ(failures.size(), 1u);
+  EXPECT_EQ(failures[0], (std::pair<std::uint64_t, std::string>{1, "no event for stream 5"}));
+  EXPECT_EQ(c.get_stats().retired, 1u);
+  EXPECT_EQ(live->load(), 3);
+  // Without a failure handler the failure propagates, as before.
+  EXPECT_THROW(c.reclaim(done, no_event_for_5), std::runtime_error);
+  // Once the failure passes, a later call reclaims version 1.
+  EXPECT_EQ(c.reclaim(done, completed, on_failure), 1u);
+  EXPECT_EQ(failures.size(), 1u);
+  EXPECT_EQ(c.get_stats().retired, 0u);
+  EXPECT_EQ(live->load(), 2);
+}
+
+// The background reclaimer's loop (item 11). Its old form looked at the retired count, then
+// waited with no predicate, and promote() notified without its mutex: a promotion between the
+// look and the wait was never seen, and the retired version stayed loaded until the next one.
+using cubridge::detail::reclaim_pass;
+using cubridge::detail::reclaim_signal;
+using cubridge::detail::run_reclaimer;
+using namespace std::chrono_literals;
+
+/// Polls `condition` for up to 20 s (generous: it is about a lost wake-up, not speed).
+template <class Condition>
+bool eventually(Condition condition) {
+  for (int i = 0; i < 2000; ++i) {
+    if (condition()) return true;
+    std::this_thread::sleep_for(10ms);
+  }
+  return condition();
+}
+
+TEST(Reclaimer, APromotionBetweenItsLookAndItsWaitStillWakesIt) {
+  auto live = std::make_shared<std::atomic<int>>(0);
+  chain c(tracked(1, live));
+  c.promote(tracked(2, live));  // nothing retired yet: the reclaimer will sleep with no timeout
+  reclaim_signal signal;
+  bool promoted = false;  // the reclaimer thread's own
+  std::thread reclaimer([&] {
+    run_reclaimer(
+        signal,
+        [&] {
+          c.reclaim(done);
+          return reclaim_pass{c.get_stats().retired != 0, false};
+        },
+        1ms, 100ms,
+        [&] {
+          // The first pass found nothing to do; before it waits, version 1 is retired and the
+          // reclaimer told, exactly in the window where the wake-up used to be lost.
+          if (promoted) return;
+          promoted = true;
+          c.promote(tracked(3, live));
+          signal.notify();
+        });
+  });
+  const bool reclaimed = eventually([&] { return c.get_stats().reclaimed == 1; });
+  signal.stop();
+  reclaimer.join();
+  EXPECT_TRUE(reclaimed) << "the notify() between the reclaimer's look and its wait was lost";
+  EXPECT_EQ(live->load(), 2);
+}
+
+TEST(Reclaimer, SleepsUntilNotifiedAndStopsWhenTold) {
+  reclaim_signal signal;
+  std::atomic<int> passes{0};
+  std::thread reclaimer([&] {
+    run_reclaimer(
+        signal,
+        [&] {
+          passes.fetch_add(1);
+          return reclaim_pass{};
+        },
+        1ms, 100ms, [] {});
+  });
+  ASSERT_TRUE(eventually([&] { return passes.load() == 1; }));
+  signal.notify();
+  EXPECT_TRUE(eventually([&] { return passes.load() == 2; })) << "a notify() wakes it";
+  signal.stop();
+  reclaimer.join();  // returns: stop() wakes it too
+  EXPECT_EQ(passes.load(), 2);
+}
+
+TEST(Reclaimer, PollsWhileVersionsWaitAndBacksOffAfterAFailure) {
+  reclaim_signal signal;
+  std::atomic<int> passes{0}, failed_passes{0};
+  std::atomic<bool> failing{false};
+  std::thread reclaimer([&] {
+    run_reclaimer(
+        signal,
+        [&] {
+          passes.fetch_add(1);
+          const bool failed = failing.load();
+          if (failed) failed_passes.fetch_add(1);
+          return reclaim_pass{true, failed};
+        },
+        1ms, std::chrono::hours(1), [] {});
+  });
+  EXPECT_TRUE(eventually([&] { return passes.load() >= 3; })) << "polls with no notify()";
+  failing.store(true);
+  ASSERT_TRUE(eventually([&] { return failed_passes.load() == 1; }));
+  const int after_failure = passes.load();  // final: the failed pass counted itself first
+  std::this_thread::sleep_for(300ms);
+  EXPECT_EQ(passes.load(), after_failure) << "after a failure it waits failure_poll, not poll";
+  EXPECT_EQ(failed_passes.load(), 1);
+  signal.notify();  // a promotion still wakes it at once
+  EXPECT_TRUE(eventually([&] { return failed_passes.load() == 2; }));
+  signal.stop();
+  reclaimer.join();
 }
 
 }  // namespace

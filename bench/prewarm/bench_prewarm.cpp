@@ -33,7 +33,8 @@ using clock_type = std::chrono::steady_clock;
 /// Microseconds of one launch of fill_u32 + synchronize in `ctx`.
 double timed_launch(const cubridge::kernel& fill, cubridge::driver_buffer<unsigned>& out) {
   const auto start = clock_type::now();
-  fill.launch({.grid = {4}, .block = {256}}, out.span(), 1u, std::size_t{1024});
+  fill.launch({.grid = {4}, .block = {256}, .stream = cubridge::stream_ref::legacy_default()},
+              out.span(), 1u, std::size_t{1024});
   if (cubridge::driver::api().cuCtxSynchronize() != CUDA_SUCCESS) return -1;
   return std::chrono::duration<double, std::micro>(clock_type::now() - start).count();
 }
@@ -46,7 +47,10 @@ int child(std::string_view mode) {
   cubridge::prewarm_plan plan;
   if (mode != "cold") plan.kernel(fill);
   // The warm-up a service would name: the same kernel on its scratch buffer.
-  if (mode == "prewarmed-launch") plan.launch(fill, {.grid = {4}, .block = {256}}, out.span(), 0u, std::size_t{1024});
+  if (mode == "prewarmed-launch")
+    plan.launch(fill,
+                {.grid = {4}, .block = {256}, .stream = cubridge::stream_ref::legacy_default()},
+                out.span(), 0u, std::size_t{1024});
   (void)plan.run(ctx);
   cubridge::scoped_current current(ctx);
   std::printf("%.3f\n", timed_launch(fill, out));

@@ -23,11 +23,13 @@ struct launch_config {
   dims grid;
   dims block;
   unsigned dynamic_shared_bytes = 0;
-  stream_ref stream = stream_ref::legacy_default();
+  /// Where it runs. No default (a launch_config without it does not compile): a launch that
+  /// means the legacy default stream says so, `.stream = stream_ref::legacy_default()`.
+  stream_ref stream;
   /// Thread-block cluster extent; {0,0,0} means no cluster (a plain cuLaunchKernel).
   dims cluster{0, 0, 0};
 
-  /// "grid (4,1,1) block (256,1,1) shared 0 B on stream 0x0".
+  /// "grid (4,1,1) block (256,1,1) shared 0 B on stream 0x0" ("... on a moved-from stream").
   [[nodiscard]] std::string describe() const;
 };
 

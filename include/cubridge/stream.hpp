@@ -7,7 +7,9 @@
 
 namespace cubridge {
 
-/// Owning, move-only CUstream / cudaStream_t; a moved-from stream holds no handle.
+/// Owning, move-only CUstream / cudaStream_t. A moved-from or released stream holds a sentinel
+/// (not 0, the legacy default stream): every use of it, a launch on it included, throws error
+/// (errc::precondition) instead of running on another stream.
 class stream : public stream_ref {
  public:
   /// Creates a stream in `ctx` (CU_STREAM_NON_BLOCKING by default: it does not synchronise with
@@ -20,8 +22,9 @@ class stream : public stream_ref {
   stream& operator=(const stream&) = delete;
   ~stream();
 
-  /// Gives up ownership; the caller destroys the handle.
-  [[nodiscard]] CUstream release() noexcept;
+  /// Gives up ownership; the caller destroys the handle. The stream is then as if moved from.
+  /// @throws error (errc::precondition) if it was moved from or released already.
+  [[nodiscard]] CUstream release();
 
  private:
   stream(context_arg ctx, CUstream handle) noexcept;

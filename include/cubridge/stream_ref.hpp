@@ -7,6 +7,7 @@
 #include <cuda.h>
 #include <driver_types.h>
 
+#include <cstdint>
 #include <type_traits>
 
 namespace cubridge {
@@ -15,23 +16,52 @@ static_assert(std::is_same_v<CUstream, cudaStream_t>, "CUstream and cudaStream_t
 
 class event_ref;
 
-/// Non-owning CUstream / cudaStream_t.
+namespace detail {
+/// The handle a moved-from or released cubridge::stream holds: no stream's, and not 0, which
+/// would silently mean the legacy default stream. stream_ref::get() refuses it.
+inline CUstream moved_from_stream() noexcept {
+  return reinterpret_cast<CUstream>(~std::uintptr_t{0});
+}
+[[noreturn]] void throw_moved_from_stream();
+}  // namespace detail
+
+/// Non-owning CUstream / cudaStream_t. Not default-constructible: a launch_config names its
+/// stream, the legacy default stream too (legacy_default()).
 class stream_ref {
  public:
   /// Adopts a stream of either API. A null handle is the legacy default stream of the context
-  /// current when it is used.
+  /// current when it is used (in cubridge's own calls, whatever nvcc's --default-stream says).
   [[nodiscard]] static constexpr stream_ref from_native(CUstream handle) noexcept {
     return stream_ref(handle);
   }
-  /// The legacy default stream (handle 0).
+  /// The legacy default stream (handle 0): one per context, shared by every thread, and
+  /// synchronising with the context's blocking streams.
   [[nodiscard]] static constexpr stream_ref legacy_default() noexcept { return stream_ref(CUstream{}); }
   stream_ref(std::nullptr_t) = delete;
   stream_ref(int) = delete;
 
-  [[nodiscard]] constexpr CUstream get() const noexcept { return handle_; }
-  /// The same handle, spelled for Runtime API calls.
-  [[nodiscard]] constexpr cudaStream_t runtime_handle() const noexcept { return handle_; }
+  /// The handle. @throws error (errc::precondition) for a moved-from or released
+  /// cubridge::stream, so that nothing launches on a stream that is gone.
+  [[nodiscard]] CUstream get() const {
+    if (handle_ == detail::moved_from_stream()) [[unlikely]]
+      detail::throw_moved_from_stream();
+    return handle_;
+  }
+  /// The same handle, spelled for Runtime API calls. @throws as get().
+  [[nodiscard]] cudaStream_t runtime_handle() const { return get(); }
+  /// True for the legacy default stream: 0 or CU_STREAM_LEGACY (cudaStreamLegacy).
+  [[nodiscard]] bool is_legacy() const noexcept {
+    return handle_ == nullptr || handle_ == CU_STREAM_LEGACY;
+  }
+  /// True for CU_STREAM_PER_THREAD (cudaStreamPerThread): the calling thread's default stream,
+  /// another stream on every thread.
+  [[nodiscard]] bool is_per_thread() const noexcept { return handle_ == CU_STREAM_PER_THREAD; }
+  /// True for what a moved-from or released cubridge::stream holds.
+  [[nodiscard]] bool is_moved_from() const noexcept {
+    return handle_ == detail::moved_from_stream();
+  }
 
+  // Each of these throws error (errc::precondition) for a moved-from stream, as get().
   /// The context the stream belongs to (cuStreamGetCtx). @throws error
   [[nodiscard]] context_ref context() const;
   /// Waits until all work queued so far has completed. @throws error naming the stream

@@ -10,17 +10,22 @@
 //     latest token per stream is kept: memory stays bounded however many launches run.
 //   - promote(payload) makes a new version current atomically: every acquire() that starts after
 //     promote() returns sees it, on every thread. The version it replaces stays loaded as the
-//     rollback target; the one before that is retired.
-//   - rollback() swaps current and previous.
+//     rollback target; the one before that is retired. promote(payload, prepare) runs `prepare`
+//     first: if it throws, nothing switched (all or nothing); the switch itself never throws.
+//   - rollback() swaps current and previous (rollback(prepare) likewise all or nothing).
 //   - reclaim(done) destroys retired versions that no lease pins and whose every token is done.
-//     Call it from a background thread (hot_module does), never from a serving thread.
+//     Call it from a background thread (hot_module does, with detail::run_reclaimer below),
+//     never from a serving thread.
 
 #include <cubridge/error.hpp>
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -123,9 +128,23 @@ class version_chain {
   /// Makes `payload` the current version; returns its id. The replaced version becomes the
   /// rollback target; the previous rollback target is retired.
   std::uint64_t promote(Payload payload) {
+    return promote(std::move(payload), [](const version&, const version&) {});
+  }
+
+  /// As promote(payload), all or nothing: first `prepare(from, to)` runs, under the writers'
+  /// lock (no other promote, rollback or reclaim meanwhile), with `from` the current version and
+  /// `to` the new one, which acquire() cannot see yet. If it throws, nothing changed: the new
+  /// version is destroyed (after the lock is released), its id is not used, and the exception
+  /// propagates. The switch after it does not throw.
+  template <class Prepare>
+  std::uint64_t promote(Payload payload, Prepare&& prepare) {
+    std::shared_ptr<const version> fresh;  // before the lock: if prepare throws, destroyed after it
     std::lock_guard lock(writer_mutex_);
-    auto fresh = std::make_shared<const version>(next_id_++, std::move(payload));
-    const auto id = fresh->id;
+    fresh = std::make_shared<const version>(next_id_, std::move(payload));
+    const auto from = current();
+    prepare(std::as_const(*from), std::as_const(*fresh));
+    if (previous_) retired_.reserve(retired_.size() + 1);  // the last step that may throw
+    const auto id = next_id_++;
     auto replaced = exchange_current(std::move(fresh));
     if (previous_) retired_.push_back(std::move(previous_));
     previous_ = std::move(replaced);
@@ -136,11 +155,22 @@ class version_chain {
   /// Makes the previous version current again (and the current one the rollback target).
   /// @throws error (errc::precondition) when there is no previous version.
   std::uint64_t rollback() {
+    return rollback([](const version&, const version&) {});
+  }
+
+  /// As rollback(), all or nothing: `prepare(from, to)` runs first, under the writers' lock,
+  /// with `from` the current version and `to` the previous one; if it throws, nothing changed.
+  /// @throws error (errc::precondition) when there is no previous version (prepare not run).
+  template <class Prepare>
+  std::uint64_t rollback(Prepare&& prepare) {
     std::lock_guard lock(writer_mutex_);
     CUBRIDGE_EXPECTS(previous_ != nullptr, "rollback with no previous version");
+    const auto from = current();
+    prepare(std::as_const(*from), std::as_const(*previous_));
+    const auto id = previous_->id;
     previous_ = exchange_current(std::move(previous_));
     ++promotions_;
-    return acquire().id();
+    return id;
   }
 
   /// Id of the version a rollback would return to, if any.
@@ -154,9 +184,11 @@ class version_chain {
   /// returns true). A stream noted without a token gets one from `make_token(stream)` once the
   /// version is unpinned. `done` and `make_token` (driver calls, for CUDA) run without the
   /// chain's lock, so promote() never waits for them; payload destructors (module unloads) run
-  /// here, on the caller's thread, outside every lock. Returns how many were destroyed.
-  template <class DonePredicate, class MakeToken>
-  std::size_t reclaim(DonePredicate&& done, MakeToken&& make_token) {
+  /// here, on the caller's thread, outside every lock. If `done` or `make_token` throws for a
+  /// version, `on_failure(id, exception)` is called (outside every lock) and that version stays
+  /// retired for a later call; the others are still reclaimed. Returns how many were destroyed.
+  template <class DonePredicate, class MakeToken, class OnFailure>
+  std::size_t reclaim(DonePredicate&& done, MakeToken&& make_token, OnFailure&& on_failure) {
     // Unpinned retired versions stay unpinned: no lease on them can appear (a lease is pinned
     // under current_mutex_, before promote() swapped it out and retired it under writer_mutex_).
     std::vector<std::shared_ptr<const version>> candidates;
@@ -166,8 +198,15 @@ class version_chain {
         if (v->leases.load(std::memory_order_acquire) == 0) candidates.push_back(v);
     }
     std::vector<const version*> finished;
-    for (const auto& v : candidates)
-      if (all_done(*v, done, make_token)) finished.push_back(v.get());
+    for (const auto& v : candidates) {
+      bool all = false;
+      try {
+        all = all_done(*v, done, make_token);
+      } catch (...) {
+        on_failure(v->id, std::current_exception());
+      }
+      if (all) finished.push_back(v.get());
+    }
     std::vector<std::shared_ptr<const version>> doomed;
     if (!finished.empty()) {
       std::lock_guard lock(writer_mutex_);
@@ -192,6 +231,14 @@ class version_chain {
       reclaimed_ += n;
     }
     return n;
+  }
+
+  /// As above; an exception from `done` or `make_token` propagates (later versions are left
+  /// for the next call).
+  template <class DonePredicate, class MakeToken>
+  std::size_t reclaim(DonePredicate&& done, MakeToken&& make_token) {
+    return reclaim(done, make_token,
+                   [](std::uint64_t, std::exception_ptr e) { std::rethrow_exception(e); });
   }
 
   /// Gives every version that noted `stream` a fresh token from `make_token(stream)`, now. For a
@@ -245,6 +292,11 @@ class version_chain {
     return all;
   }
 
+  std::shared_ptr<const version> current() const {
+    std::lock_guard lock(current_mutex_);
+    return current_;
+  }
+
   std::shared_ptr<const version> exchange_current(std::shared_ptr<const version> next) {
     std::lock_guard lock(current_mutex_);
     std::swap(current_, next);
@@ -261,5 +313,88 @@ class version_chain {
   std::uint64_t reclaimed_ = 0;
   std::size_t unloading_ = 0;  // taken off retired_, being destroyed by a reclaim() call
 };
+
+namespace detail {
+
+/// Wakes a background reclaimer with no lost wake-up: notify() counts a generation under the
+/// mutex that wait() checks, so a notify() that comes between the reclaimer's last look at the
+/// chain and its wait still wakes it.
+class reclaim_signal {
+ public:
+  /// There may be work (a version was retired): call after the change is made.
+  void notify() {
+    {
+      std::lock_guard lock(mutex_);
+      ++generation_;
+    }
+    wake_.notify_all();
+  }
+
+  /// Ends the reclaimer: every wait() from now on returns false at once.
+  void stop() {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+  }
+
+  /// The number of notify() calls so far; the first `seen` to give wait().
+  [[nodiscard]] std::uint64_t generation() const {
+    std::lock_guard lock(mutex_);
+    return generation_;
+  }
+
+  /// Blocks until notify() has been called since `seen` was read, stop() was called, or
+  /// `timeout` (if any) passed; then sets `seen` to the generation now. Returns false once
+  /// stop() was called.
+  bool wait(std::uint64_t& seen, std::optional<std::chrono::milliseconds> timeout) {
+    std::unique_lock lock(mutex_);
+    const auto woken = [&] { return stopping_ || generation_ != seen; };
+    if (timeout)
+      wake_.wait_for(lock, *timeout, woken);
+    else
+      wake_.wait(lock, woken);
+    seen = generation_;
+    return !stopping_;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  std::uint64_t generation_ = 0;
+  bool stopping_ = false;
+};
+
+/// What one reclaim pass left behind.
+struct reclaim_pass {
+  bool waiting = false;  ///< retired versions remain (pinned, or their GPU work still runs)
+  bool failed = false;   ///< a step failed (see hot_module_stats::reclaim_failures)
+};
+
+/// The background reclaimer's loop, until `signal.stop()`: runs `pass()` (returning a
+/// reclaim_pass) at once and after every notify(); while versions are waiting it polls every
+/// `poll`, after a failed pass every `failure_poll` (a stuck failure must not spin or flood the
+/// failure report). `before_wait()` runs between a pass and the wait after it, where a wake-up
+/// used to be lost: a seam for tests to force that interleaving.
+template <class Pass, class BeforeWait>
+void run_reclaimer(reclaim_signal& signal, Pass&& pass, std::chrono::milliseconds poll,
+                   std::chrono::milliseconds failure_poll, BeforeWait&& before_wait) {
+  // Read before the pass: a notify() after this point makes the next wait() return at once,
+  // and the change it announces was made before it, so the pass after that wait sees it.
+  auto seen = signal.generation();
+  for (;;) {
+    const reclaim_pass result = pass();
+    before_wait();
+    std::optional<std::chrono::milliseconds> timeout;
+    if (result.failed)
+      timeout = failure_poll;
+    else if (result.waiting)
+      timeout = poll;
+    if (!signal.wait(seen, timeout)) return;
+  }
+}
+
+}  // namespace detail
 
 }  // namespace cubridge
