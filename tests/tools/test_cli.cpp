@@ -23,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
@@ -648,6 +649,33 @@ TEST_F(Cli, EndpointTextIsPrintedEscapedAndBounded) {
   EXPECT_EQ(r.exit_code, 1) << r.all();
   expect_clean(r);
   EXPECT_TRUE(contains(r.err, "does not say its GPU")) << r.err;
+}
+
+// An endpoint cannot make the pusher hold its answer whole: over 1 MiB, or a small gzip body
+// that would grow when decompressed, the push stops reading and says so.
+TEST_F(Cli, AnAnswerOverTheLimitIsNotReadWhole) {
+  const auto bundle = write_bundle("f5.bundle", "filters", 5);
+  std::atomic<bool> gzip{false};
+  fake_endpoint endpoint([&](const httplib::Request&, httplib::Response& res) {
+    res.status = 200;
+    if (gzip) {
+      // 64 bytes that a decompressing client would inflate (the bytes are not valid gzip, so a
+      // client that tries fails differently; one that does not decompress just sees 64 bytes).
+      res.set_header("Content-Encoding", "gzip");
+      res.set_content(std::string(64, 'x'), "application/json");
+    } else {
+      res.set_content("{\"detail\":\"" + std::string(std::size_t{3} << 20, 'A') + "\"}",
+                      "application/json");
+    }
+  });
+  auto r = run_tool({"push", endpoint.url(), bundle}, dir.path);
+  EXPECT_EQ(r.exit_code, 1) << r.all();
+  EXPECT_TRUE(contains(r.err, "answer is over 1048576 bytes")) << r.err;
+  EXPECT_LT(r.all().size(), 1000u);
+  gzip = true;
+  r = run_tool({"push", endpoint.url(), bundle}, dir.path);
+  EXPECT_EQ(r.exit_code, 1) << r.all();
+  EXPECT_TRUE(contains(r.err, "not_json")) << r.err;  // read as sent, not inflated
 }
 
 TEST_F(Cli, ModuleNamesAreSentPercentEncodedAndArriveIntact) {

@@ -41,6 +41,12 @@ std::uint64_t number_field(const json& body, const char* key, std::uint64_t fall
   return it != body.end() && it->is_number_unsigned() ? it->get<std::uint64_t>() : fallback;
 }
 
+// Whether the endpoint's answer has `field` = true (a JSON boolean, nothing else).
+bool says_true(const json& body, const char* field) {
+  const auto it = body.find(field);
+  return it != body.end() && it->is_boolean() && it->get<bool>();
+}
+
 // "sm_90", "sm_100a": the only GPU names taken from an endpoint as a compile target.
 bool is_gpu_name(std::string_view s) {
   if (!s.starts_with("sm_")) return false;
@@ -52,6 +58,9 @@ bool is_gpu_name(std::string_view s) {
 
 class endpoint_client {
  public:
+  // The largest answer read from an endpoint (a status listing of many modules fits easily).
+  static constexpr std::size_t max_answer_bytes = std::size_t{1} << 20;
+
   endpoint_client(const endpoint_url& url, const std::string& ca_cert)
       : url_(url.text()), host_(url.host), ca_cert_(ca_cert) {
     if (url.scheme == "https") {
@@ -75,19 +84,36 @@ class endpoint_client {
     client_->set_read_timeout(120, 0);  // staging may compile and validate
     client_->set_write_timeout(30, 0);
     client_->set_tcp_nodelay(true);
+    client_->set_decompress(false);  // a small compressed answer must not grow in memory
   }
 
   // The answer's status and JSON body; throws unreachable when there is none, and
   // std::runtime_error (exit_failure) when the endpoint's certificate is not trusted.
   std::pair<int, json> call(const std::string& method, const std::string& path,
                             const std::string& body = {}, const char* type = "") {
-    auto r = method == "GET"   ? client_->Get(path)
-             : method == "PUT" ? client_->Put(path, body, type)
-                               : client_->Post(path, body, type);
+    // The answer is read into a bounded buffer: an endpoint (or whatever answers at its address)
+    // cannot make the pusher hold more than max_answer_bytes, compressed or not.
+    httplib::Request request;
+    request.method = method;
+    request.path = path;
+    request.body = body;
+    if (*type) request.set_header("Content-Type", type);
+    std::string answer;
+    bool too_large = false;
+    request.content_receiver = [&](const char* data, std::size_t size, std::uint64_t,
+                                   std::uint64_t) {
+      if (answer.size() + size > max_answer_bytes) return !(too_large = true);
+      answer.append(data, size);
+      return true;
+    };
+    auto r = client_->send(request);
+    if (too_large)
+      throw std::runtime_error("refused " + url_ + ": its answer is over " +
+                               std::to_string(max_answer_bytes) + " bytes");
     if (!r) fail(r.error());
-    auto parsed = json::parse(r->body, nullptr, false);
+    auto parsed = json::parse(answer, nullptr, false);
     if (parsed.is_discarded() || !parsed.is_object())
-      parsed = json{{"error", "not_json"}, {"detail", r->body.substr(0, 300)}};
+      parsed = json{{"error", "not_json"}, {"detail", answer.substr(0, 300)}};
     return {r->status, std::move(parsed)};
   }
 
@@ -172,7 +198,8 @@ int update_commands::push() const {
       const auto body = sign_rollback_request(a.rollback, from, key.key);
       const auto [rc, answer] =
           endpoint.call("POST", module_path(a.rollback) + "/rollback", body, "text/plain");
-      if (rc != 200) return report_refusal(rc, answer);
+      // Done only when the endpoint says so: a 200 from something else at that address is not.
+      if (rc != 200 || !says_true(answer, "rolled_back")) return report_refusal(rc, answer);
       std::cout << "rolled back '" << printable(a.rollback) << "' v"
                 << number_field(answer, "from_version", from) << " -> v"
                 << number_field(answer, "version", 0) << " at " << endpoint.url() << "\n";
@@ -240,7 +267,7 @@ int update_commands::push() const {
         endpoint.call("PUT", module_path(name),
                       std::string(reinterpret_cast<const char*>(bundle.data()), bundle.size()),
                       "application/octet-stream");
-    if (code != 200) return report_refusal(code, answer);
+    if (code != 200 || !says_true(answer, "promoted")) return report_refusal(code, answer);
     std::cout << "promoted '" << text_field(answer, "module", printable(name)) << "' v"
               << number_field(answer, "version", m.version) << " (was v"
               << number_field(answer, "previous_version", 0) << ") at " << endpoint.url()
