@@ -171,6 +171,17 @@ void write_file_atomically(const std::filesystem::path& path, std::span<const st
     if (exists) fail(quoted(path) + " exists");
     fail("cannot write " + quoted(path) + ": " + problem);
   }
+  // The rename is durable only once the directory is flushed: without it a crash could bring
+  // back the old file (an old replay state, a key that was replaced).
+  const auto directory = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
+  const int dir = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir < 0)
+    fail("cannot open the directory of " + quoted(path) + " to flush it: " + std::strerror(errno));
+  const bool flushed = ::fsync(dir) == 0;
+  const int fsync_error = errno;
+  ::close(dir);
+  if (!flushed)
+    fail("cannot flush the directory of " + quoted(path) + ": " + std::strerror(fsync_error));
 }
 
 }  // namespace cubridge::detail

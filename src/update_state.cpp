@@ -1,6 +1,7 @@
 // The persisted replay state of the update endpoint; see update_state.hpp and
 // docs/update-endpoint.md ("Replay state").
 #include <cubridge/bundle.hpp>
+#include <cubridge/detail/file_io.hpp>
 #include <cubridge/detail/signing.hpp>
 #include <cubridge/update_state.hpp>
 
@@ -11,6 +12,7 @@
 #include <cerrno>
 #include <cstring>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -142,54 +144,16 @@ parsed_state parse_state(const std::string& text, const std::filesystem::path& p
   return out;
 }
 
-// Writes all of `text` to `fd`; false (errno set) on failure.
-bool write_all(int fd, std::string_view text) {
-  while (!text.empty()) {
-    const ssize_t n = ::write(fd, text.data(), text.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      if (n == 0) errno = EIO;
-      return false;
-    }
-    text.remove_prefix(static_cast<std::size_t>(n));
-  }
-  return true;
-}
-
-// Replaces `path` by a file holding `text`: a new temporary file beside it (mkostemp: O_EXCL,
-// mode 0600), written and fsync'ed, renamed over `path`; then the directory is fsync'ed so that
-// the rename itself survives a crash.
+// Replaces `path` by a file holding `text` (mode 0600) through detail::write_file_atomically:
+// a temporary file beside it, flushed, renamed over `path`, the directory flushed after, so a
+// crash leaves the old state or the new one, never a mix.
 void write_atomically(const std::filesystem::path& path, std::string_view text) {
-  constexpr const char* call = "update_state (write)";
-  const std::filesystem::path directory =
-      path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
-  std::string temp = (directory / ("." + path.filename().string() + ".tmp-XXXXXX")).string();
-  const int fd = ::mkostemp(temp.data(), O_CLOEXEC);
-  if (fd < 0)
-    fail(update_state_reason::write_failed, call,
-         "cannot create a temporary file beside " + quoted(path) + ": " + system_error_text(errno));
-  auto give_up = [&](const std::string& what, int error) {
-    ::unlink(temp.c_str());
-    fail(update_state_reason::write_failed, call,
-         what + " " + quoted(path) + ": " + system_error_text(error));
-  };
-  {
-    fd_closer closer{fd};
-    if (!write_all(fd, text)) give_up("cannot write the new state of", errno);
-    if (::fsync(fd) != 0) give_up("cannot flush the new state of", errno);
-    closer.fd = -1;
-    if (::close(fd) != 0) give_up("cannot close the new state of", errno);
+  try {
+    detail::write_file_atomically(path, std::as_bytes(std::span(text.data(), text.size())), 0600,
+                                  true, "replay state");
+  } catch (const error& e) {
+    fail(update_state_reason::write_failed, "update_state (write)", e.involved());
   }
-  if (::rename(temp.c_str(), path.c_str()) != 0) give_up("cannot rename the new state to", errno);
-  const int dir = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir < 0)
-    fail(update_state_reason::write_failed, call,
-         "cannot open the directory of " + quoted(path) +
-             " to flush it: " + system_error_text(errno));
-  fd_closer dir_closer{dir};
-  if (::fsync(dir) != 0)
-    fail(update_state_reason::write_failed, call,
-         "cannot flush the directory of " + quoted(path) + ": " + system_error_text(errno));
 }
 
 }  // namespace
