@@ -13,8 +13,10 @@
 #include <openssl/pem.h>
 #include <openssl/x509v3.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -25,6 +27,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -32,6 +35,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 namespace {
@@ -614,39 +618,384 @@ TEST_F(RollbackTest, NothingToRollBackTo) {
 
 // --- connections ------------------------------------------------------------------------------
 
-TEST_F(UpdateEndpointTest, TooManyConnectionsAre503AndTheServiceRecovers) {
+// Reads until `text` has arrived, the server closes, or `timeout` passes; returns what arrived.
+std::string read_until(int fd, std::string_view text, std::chrono::milliseconds timeout) {
+  std::string out;
+  const auto until = std::chrono::steady_clock::now() + timeout;
+  while (out.find(text) == std::string::npos) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        until - std::chrono::steady_clock::now());
+    pollfd p{fd, POLLIN, 0};
+    if (left.count() <= 0 || ::poll(&p, 1, static_cast<int>(left.count())) <= 0) break;
+    char buffer[4096];
+    const ssize_t n = ::recv(fd, buffer, sizeof buffer, 0);
+    if (n <= 0) break;
+    out.append(buffer, static_cast<std::size_t>(n));
+  }
+  return out;
+}
+
+// What the endpoint answers to `head` (a request line and headers, no body) without being sent
+// anything more, and whether it then closed the connection.
+struct raw_answer {
+  std::string text;
+  bool closed = false;
+};
+raw_answer answer_to(std::uint16_t port, const std::string& head,
+                     std::chrono::milliseconds timeout = 3s) {
+  const int fd = connect_loopback(port);
+  ::send(fd, head.data(), head.size(), MSG_NOSIGNAL);
+  raw_answer a;
+  a.text = read_until_closed(fd, timeout, &a.closed);
+  ::close(fd);
+  return a;
+}
+
+// Sends `request_line` with `headers`, Connection: close and `body`; returns the whole response.
+std::string raw_request_with(std::uint16_t port, const std::string& request_line,
+                             const std::string& headers, const std::string& body) {
+  const int fd = connect_loopback(port);
+  const std::string request = request_line +
+                              " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n" + headers +
+                              "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  ::send(fd, request.data(), request.size(), MSG_NOSIGNAL);
+  auto response = read_until_closed(fd, 10s);
+  ::close(fd);
+  return response;
+}
+
+// Waits (boundedly) until the endpoint holds `n` connections.
+bool holds_connections(const cubridge::update_endpoint& endpoint, std::uint64_t n) {
+  for (int i = 0; i < 500; ++i) {
+    if (endpoint.stats().open_connections == n) return true;
+    std::this_thread::sleep_for(10ms);
+  }
+  return false;
+}
+
+std::size_t count_of(std::string_view text, std::string_view what) {
+  std::size_t n = 0;
+  for (auto at = text.find(what); at != std::string_view::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+// Framing is decided from the headers alone, before any body byte is buffered: every case below
+// is answered at once (the test sends no body), where before the endpoint waited for (and
+// buffered) a chunked, unbounded or compressed body, or one over the route's limit.
+TEST_F(UpdateEndpointTest, FramingIsDecidedFromTheHeadersBeforeAnyBodyIsBuffered) {
   cubridge::update_endpoint_options options;
-  options.threads = 2;
-  options.max_queued_connections = 1;
-  options.request_timeout = 3s;
+  options.max_body_bytes = 1 << 20;
   start(options);
   const auto before = sink.state();
-  // Three connections that never finish their request: two hold the workers, one waits.
-  std::vector<int> holders;
-  for (int i = 0; i < 3; ++i) {
-    holders.push_back(connect_loopback(port()));
-    const std::string partial = "PUT /v1/modules/filters HTTP/1.1\r\nHost: x\r\n";
-    ::send(holders.back(), partial.data(), partial.size(), MSG_NOSIGNAL);
+  const auto refused_before = endpoint->stats().refused;
+  const std::string put = "PUT /v1/modules/filters HTTP/1.1\r\nHost: x\r\n";
+  const std::string rollback = "POST /v1/modules/filters/rollback HTTP/1.1\r\nHost: x\r\n";
+  const std::string other = "POST /v2/nothing HTTP/1.1\r\nHost: x\r\n";
+  const std::string del = "DELETE /v1/modules/filters HTTP/1.1\r\nHost: x\r\n";
+  const std::string get = "GET /v1/modules HTTP/1.1\r\nHost: x\r\n";
+  std::string many_headers, large_headers;
+  for (int i = 0; i < 150; ++i) many_headers += "X-" + std::to_string(i) + ": 1\r\n";
+  for (int i = 0; i < 200; ++i)
+    large_headers += "X-" + std::to_string(i) + ": " + std::string(100, 'a') + "\r\n";
+  struct framing_case {
+    std::string head;
+    int status;
+    std::string error;
+  };
+  const std::vector<framing_case> cases{
+      {put + "Transfer-Encoding: chunked\r\n\r\n", 411, "length_required"},
+      {put + "Content-Length: 10\r\nTransfer-Encoding: chunked\r\n\r\n", 411, "length_required"},
+      {put + "Transfer-Encoding: gzip, chunked\r\n\r\n", 411, "length_required"},
+      {put + "\r\n", 411, "length_required"},
+      {put + "Content-Length: 1048577\r\n\r\n", 413, "too_large"},
+      {put + "Content-Length: 99999999999999999999999999\r\n\r\n", 413, "too_large"},
+      {put + "Content-Length: 10\r\nContent-Length: 10\r\n\r\n", 400, "bad_request"},
+      {put + "Content-Length: 10, 10\r\n\r\n", 400, "bad_request"},
+      {put + "Content-Length: 1e3\r\n\r\n", 400, "bad_request"},
+      {put + "Content-Length: -1\r\n\r\n", 400, "bad_request"},
+      {put + "Content-Length: %31%30\r\n\r\n", 400, "bad_request"},
+      {put + "Content-Length : 10\r\n\r\n", 400, "bad_request"},
+      {put + "Content-Length: 10\n\r\n", 400, "bad_request"},
+      {put + " Content-Length: 10\r\n\r\n", 400, "bad_request"},
+      {put + "Content-Length: 100\r\nContent-Encoding: gzip\r\n\r\n", 415, "unsupported_encoding"},
+      {put + "Content-Length: 100\r\nContent-Encoding: deflate\r\n\r\n", 415,
+       "unsupported_encoding"},
+      {put + "Content-Length: 100\r\nContent-Encoding: br\r\n\r\n", 415, "unsupported_encoding"},
+      {put + "Content-Length: 100\r\nContent-Type: multipart/form-data; boundary=x\r\n\r\n", 415,
+       "unsupported_media_type"},
+      {put + "Content-Length: 100\r\nContent-Type: Multipart/mixed; boundary=x\r\n\r\n", 415,
+       "unsupported_media_type"},
+      {rollback + "Content-Length: 4097\r\n\r\n", 413, "too_large"},
+      {rollback + "Transfer-Encoding: chunked\r\n\r\n", 411, "length_required"},
+      {rollback + "\r\n", 411, "length_required"},
+      {rollback + "Content-Length: 100\r\nContent-Encoding: gzip\r\n\r\n", 415,
+       "unsupported_encoding"},
+      {other + "Content-Length: 100\r\n\r\n", 413, "too_large"},
+      {other + "Transfer-Encoding: chunked\r\n\r\n", 411, "length_required"},
+      {del + "Content-Length: 100\r\n\r\n", 413, "too_large"},
+      {del + "Transfer-Encoding: chunked\r\n\r\n", 411, "length_required"},
+      {get + "Content-Length: 10\r\n\r\n", 413, "too_large"},
+      {get + many_headers + "\r\n", 431, "headers_too_large"},
+      {get + large_headers + "\r\n", 431, "headers_too_large"},
+  };
+  for (const auto& c : cases) {
+    const auto a = answer_to(port(), c.head);
+    const auto shown = c.head.substr(0, 120);
+    EXPECT_EQ(status_of(a.text), c.status) << shown << "\n-> " << a.text.substr(0, 300);
+    EXPECT_EQ(body_of(a.text).value("error", ""), c.error) << shown;
+    EXPECT_FALSE(body_of(a.text).value("detail", "").empty()) << shown;
+    EXPECT_TRUE(a.closed) << "the connection stays open after a framing refusal: " << shown;
   }
-  // Once the three are accepted and handed to workers, the next connection is refused. On a
-  // loaded machine that can take longer than one wait: try again a few times.
-  std::string response;
+  EXPECT_EQ(endpoint->stats().refused, refused_before + cases.size());
+  EXPECT_EQ(sink.state(), before);
+  expect_still_serving();
+}
+
+// A body is read to its Content-Length and no further: what follows is the next request, and a
+// connection serves keep_alive_max_requests requests at most.
+TEST_F(UpdateEndpointTest, PipelinedRequestsAreServedInOrderUpToTheRequestLimit) {
+  cubridge::update_endpoint_options options;
+  options.keep_alive_max_requests = 2;
+  start(options);
+  const auto b = as_text(bundle("filters", 3));
+  const std::string get = "GET /v1/modules HTTP/1.1\r\nHost: x\r\n\r\n";
+  const std::string requests =
+      "PUT /v1/modules/filters HTTP/1.1\r\nHost: x\r\nContent-Length: " + std::to_string(b.size()) +
+      "\r\n\r\n" + b + get + get;
+  const int fd = connect_loopback(port());
+  ASSERT_EQ(::send(fd, requests.data(), requests.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(requests.size()));
   bool closed = false;
-  for (int attempt = 0; attempt < 10; ++attempt) {
-    std::this_thread::sleep_for(200ms);
-    const int extra = connect_loopback(port());
-    closed = false;
-    response = read_until_closed(extra, 2s, &closed);
-    ::close(extra);
-    if (status_of(response) == 503) break;
+  const auto answers = read_until_closed(fd, 10s, &closed);
+  ::close(fd);
+  EXPECT_TRUE(closed) << "the connection outlived keep_alive_max_requests";
+  EXPECT_EQ(count_of(answers, "HTTP/1.1 200 OK\r\n"), 2u) << answers;
+  EXPECT_NE(answers.find("\"promoted\":true"), std::string::npos) << answers;
+  EXPECT_EQ(count_of(answers, "Connection: close\r\n"), 1u) << answers;
+  EXPECT_EQ(sink.applied("filters"), std::vector<std::uint64_t>{3});
+}
+
+// A body httplib did not read (refused before it, here for the name) is never taken for the next
+// request: the connection closes after the answer.
+TEST_F(UpdateEndpointTest, AnUnreadBodyIsNeverTakenForTheNextRequest) {
+  start();
+  const std::string inner = "GET /v1/modules HTTP/1.1\r\nHost: x\r\n\r\n";
+  const std::string request = "PUT /v1/modules/a%2Fb HTTP/1.1\r\nHost: x\r\nContent-Length: " +
+                              std::to_string(inner.size()) + "\r\n\r\n" + inner;
+  const int fd = connect_loopback(port());
+  ::send(fd, request.data(), request.size(), MSG_NOSIGNAL);
+  bool closed = false;
+  const auto answers = read_until_closed(fd, 10s, &closed);
+  ::close(fd);
+  EXPECT_EQ(status_of(answers), 400) << answers;
+  EXPECT_EQ(count_of(answers, "HTTP/1.1 "), 1u) << "the body was served as a request: " << answers;
+  EXPECT_TRUE(closed);
+}
+
+// curl sends `Expect: 100-continue` for bodies over 1 MiB and waits for it: the endpoint answers
+// 100 once the headers pass the checks, exactly once, and never before a refusal.
+TEST_F(UpdateEndpointTest, ExpectContinueIsAnsweredOnceAndOnlyWhenTheHeadersPass) {
+  cubridge::update_endpoint_options options;
+  options.max_body_bytes = 1 << 20;
+  start(options);
+  const auto over = answer_to(port(),
+                              "PUT /v1/modules/filters HTTP/1.1\r\nHost: x\r\nExpect: 100-continue"
+                              "\r\nContent-Length: 2000000\r\n\r\n");
+  EXPECT_EQ(status_of(over.text), 413) << "a refusal, not 100 Continue: " << over.text;
+
+  const auto b = as_text(bundle("filters", 3));
+  const std::string head =
+      "PUT /v1/modules/filters HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+      "Expect: 100-continue\r\nContent-Length: " +
+      std::to_string(b.size()) + "\r\n\r\n";
+  const int fd = connect_loopback(port());
+  ::send(fd, head.data(), head.size(), MSG_NOSIGNAL);
+  const auto interim = read_until(fd, "\r\n\r\n", 5s);
+  EXPECT_EQ(interim, "HTTP/1.1 100 Continue\r\n\r\n");
+  ::send(fd, b.data(), b.size(), MSG_NOSIGNAL);
+  const auto final_answer = read_until_closed(fd, 10s);
+  ::close(fd);
+  EXPECT_EQ(status_of(final_answer), 200) << final_answer;
+  EXPECT_EQ(count_of(final_answer, "100 Continue"), 0u)
+      << "a second 100 Continue: " << final_answer;
+  EXPECT_EQ(sink.applied("filters"), std::vector<std::uint64_t>{3});
+}
+
+// The README's command line, as written: curl sends the bundle as
+// application/x-www-form-urlencoded (which httplib refused over 8 KiB with a false 413) and with
+// Expect: 100-continue over 1 MiB.
+TEST_F(UpdateEndpointTest, TheDocumentedCurlCommandPushesABundle) {
+  if (std::system("curl --version > /dev/null 2>&1") != 0) GTEST_SKIP() << "curl is not installed";
+  start();
+  cubridge::testing::temp_dir dir;
+  const auto small = bundle("filters", 7);  // the test cubin: 13 KB
+  ASSERT_GT(small.size(), 8u << 10);
+  const bytes source(2u << 20, std::byte{'/'});
+  cubridge::bundle_manifest_input in{"big", 1, "sm_90", cubridge::payload_kind::cuda_source};
+  const auto big = cubridge::sign_bundle(in, source, keys.secret_key);
+  for (const auto& [name, b] :
+       std::vector<std::pair<std::string, bytes>>{{"filters", small}, {"big", big}}) {
+    const auto file = dir.path / (name + ".bundle");
+    cubridge::testing::write_text(file, as_text(b));
+    const auto out = dir.path / (name + ".out");
+    const std::string command = "curl --fail-with-body -X PUT --data-binary @" + file.string() +
+                                " " + endpoint->url() + "/v1/modules/" + name + " > " +
+                                out.string() + " 2> " + (dir.path / (name + ".err")).string();
+    const int rc = std::system(command.c_str());
+    std::ifstream answer_file(out);
+    const std::string answer((std::istreambuf_iterator<char>(answer_file)),
+                             std::istreambuf_iterator<char>());
+    EXPECT_TRUE(WIFEXITED(rc) && WEXITSTATUS(rc) == 0) << command << " -> " << rc << ": " << answer;
+    EXPECT_EQ(json::parse(answer, nullptr, false).value("promoted", false), true) << answer;
   }
+  EXPECT_EQ(sink.applied("filters"), std::vector<std::uint64_t>{7});
+  EXPECT_EQ(sink.applied("big"), std::vector<std::uint64_t>{1});
+  // multipart is the one Content-Type refused: httplib would parse it as a form.
+  const auto b = as_text(small);
+  const auto multipart = raw_request_with(port(), "PUT /v1/modules/filters",
+                                          "Content-Type: multipart/form-data; boundary=x\r\n", b);
+  EXPECT_EQ(status_of(multipart), 415) << multipart.substr(0, 300);
+  EXPECT_NE(body_of(multipart).value("detail", "").find("multipart"), std::string::npos);
+}
+
+// Slow clients cost a connection slot and a bounded buffer, never a worker: 40 of them trickle
+// headers or bodies while a client pushes and queries, each answered at once; stop() returns at
+// once with all of them connected.
+TEST_F(UpdateEndpointTest, SlowClientsNeverDelayOtherRequestsNorStop) {
+  start();  // 4 workers, request_timeout 30 s
+  std::vector<int> slow;
+  for (int i = 0; i < 40; ++i) {
+    slow.push_back(connect_loopback(port()));
+    const std::string head =
+        i % 2 ? "PUT /v1/modules/slow HTTP/1.1\r\nHost: x\r\nX-Slow: "
+              : "PUT /v1/modules/slow HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n";
+    ::send(slow.back(), head.data(), head.size(), MSG_NOSIGNAL);
+  }
+  std::atomic<bool> trickling{true};
+  std::thread trickle([&] {
+    while (trickling) {
+      for (int fd : slow) ::send(fd, "a", 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+      std::this_thread::sleep_for(100ms);
+    }
+  });
+  std::this_thread::sleep_for(300ms);  // every slow client connected and trickling
+  auto slowest = std::chrono::steady_clock::duration::zero();
+  for (int i = 0; i < 20; ++i) {
+    const auto began = std::chrono::steady_clock::now();
+    const auto r =
+        i % 2 ? send("GET", "/v1/modules") : push("canary", bundle("canary", ++next_valid));
+    slowest = std::max(slowest, std::chrono::steady_clock::now() - began);
+    EXPECT_EQ(r.status, 200) << "request " << i << ": " << r.body.dump();
+  }
+  EXPECT_LT(slowest, 2s) << "a request waited behind slow clients";
+  const auto stopping = std::chrono::steady_clock::now();
+  endpoint->stop();
+  const auto stop_took = std::chrono::steady_clock::now() - stopping;
+  EXPECT_LT(stop_took, 1s) << "stop() waited for slow clients";
+  trickling = false;
+  trickle.join();
+  for (int fd : slow) {
+    bool closed = false;
+    read_until_closed(fd, 2s, &closed);
+    EXPECT_TRUE(closed) << "stop() left a connection open";
+    ::close(fd);
+  }
+}
+
+// request_timeout counts from accept, not from when a worker takes the connection: with one
+// worker, three trickling clients are each cut about request_timeout after they connected.
+TEST_F(UpdateEndpointTest, ATricklingClientIsCutAtRequestTimeoutCountedFromAccept) {
+  cubridge::update_endpoint_options options;
+  options.threads = 1;
+  options.request_timeout = 1s;
+  options.read_timeout = 10s;  // the request deadline, not the read timeout, bounds it
+  start(options);
+  struct trickler {
+    int fd;
+    std::chrono::steady_clock::time_point connected, cut{};
+    std::string answer;
+  };
+  std::vector<trickler> clients;
+  for (int i = 0; i < 3; ++i)
+    clients.push_back({connect_loopback(port()), std::chrono::steady_clock::now()});
+  const std::string request = "PUT /v1/modules/filters HTTP/1.1\r\nHost: x\r\nX-Padding: ";
+  const auto until = std::chrono::steady_clock::now() + 5s;
+  for (std::size_t sent = 0; std::chrono::steady_clock::now() < until; ++sent) {
+    bool all_cut = true;
+    for (auto& c : clients) {
+      if (c.cut != std::chrono::steady_clock::time_point{}) continue;
+      all_cut = false;
+      const char byte = sent < request.size() ? request[sent] : 'a';
+      ::send(c.fd, &byte, 1, MSG_NOSIGNAL);
+      pollfd p{c.fd, POLLIN, 0};
+      if (::poll(&p, 1, 0) > 0) {
+        c.cut = std::chrono::steady_clock::now();
+        c.answer = read_until_closed(c.fd, 2s);
+      }
+    }
+    if (all_cut) break;
+    std::this_thread::sleep_for(50ms);
+  }
+  for (const auto& c : clients) {
+    ASSERT_NE(c.cut, std::chrono::steady_clock::time_point{}) << "a trickling client was never cut";
+    const auto held = c.cut - c.connected;
+    EXPECT_GE(held, 900ms);
+    EXPECT_LT(held, 2500ms) << "cut after " << std::chrono::duration<double>(held).count()
+                            << " s: the deadline started later than accept";
+    EXPECT_EQ(status_of(c.answer), 408) << c.answer;
+    EXPECT_EQ(body_of(c.answer).value("error", ""), "timeout") << c.answer;
+    ::close(c.fd);
+  }
+  expect_still_serving();
+}
+
+// max_connections idle connections fill the endpoint; the next one is answered 503 at once and
+// closed; when they go, the service serves again.
+TEST_F(UpdateEndpointTest, TooManyConnectionsAre503AndTheServiceRecovers) {
+  cubridge::update_endpoint_options options;
+  options.max_connections = 3;
+  start(options);
+  const auto before = sink.state();
+  std::vector<int> holders;
+  for (int i = 0; i < 3; ++i) holders.push_back(connect_loopback(port()));
+  ASSERT_TRUE(holds_connections(*endpoint, 3));
+  const int extra = connect_loopback(port());
+  bool closed = false;
+  const auto response = read_until_closed(extra, 5s, &closed);
+  ::close(extra);
   EXPECT_EQ(status_of(response), 503) << response;
   EXPECT_EQ(body_of(response).value("error", ""), "busy");
   EXPECT_TRUE(closed) << "a refused connection is closed at once";
-  EXPECT_GE(endpoint->stats().connections_refused, 1u);
+  EXPECT_EQ(endpoint->stats().connections_refused, 1u);
   for (int fd : holders) ::close(fd);
+  ASSERT_TRUE(holds_connections(*endpoint, 0));
   EXPECT_EQ(sink.state(), before);
   expect_still_serving();
+  EXPECT_EQ(endpoint->stats().connections_refused, 1u);
+}
+
+// Bodies are buffered within max_buffered_body_bytes, all connections together: a body that does
+// not fit is answered 503 busy from its headers, and the room comes back when the other goes.
+TEST_F(UpdateEndpointTest, BufferedBodiesAreBoundedAcrossConnections) {
+  cubridge::update_endpoint_options options;
+  options.max_body_bytes = 64 << 10;
+  options.max_buffered_body_bytes = 64 << 10;
+  start(options);
+  // Declares the whole budget and sends nothing more; the 100 Continue shows it was reserved.
+  const int hog = connect_loopback(port());
+  const std::string head =
+      "PUT /v1/modules/filters HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+      "Content-Length: 65536\r\n\r\n";
+  ::send(hog, head.data(), head.size(), MSG_NOSIGNAL);
+  ASSERT_EQ(read_until(hog, "\r\n\r\n", 5s), "HTTP/1.1 100 Continue\r\n\r\n");
+  const auto refused = push("canary", bundle("canary", ++next_valid));
+  EXPECT_EQ(refused.status, 503) << refused.body.dump();
+  EXPECT_EQ(refused.body.value("error", ""), "busy");
+  EXPECT_EQ(send("GET", "/v1/modules").status, 200) << "a request without a body still fits";
+  ::close(hog);
+  ASSERT_TRUE(holds_connections(*endpoint, 0));  // its reservation went with it
+  const auto ok = push("canary", bundle("canary", ++next_valid));
+  EXPECT_EQ(ok.status, 200) << ok.body.dump();
 }
 
 TEST_F(UpdateEndpointTest, ASlowClientIsCutOffAtTheRequestDeadline) {
@@ -756,6 +1105,35 @@ TEST_F(UpdateEndpointTest, ServesHttpsWithACertificate) {
   // Plain HTTP to the TLS port gets no answer from the service.
   const auto plain = raw_request(port(), "GET", "/v1/modules");
   EXPECT_NE(status_of(plain), 200);
+}
+
+// Over TLS the reception thread reads with non-blocking SSL: a 2 MiB push (several reads per
+// poll round), then more requests on the same connection.
+TEST_F(UpdateEndpointTest, HttpsTakesLargeBodiesAndKeepsTheConnection) {
+  cubridge::testing::temp_dir dir;
+  const auto cert = dir.path / "cert.pem", key = dir.path / "key.pem";
+  write_self_signed(cert, key);
+  cubridge::update_endpoint_options options;
+  options.tls_certificate = cert;
+  options.tls_private_key = key;
+  start(options);
+  httplib::SSLClient client("127.0.0.1", port());
+  client.set_ca_cert_path(cert.c_str());
+  client.enable_server_certificate_verification(true);
+  client.set_keep_alive(true);
+  const bytes source(2u << 20, std::byte{'/'});
+  cubridge::bundle_manifest_input in{"big", 1, "sm_90", cubridge::payload_kind::cuda_source};
+  const auto big = as_text(cubridge::sign_bundle(in, source, keys.secret_key));
+  const auto r = client.Put("/v1/modules/big", big, "application/octet-stream");
+  ASSERT_TRUE(r) << httplib::to_string(r.error());
+  EXPECT_EQ(r->status, 200) << r->body;
+  for (int i = 0; i < 3; ++i) {
+    const auto status = client.Get("/v1/modules");
+    ASSERT_TRUE(status) << httplib::to_string(status.error());
+    EXPECT_EQ(status->status, 200);
+  }
+  EXPECT_EQ(sink.applied("big"), std::vector<std::uint64_t>{1});
+  EXPECT_EQ(endpoint->stats().open_connections, 1u) << "one connection served all four";
 }
 
 TEST_F(UpdateEndpointTest, UnusableTlsFilesAreNamed) {
@@ -882,6 +1260,311 @@ TEST_F(UpdateEndpointTest, LoadThousandPushesWithConcurrentQueriesAndRefusals) {
   std::printf("load: %llu versions x 2 pushers, %d status queries, %d refused pushes in %.1f s\n",
               static_cast<unsigned long long>(versions), queries.load(), refused_ok.load(),
               took.count());
+}
+
+}  // namespace
+
+// --- replay state, expiry and status text (issue 11 items 4 and 5) -------------------------------
+// Appended as its own block; it reopens the anonymous namespace above.
+
+#include <cubridge/update_state.hpp>
+
+namespace {
+
+// Every byte a client or the status shows must be printable or JSON-escaped: no raw control
+// characters (but the final newline) in the HTTP body.
+bool has_raw_control_bytes(const std::string& response) {
+  const auto at = response.find("\r\n\r\n");
+  const auto body = at == std::string::npos ? response : response.substr(at + 4);
+  for (std::size_t i = 0; i < body.size(); ++i) {
+    const auto c = static_cast<unsigned char>(body[i]);
+    if ((c < 0x20 || c == 0x7F) && !(c == '\n' && i + 1 == body.size())) return true;
+  }
+  return false;
+}
+
+json module_status(std::uint16_t port, const std::string& name) {
+  const auto response = raw_request(port, "GET", "/v1/modules");
+  EXPECT_EQ(status_of(response), 200) << response.substr(0, 300);
+  EXPECT_FALSE(has_raw_control_bytes(response));
+  const auto status = body_of(response);
+  for (const auto& m : status["modules"])
+    if (m["name"] == name) return m;
+  ADD_FAILURE() << "no module '" << name << "' in " << response.substr(0, 500);
+  return json::object();
+}
+
+// Text an attacker would like to see in an operator's terminal or browser.
+std::string hostile_text(std::size_t size) {
+  std::string text = "<html><script>alert(1)</script>\x1b[2J\x1b]0;owned\x07\r\n\xc3\xa9";
+  while (text.size() < size) text += "<b>AAAA</b>\x1b[31m";
+  return text;
+}
+
+TEST_F(UpdateEndpointTest, UnverifiedRequestsWriteNothingIntoTheStatus) {
+  start();
+  ASSERT_EQ(push("filters", bundle("filters", 3)).status, 200);
+  const auto evil = hostile_text(8000);
+  // An unknown field named by ~8 KB of hostile text: refused by the schema, before any key or
+  // signature is looked at.
+  const auto manifest = "{\"" + evil + "\":1}";
+  const auto unsigned_bundle = as_text(cubridge::detail::sign_bundle_unchecked(
+      manifest, cubin, stranger.secret_key));
+  const auto bad_syntax = as_text(cubridge::detail::sign_bundle_unchecked(
+      "{\"name\":\"" + evil, cubin, stranger.secret_key));
+  const auto bad_rollback = "{\"" + hostile_text(3000) + "\":1}\n" + std::string(128, 'a');
+  for (const auto& [method, target, body] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"PUT", "/v1/modules/filters", unsigned_bundle},
+           {"PUT", "/v1/modules/filters", bad_syntax},
+           {"PUT", "/v1/modules/filters", evil},
+           {"POST", "/v1/modules/filters/rollback", bad_rollback}}) {
+    const auto response = raw_request(port(), method, target, body);
+    EXPECT_EQ(status_of(response), 400) << response.substr(0, 300);
+    EXPECT_FALSE(has_raw_control_bytes(response)) << response.substr(0, 300);
+    const auto detail = body_of(response).value("detail", "");
+    EXPECT_FALSE(detail.empty());
+    EXPECT_LE(detail.size(), 4096u) << "a detail is bounded";
+    const auto filters = module_status(port(), "filters");
+    EXPECT_EQ(filters["last_refusal"], nullptr)
+        << "an unverified request wrote into the status: " << filters.dump().substr(0, 300);
+  }
+  EXPECT_EQ(sink.current_version("filters"), 3u);
+}
+
+TEST_F(UpdateEndpointTest, VerifiedRefusalsAreKeptEscapedAndBounded) {
+  start();
+  const auto log = "\x1b[31mred\x1b[0m \xc3\xa9 back\\slash " + std::string(10000, 'x');
+  sink.hook = [&](const cubridge::verified_bundle& b) -> std::optional<sink_result> {
+    if (b.version() == 4) return sink_result{sink_outcome::rejected, 3, log};
+    return std::nullopt;
+  };
+  ASSERT_EQ(push("filters", bundle("filters", 3)).status, 200);
+  const auto response = raw_request(port(), "PUT", "/v1/modules/filters",
+                                    as_text(bundle("filters", 4)));
+  EXPECT_EQ(status_of(response), 422);
+  const auto detail = body_of(response).value("detail", "");
+  EXPECT_LE(detail.size(), 4096u);
+  EXPECT_TRUE(detail.starts_with("\x1b[31mred")) << "JSON escapes the client's copy";
+  EXPECT_NE(detail.find("more bytes)"), std::string::npos) << "the cut is said";
+  const auto summary = module_status(port(), "filters")["last_refusal"].get<std::string>();
+  EXPECT_LE(summary.size(), 256u);
+  EXPECT_TRUE(summary.starts_with("422 stage_refused: \\x1b[31mred\\x1b[0m \\xc3\\xa9 "
+                                  "back\\\\slash xxx"))
+      << summary;
+  EXPECT_TRUE(summary.ends_with("...")) << summary;
+  for (const char c : summary)
+    EXPECT_TRUE(c >= 0x20 && c < 0x7F) << "byte " << static_cast<int>(c) << " in " << summary;
+}
+
+// A fresh endpoint over a fresh sink for each "life" of a service, with the same state file.
+class ReplayStateTest : public UpdateEndpointTest {
+ protected:
+  cubridge::testing::temp_dir dir;
+  std::filesystem::path state_file = dir.path / "replay.json";
+  std::vector<std::unique_ptr<fake_sink>> lives;
+  std::chrono::sys_seconds clock_time =
+      std::chrono::sys_days{std::chrono::year{2026} / 11 / 29} + std::chrono::hours{12};
+
+  ~ReplayStateTest() override { endpoint.reset(); }  // before the sinks it points to
+
+  cubridge::update_endpoint_options with_state() const {
+    cubridge::update_endpoint_options options;
+    options.state_file = state_file;
+    options.clock = [t = clock_time] { return std::chrono::system_clock::time_point(t); };
+    return options;
+  }
+  // Stops the running endpoint (the service exits) and starts a new one over a new sink.
+  void restart(cubridge::update_endpoint_options options) {
+    endpoint.reset();
+    lives.push_back(std::make_unique<fake_sink>());
+    options.keys.add(keys.public_key);
+    endpoint = std::make_unique<cubridge::update_endpoint>(*lives.back(), std::move(options));
+    endpoint->start();
+    ASSERT_TRUE(endpoint->running());
+  }
+  fake_sink& service() { return *lives.back(); }
+  // What a service does at start outside the endpoint: load the versions it had.
+  void load_directly(const std::string& name, std::uint64_t version) {
+    cubridge::trusted_keys trusted{keys.public_key};
+    ASSERT_EQ(service().apply(cubridge::verify_bundle(bundle(name, version), trusted)).outcome,
+              sink_outcome::done);
+  }
+  bytes bundle_at(std::string name, std::uint64_t version, std::chrono::sys_seconds created,
+                  std::optional<std::chrono::sys_seconds> expires) const {
+    cubridge::bundle_manifest_input in{std::move(name), version, "sm_90"};
+    in.created = created;
+    if (expires) in.expires = *expires;
+    return cubridge::sign_bundle(in, cubin, keys.secret_key);
+  }
+};
+
+TEST_F(ReplayStateTest, ACapturedBundleStaysRefusedAfterARestart) {
+  restart(with_state());
+  ASSERT_EQ(push("filters", bundle("filters", 3)).status, 200);
+  const auto v4 = bundle("filters", 4);
+  ASSERT_EQ(push("filters", v4).status, 200);
+
+  restart(with_state());  // a new process: the sink serves nothing yet
+  auto r = push("filters", v4);
+  EXPECT_EQ(r.status, 409) << r.body.dump();
+  EXPECT_EQ(r.body.value("error", ""), "replayed_version");
+  EXPECT_EQ(r.body["highest_version"], 4);
+  r = push("filters", bundle("filters", 3));
+  EXPECT_EQ(r.body.value("error", ""), "older_version") << r.body.dump();
+  EXPECT_TRUE(service().applied("filters").empty());
+  EXPECT_EQ(push("filters", bundle("filters", 5)).status, 200);
+  EXPECT_EQ(module_status(port(), "filters")["highest_version"], 5);
+
+  // Without a state file the memory is gone with the process: the old bundle is taken again.
+  cubridge::update_endpoint_options in_memory;
+  restart(in_memory);
+  EXPECT_EQ(push("filters", v4).status, 200) << "documented: RAM only is replayable";
+}
+
+TEST_F(ReplayStateTest, TheNewVersionIsWrittenBeforeTheSinkApplies) {
+  restart(with_state());
+  int checked = 0;
+  service().hook = [&](const cubridge::verified_bundle& b) -> std::optional<sink_result> {
+    cubridge::update_state on_disk(state_file);
+    on_disk.load();
+    EXPECT_EQ(on_disk.highest_version("filters"), b.version())
+        << "a crash now must not let v" << b.version() << " in again";
+    ++checked;
+    return std::nullopt;
+  };
+  ASSERT_EQ(push("filters", bundle("filters", 7)).status, 200);
+  EXPECT_EQ(checked, 1);
+}
+
+TEST_F(ReplayStateTest, ARefusedVersionMayComeAgainAfterARestart) {
+  restart(with_state());
+  ASSERT_EQ(push("filters", bundle("filters", 3)).status, 200);
+  service().hook = [](const cubridge::verified_bundle& b) -> std::optional<sink_result> {
+    if (b.version() == 4) return sink_result{sink_outcome::rejected, 3, "kernel 'blur' missing"};
+    return std::nullopt;
+  };
+  EXPECT_EQ(push("filters", bundle("filters", 4)).status, 422);
+  cubridge::update_state on_disk(state_file);
+  on_disk.load();
+  EXPECT_EQ(on_disk.highest_version("filters"), 3u) << "the record of v4 was undone";
+  restart(with_state());
+  EXPECT_EQ(push("filters", bundle("filters", 4)).status, 200);
+}
+
+TEST_F(ReplayStateTest, ARollbackRequestIsHonouredOnceAcrossRestarts) {
+  const auto request =
+      cubridge::sign_rollback_request("filters", 5, keys.secret_key, clock_time);
+  restart(with_state());
+  load_directly("filters", 4);
+  load_directly("filters", 5);
+  auto r = send("POST", "/v1/modules/filters/rollback", request);
+  ASSERT_EQ(r.status, 200) << r.body.dump();
+
+  restart(with_state());  // the service comes back serving v5 again
+  load_directly("filters", 4);
+  load_directly("filters", 5);
+  r = send("POST", "/v1/modules/filters/rollback", request);
+  EXPECT_EQ(r.status, 409) << r.body.dump();
+  EXPECT_EQ(r.body.value("error", ""), "replayed_request");
+  EXPECT_EQ(service().current_version("filters"), 5u);
+
+  cubridge::update_endpoint_options in_memory;
+  in_memory.clock = with_state().clock;
+  restart(in_memory);
+  load_directly("filters", 4);
+  load_directly("filters", 5);
+  EXPECT_EQ(send("POST", "/v1/modules/filters/rollback", request).status, 200)
+      << "documented: RAM only is replayable";
+}
+
+TEST_F(ReplayStateTest, VersionFloorRefusesVersionsAtOrBelowIt) {
+  auto options = with_state();
+  options.version_floor = {{"filters", 7}};
+  restart(options);
+  auto r = push("filters", bundle("filters", 7));
+  EXPECT_EQ(r.status, 409) << r.body.dump();
+  EXPECT_EQ(r.body.value("error", ""), "replayed_version");
+  EXPECT_EQ(push("filters", bundle("filters", 6)).body.value("error", ""), "older_version");
+  EXPECT_EQ(push("blur", bundle("blur", 1)).status, 200) << "other modules have no floor";
+  EXPECT_EQ(push("filters", bundle("filters", 8)).status, 200);
+
+  cubridge::update_endpoint_options bad;
+  bad.version_floor = {{"../etc", 1}};
+  bad.keys.add(keys.public_key);
+  cubridge::update_endpoint refused(sink, bad);
+  try {
+    refused.start();
+    ADD_FAILURE() << "a floor for no module name was accepted";
+  } catch (const cubridge::error& e) {
+    EXPECT_TRUE(e.is(cubridge::errc::precondition)) << e.what();
+  }
+  EXPECT_FALSE(refused.running());
+}
+
+TEST_F(ReplayStateTest, ACorruptStateFileStopsTheStart) {
+  cubridge::testing::write_text(state_file, "{\"cubridge_update_state\":1,\"highest_vers");
+  cubridge::update_endpoint_options options = with_state();
+  options.keys.add(keys.public_key);
+  cubridge::update_endpoint corrupt(sink, options);
+  try {
+    corrupt.start();
+    ADD_FAILURE() << "started over a corrupt state file";
+  } catch (const cubridge::update_state_error& e) {
+    EXPECT_EQ(e.reason(), cubridge::update_state_reason::corrupt);
+    EXPECT_NE(std::string(e.what()).find(state_file.string()), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(corrupt.running());
+  EXPECT_EQ(corrupt.port(), 0);
+}
+
+TEST_F(ReplayStateTest, AStateThatCannotBeWrittenRefusesThePush) {
+  const auto directory = dir.path / "state";
+  std::filesystem::create_directory(directory);
+  auto options = with_state();
+  options.state_file = directory / "replay.json";
+  restart(options);
+  ASSERT_EQ(push("filters", bundle("filters", 1)).status, 200);
+  std::filesystem::remove_all(directory);
+  const auto r = push("filters", bundle("filters", 2));
+  EXPECT_EQ(r.status, 500) << r.body.dump();
+  EXPECT_EQ(r.body.value("error", ""), "state_failed");
+  EXPECT_EQ(service().applied("filters"), std::vector<std::uint64_t>{1}) << "nothing applied";
+  std::filesystem::create_directory(directory);
+  EXPECT_EQ(push("filters", bundle("filters", 2)).status, 200);
+}
+
+TEST_F(ReplayStateTest, ExpiredBundlesAre403) {
+  const auto t = clock_time;
+  auto options = with_state();
+  restart(options);
+  auto r = push("filters", bundle_at("filters", 1, t - std::chrono::hours{2}, t - std::chrono::hours{1}));
+  EXPECT_EQ(r.status, 403) << r.body.dump();
+  EXPECT_EQ(r.body.value("error", ""), "expired_bundle");
+  EXPECT_NE(r.body.value("detail", "").find("expired at"), std::string::npos) << r.body.dump();
+  EXPECT_EQ(push("filters", bundle_at("filters", 1, t - std::chrono::hours{2}, t)).status, 403)
+      << "valid strictly before its expiry";
+  EXPECT_EQ(push("filters", bundle_at("filters", 1, t - std::chrono::hours{2},
+                                      t + std::chrono::seconds{1}))
+                .status,
+            200);
+  EXPECT_EQ(push("filters", bundle_at("filters", 2, t - std::chrono::hours{24 * 3650},
+                                      std::nullopt))
+                .status,
+            200)
+      << "a bundle without expires never expires by default";
+
+  options.require_expiry = true;
+  options.max_bundle_age = std::chrono::hours{1};
+  restart(options);
+  r = push("filters", bundle_at("filters", 3, t, std::nullopt));
+  EXPECT_EQ(r.body.value("error", ""), "expired_bundle") << r.body.dump();
+  r = push("filters", bundle_at("filters", 3, t - std::chrono::hours{2}, t + std::chrono::hours{1}));
+  EXPECT_EQ(r.body.value("error", ""), "expired_bundle") << r.body.dump();
+  EXPECT_EQ(push("filters", bundle_at("filters", 3, t - std::chrono::minutes{30},
+                                      t + std::chrono::hours{1}))
+                .status,
+            200);
 }
 
 }  // namespace
