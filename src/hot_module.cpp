@@ -61,6 +61,14 @@ std::vector<std::string> interface_of(std::span<const std::byte> image, const st
   return names;
 }
 
+/// The loaded version's origin: as given, with "load" and the load time where unset.
+version_origin first_origin(version_origin origin) {
+  if (origin.source.empty()) origin.source = "load";
+  if (origin.staged_at == std::chrono::system_clock::time_point{})
+    origin.staged_at = std::chrono::system_clock::now();
+  return origin;
+}
+
 }  // namespace
 
 struct hot_module::state {
@@ -70,7 +78,7 @@ struct hot_module::state {
         name(std::move(n)),
         kernel_names(std::move(names)),
         usage(kernel_names.size()),
-        versions(std::move(first)),
+        versions(std::move(first), first_origin(o.origin)),
         options(std::move(o)),
         stream_listener(detail::add_stream_listener([this](CUstream s) { seal(s); })),
         reclaimer([this] {
@@ -396,7 +404,10 @@ staged_version hot_module::stage(std::span<const std::byte> image,
       s.reject(source, "smoke test failed");
     }
   }
-  return staged_version(std::move(staged), options.carry_globals, source, s.serial,
+  version_origin origin{options.bundle_version, options.key_id, source,
+                        std::chrono::system_clock::now()};
+  return staged_version(std::move(staged), options.carry_globals, source, std::move(origin),
+                        s.serial,
                         "module '" + s.name + "' in " + s.ctx.ref().describe());
 }
 
@@ -412,7 +423,8 @@ std::uint64_t hot_module::promote(staged_version version) {
                            "which keeps serving");
   state::switching lock(s, !version.carry_globals_.empty());
   const auto id =
-      s.versions.promote(std::move(version.version_), [&](const auto& from, const auto& to) {
+      s.versions.promote(std::move(version.version_), std::move(version.origin_),
+                         [&](const auto& from, const auto& to) {
         // Everything that can fail, before the switch; the staged version is not serving yet.
         if (const auto why = s.misfit(to.payload, "the new version"); !why.empty()) {
           s.rejected.fetch_add(1);
@@ -484,7 +496,7 @@ hot_module_stats hot_module::stats() const {
   auto& s = checked();
   const auto chain_stats = s.versions.get_stats();
   hot_module_stats out;
-  out.current_version = chain_stats.current_id;
+  out.current_id = chain_stats.current_id;
   out.promotions = chain_stats.promotions;
   out.rejected = s.rejected.load();
   out.retired_waiting = chain_stats.retired;
@@ -493,6 +505,10 @@ hot_module_stats hot_module::stats() const {
   std::lock_guard lock(s.failure_mutex);
   out.last_reclaim_failure = s.last_reclaim_failure;
   return out;
+}
+
+held_versions hot_module::versions() const {
+  return checked().versions.held();
 }
 
 std::size_t hot_module::reclaim() const {

@@ -1,24 +1,20 @@
 // A module_sink over hot_module; see hot_module_sink.hpp.
 #include <cubridge/hot_module_sink.hpp>
 
-#include <unordered_map>
-
 namespace cubridge {
 
+// No versions here: the module's chain (hot_module::versions()) is the one record of them.
 struct hot_module_sink::entry {
   hot_module* module = nullptr;
   stage_options stage;
-  mutable std::mutex mutex;  // the fields below; apply/rollback are serialised by the endpoint
-  std::uint64_t current = 0;
-  std::uint64_t previous = 0;
-  std::unordered_map<std::uint64_t, std::uint64_t> bundle_version_of;  // hot_module id -> version
+  mutable std::mutex mutex;  // last_error; apply/rollback are serialised by the endpoint
   std::string last_error;
 };
 
 hot_module_sink::hot_module_sink(compile_options compile) : compile_(std::move(compile)) {}
 hot_module_sink::~hot_module_sink() = default;
 
-void hot_module_sink::add(hot_module& module, std::uint64_t version, stage_options stage) {
+void hot_module_sink::add(hot_module& module, stage_options stage) {
   const int sm = module.context().device().capability().as_int();
   std::lock_guard lock(mutex_);
   CUBRIDGE_EXPECTS(!modules_.contains(module.name()),
@@ -31,8 +27,6 @@ void hot_module_sink::add(hot_module& module, std::uint64_t version, stage_optio
   e->module = &module;
   e->stage = std::move(stage);
   if (e->stage.source_name.empty()) e->stage.source_name = module.name();
-  e->current = version;
-  e->bundle_version_of[module.stats().current_version] = version;
   modules_.emplace(module.name(), std::move(e));
 }
 
@@ -50,19 +44,18 @@ int hot_module_sink::device_sm() const {
 std::uint64_t hot_module_sink::current_version(std::string_view name) const {
   const entry* e = find(name);
   if (!e) return 0;
-  std::lock_guard lock(e->mutex);
-  return e->current;
+  return e->module->versions().serving.origin.bundle_version;
 }
 
 sink_result hot_module_sink::apply(const verified_bundle& bundle) {
   const auto& m = bundle.manifest;
   entry* e = find(m.name);
   if (!e) return {sink_outcome::unknown_module, 0, "no hot module '" + m.name + "' in this service"};
-  const std::uint64_t before = current_version(m.name);
   auto refuse = [&](sink_outcome outcome, std::string why) {
+    const std::uint64_t serving = current_version(m.name);
     std::lock_guard lock(e->mutex);
     e->last_error = "v" + std::to_string(m.version) + ": " + why;
-    return sink_result{outcome, before, std::move(why)};
+    return sink_result{outcome, serving, std::move(why)};
   };
   try {
     std::vector<std::byte> compiled;
@@ -79,12 +72,10 @@ sink_result hot_module_sink::apply(const verified_bundle& bundle) {
     }
     auto options = e->stage;
     options.source_name = e->stage.source_name + " v" + std::to_string(m.version);
-    auto staged = e->module->stage(image, options);
-    const std::uint64_t id = e->module->promote(std::move(staged));
+    options.bundle_version = m.version;
+    options.key_id = to_hex(m.key_id);
+    (void)e->module->promote(e->module->stage(image, options));
     std::lock_guard lock(e->mutex);
-    e->bundle_version_of[id] = m.version;
-    e->previous = e->current;
-    e->current = m.version;
     e->last_error.clear();
     return {sink_outcome::done, m.version, {}};
   } catch (const compile_error& x) {
@@ -101,19 +92,20 @@ sink_result hot_module_sink::apply(const verified_bundle& bundle) {
 sink_result hot_module_sink::rollback(std::string_view name) {
   entry* e = find(name);
   if (!e) return {sink_outcome::unknown_module, 0, "no hot module '" + std::string(name) + "'"};
-  std::lock_guard lock(e->mutex);
-  if (e->previous == 0)
-    return {sink_outcome::no_previous_version, e->current,
-            "module '" + std::string(name) + "' has no version to roll back to"};
+  std::uint64_t serving = 0;
   try {
-    const std::uint64_t id = e->module->rollback();
-    const auto it = e->bundle_version_of.find(id);
-    std::swap(e->current, e->previous);
-    if (it != e->bundle_version_of.end()) e->current = it->second;
-    return {sink_outcome::done, e->current, {}};
+    const auto held = e->module->versions();
+    serving = held.serving.origin.bundle_version;
+    if (!held.rollback_target)
+      return {sink_outcome::no_previous_version, serving,
+              "module '" + std::string(name) + "' has no version to roll back to"};
+    // To whatever the chain holds now (another promoter may have switched since versions()).
+    (void)e->module->rollback();
+    return {sink_outcome::done, current_version(name), {}};
   } catch (const std::exception& x) {
+    std::lock_guard lock(e->mutex);
     e->last_error = std::string("rollback: ") + x.what();
-    return {sink_outcome::failed, e->current, x.what()};
+    return {sink_outcome::failed, serving, x.what()};
   }
 }
 
@@ -125,11 +117,12 @@ std::vector<module_report> hot_module_sink::status() const {
   }
   std::vector<module_report> out;
   for (const auto& [name, e] : all) {
-    const auto stats = e->module->stats();
+    const auto held = e->module->versions();
+    module_report r{name, held.serving.origin.bundle_version, {}, held.retired.size(), {}};
+    if (held.rollback_target) r.versions_held.push_back(held.rollback_target->origin.bundle_version);
+    r.versions_held.push_back(held.serving.origin.bundle_version);
     std::lock_guard lock(e->mutex);
-    module_report r{name, e->current, {}, stats.retired_waiting, e->last_error};
-    if (e->previous) r.versions_held.push_back(e->previous);
-    if (e->current) r.versions_held.push_back(e->current);
+    r.last_error = e->last_error;
     out.push_back(std::move(r));
   }
   return out;

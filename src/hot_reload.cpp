@@ -41,6 +41,8 @@ hot_reloader::hot_reloader(hot_module& target, std::filesystem::path directory, 
     auto code = machine_code_from_file(file, architecture, opts.compile, opts.cache);
     auto stage = opts.stage;
     stage.source_name = file.string();
+    stage.bundle_version = 0;  // not a signed bundle, whatever the options said
+    stage.key_id.clear();
     const auto id = target.promote(target.stage(code, stage));
     if (opts.on_promoted) opts.on_promoted(file, id);
   };

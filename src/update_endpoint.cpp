@@ -1322,10 +1322,20 @@ struct update_endpoint::impl {
     if (auto r = check_device(bundle)) return refuse(res, *r, &e);
 
     std::lock_guard serial(e.apply);
+    // The serving version is the module's (the sink reads it from the module's chain, whoever
+    // promoted); the replay state is the floor: the highest version ever seen applied.
     const std::uint64_t current = sink.current_version(name);
     const std::uint64_t highest = state.highest_version(name);  // applied before, or a floor
     const std::uint64_t seen = std::max(current, highest);
-    if (m.version <= seen)
+    if (m.version <= seen) {
+      // A version promoted past the endpoint (a hot_reloader, a direct promote) is a floor too:
+      // kept even after a rollback below it. Best effort here; the refusal stands either way.
+      if (current > highest) {
+        try {
+          state.store_highest_version(name, current);
+        } catch (const std::exception&) {
+        }
+      }
       return refuse(res,
                     {409, m.version == seen ? "replayed_version" : "older_version",
                      "module '" + name + "' v" + std::to_string(m.version) +
@@ -1333,6 +1343,7 @@ struct update_endpoint::impl {
                          (seen == current ? " (serving)" : " (applied before, or the floor)"),
                      {{"current_version", current}, {"highest_version", seen}}},
                     &e);
+    }
     // Recorded (and with a state file written) before the sink sees it: a version that may
     // have been applied is never accepted again, even after a crash between apply and answer.
     try {
@@ -1349,10 +1360,11 @@ struct update_endpoint::impl {
       result = {sink_outcome::failed, current, "sink threw a non-standard exception"};
     }
     if (result.outcome != sink_outcome::done) {
-      // Not applied: the same version may come again, so the record goes back. Should that write
-      // fail, the version stays refused (the safe side), and the detail says so.
+      // Not applied: the same version may come again, so the record goes back (to the serving
+      // version if that was higher). Should that write fail, the version stays refused (the safe
+      // side), and the detail says so.
       try {
-        state.store_highest_version(name, highest);
+        state.store_highest_version(name, seen);
       } catch (const std::exception& x) {
         result.detail += std::string(" (v") + std::to_string(m.version) +
                          " stays refused: " + x.what() + ")";
@@ -1430,6 +1442,15 @@ struct update_endpoint::impl {
                               ", v" + std::to_string(current) + " serves",
                           {{"current_version", current}}},
                     e);
+    // The version rolled back from was applied, by the endpoint or past it: it is the floor
+    // from now on (recorded before the sink is called, as for a push).
+    if (current > state.highest_version(name)) {
+      try {
+        state.store_highest_version(name, current);
+      } catch (const std::exception& x) {
+        return refuse(res, {500, "state_failed", x.what()}, e);
+      }
+    }
     sink_result result;
     try {
       result = sink.rollback(name);

@@ -125,7 +125,7 @@ TEST(HotReloader, PromotesWhatIsDroppedAndRefusesWhatIsBroken) {
     ASSERT_TRUE(cv.wait_for(lock, 30s, [&] { return events.size() >= 2; }));
   }
   EXPECT_EQ(events[1], "promoted v2.cubin as 2");
-  EXPECT_EQ(hot.stats().current_version, 2u);
+  EXPECT_EQ(hot.stats().current_id, 2u);
 }
 
 }  // namespace

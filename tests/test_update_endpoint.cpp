@@ -3,6 +3,7 @@
 // valid push right after still succeeds.
 #include <cubridge/rollback_request.hpp>
 #include <cubridge/update_endpoint.hpp>
+#include <cubridge/version_chain.hpp>
 
 #include "gpu_test.hpp"  // only for the test image paths
 #include "temp_dir.hpp"
@@ -59,8 +60,11 @@ std::string as_text(const bytes& b) {
   return std::string(reinterpret_cast<const char*>(b.data()), b.size());
 }
 
-// A module_sink that keeps versions in memory, like hot_module does (current and one rollback
-// target), and records every call so tests can see what was applied and when.
+// A module_sink whose versions live where hot_module keeps them: in a version_chain per module
+// (each version with its origin), read back for current_version(), rollback and status(), with
+// no copy of its own. promote_directly() is a second promoter the endpoint does not see (a
+// hot_reloader, a direct hot_module::promote). It records every call so tests can see what was
+// applied and when.
 class fake_sink final : public cubridge::module_sink {
  public:
   int sm = 90;
@@ -72,7 +76,20 @@ class fake_sink final : public cubridge::module_sink {
   std::uint64_t current_version(std::string_view name) const override {
     std::lock_guard lock(mutex_);
     const auto it = modules_.find(std::string(name));
-    return it == modules_.end() ? 0 : it->second.current;
+    return it == modules_.end() ? 0 : it->second.current();
+  }
+  // Promotes a version staged with `bundle_version` (0: not from a bundle) past the endpoint.
+  void promote_directly(const std::string& name, std::uint64_t bundle_version) {
+    std::lock_guard lock(mutex_);
+    modules_[name].promote(bundle_version, "promoted directly");
+  }
+  // Rolls back past the endpoint; false when there is nothing to go back to.
+  bool rollback_directly(const std::string& name) {
+    std::lock_guard lock(mutex_);
+    auto& m = modules_[name];
+    if (!m.chain->held().rollback_target) return false;
+    (void)m.chain->rollback();
+    return true;
   }
   sink_result apply(const cubridge::verified_bundle& bundle) override {
     const auto& name = bundle.manifest.name;
@@ -93,28 +110,34 @@ class fake_sink final : public cubridge::module_sink {
       m.last_error = early->detail;
       return *early;
     }
-    m.previous = m.current;
-    m.current = bundle.version();
+    m.promote(bundle.version(), "pushed");
     m.applied.push_back(bundle.version());
-    return {sink_outcome::done, m.current, {}};
+    return {sink_outcome::done, m.current(), {}};
   }
   sink_result rollback(std::string_view name) override {
     std::lock_guard lock(mutex_);
     const auto it = modules_.find(std::string(name));
     if (it == modules_.end()) return {sink_outcome::unknown_module, 0, "no such module"};
     auto& m = it->second;
-    if (m.previous == 0) return {sink_outcome::no_previous_version, m.current, "only one version"};
-    std::swap(m.current, m.previous);
+    // A module created by its first push has nothing before it (the chain's first version is
+    // the empty one, bundle version 0).
+    const auto held = m.chain->held();
+    if (!held.rollback_target || held.rollback_target->id == 1)
+      return {sink_outcome::no_previous_version, m.current(), "only one version"};
+    (void)m.chain->rollback();
     ++rollbacks_;
-    return {sink_outcome::done, m.current, {}};
+    return {sink_outcome::done, m.current(), {}};
   }
   std::vector<module_report> status() const override {
     std::lock_guard lock(mutex_);
     std::vector<module_report> out;
     for (const auto& [name, m] : modules_) {
-      module_report r{name, m.current, {}, 3, m.last_error};
-      if (m.previous) r.versions_held.push_back(m.previous);
-      if (m.current) r.versions_held.push_back(m.current);
+      const auto held = m.chain->held();
+      module_report r{name, held.serving.origin.bundle_version, {}, 3, m.last_error};
+      if (held.rollback_target && held.rollback_target->origin.bundle_version)
+        r.versions_held.push_back(held.rollback_target->origin.bundle_version);
+      if (held.serving.origin.bundle_version)
+        r.versions_held.push_back(held.serving.origin.bundle_version);
       out.push_back(std::move(r));
     }
     return out;
@@ -135,7 +158,7 @@ class fake_sink final : public cubridge::module_sink {
     for (const auto& [name, m] : modules_) {
       if (name == "canary") continue;
       s.applied[name] = m.applied;
-      s.current[name] = m.current;
+      s.current[name] = m.current();
     }
     s.apply_calls = apply_calls_ - canary_calls_;
     s.rollbacks = rollbacks_;
@@ -152,11 +175,18 @@ class fake_sink final : public cubridge::module_sink {
   }
 
  private:
+  using version_store = cubridge::version_chain<std::uint64_t, int, int>;  // payload: bundle version
   struct module {
-    std::uint64_t current = 0;
-    std::uint64_t previous = 0;
-    std::vector<std::uint64_t> applied;
+    // Version 1 is "nothing yet" (bundle version 0), as before the first push.
+    std::unique_ptr<version_store> chain = std::make_unique<version_store>(0);
+    std::vector<std::uint64_t> applied;  // a log of apply() calls, not a version record
     std::string last_error;
+    std::uint64_t current() const { return chain->held().serving.origin.bundle_version; }
+    void promote(std::uint64_t bundle_version, std::string source) {
+      (void)chain->promote(bundle_version,
+                           cubridge::version_origin{bundle_version, {}, std::move(source), {}});
+      (void)chain->reclaim([](int) { return true; });  // nothing runs on a fake GPU
+    }
   };
   mutable std::mutex mutex_;
   std::map<std::string, module> modules_;
@@ -401,6 +431,74 @@ TEST_F(UpdateEndpointTest, AVersionSeenBeforeStaysRefusedAfterARollback) {
   // A captured v4 must not come back on its own: only a newer version moves forward.
   expect_refused(push("filters", v4), 409, "replayed_version", sink.state());
   EXPECT_EQ(push("filters", bundle("filters", 5)).status, 200);
+}
+
+// Issue 12: the module's record of its versions is the one truth, whoever promoted. A version
+// promoted past the endpoint (here bundle v7, as a hot_reloader or a direct promote() would) is
+// what the replay check, the rollback check and the status see; and once the endpoint has seen
+// it serve, it stays the floor after a rollback below it.
+TEST_F(UpdateEndpointTest, AVersionPromotedPastTheEndpointIsWhatItChecksAndReports) {
+  start();
+  ASSERT_EQ(push("filters", bundle("filters", 3)).status, 200);
+  sink.promote_directly("filters", 7);  // no endpoint involved
+  ASSERT_EQ(sink.current_version("filters"), 7u);
+
+  const auto older = push("filters", bundle("filters", 6));
+  expect_refused(older, 409, "older_version", sink.state());
+  EXPECT_EQ(older.body["current_version"], 7) << older.body.dump();
+
+  auto status = send("GET", "/v1/modules");
+  ASSERT_EQ(status.status, 200);
+  json filters;
+  for (const auto& m : status.body["modules"])
+    if (m["name"] == "filters") filters = m;
+  EXPECT_EQ(filters["current_version"], 7) << status.body.dump();
+  EXPECT_EQ(filters["versions_held"], json::array({3, 7})) << status.body.dump();
+  EXPECT_GE(filters["highest_version"].get<std::uint64_t>(), 7u) << status.body.dump();
+
+  // A rollback request from what the endpoint last pushed (v3) no longer matches: v7 serves.
+  const auto stale = send("POST", "/v1/modules/filters/rollback",
+                          cubridge::sign_rollback_request("filters", 3, keys.secret_key));
+  EXPECT_EQ(stale.status, 409) << stale.body.dump();
+  EXPECT_EQ(stale.body.value("error", ""), "version_mismatch");
+  // From v7, back to whatever the module holds as the version before it: v3.
+  const auto back = send("POST", "/v1/modules/filters/rollback",
+                         cubridge::sign_rollback_request("filters", 7, keys.secret_key));
+  ASSERT_EQ(back.status, 200) << back.body.dump();
+  EXPECT_EQ(back.body["version"], 3);
+  EXPECT_EQ(back.body["from_version"], 7);
+  EXPECT_EQ(sink.current_version("filters"), 3u);
+
+  // v7 was applied (past the endpoint): v6 and v7 stay refused after the rollback below them.
+  expect_refused(push("filters", bundle("filters", 6)), 409, "older_version", sink.state());
+  expect_refused(push("filters", bundle("filters", 7)), 409, "replayed_version", sink.state());
+  status = send("GET", "/v1/modules");
+  for (const auto& m : status.body["modules"])
+    if (m["name"] == "filters") filters = m;
+  EXPECT_EQ(filters["current_version"], 3) << status.body.dump();
+  EXPECT_EQ(filters["highest_version"], 7) << status.body.dump();
+  EXPECT_EQ(push("filters", bundle("filters", 8)).status, 200);
+  EXPECT_EQ(sink.current_version("filters"), 8u);
+}
+
+// The floor survives a restart too: the endpoint writes a served version it did not push to
+// its state file when it sees it (at a push refused against it, or a rollback from it).
+TEST_F(UpdateEndpointTest, AVersionPromotedPastTheEndpointIsPersistedAsTheFloor) {
+  cubridge::testing::temp_dir dir;
+  cubridge::update_endpoint_options options;
+  options.state_file = dir.path / "state.json";
+  start(options);
+  ASSERT_EQ(push("filters", bundle("filters", 3)).status, 200);
+  sink.promote_directly("filters", 7);
+  ASSERT_EQ(send("POST", "/v1/modules/filters/rollback",
+                 cubridge::sign_rollback_request("filters", 7, keys.secret_key))
+                .status,
+            200);
+  endpoint->stop();
+  endpoint.reset();
+  start(options);  // same sink (serving v3), the state file read again
+  expect_refused(push("filters", bundle("filters", 5)), 409, "older_version", sink.state());
+  EXPECT_EQ(push("filters", bundle("filters", 8)).status, 200);
 }
 
 TEST_F(UpdateEndpointTest, OversizedBodyIs413) {

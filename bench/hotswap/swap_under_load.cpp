@@ -711,7 +711,7 @@ std::vector<hotswap::phase_result> run_threads(const options& opt, const images&
   // tag_of maps each id to the image (tag = VERSION) it was loaded from.
   auto hot = cubridge::hot_module::load(ctx, "serve", im.cubins[0]);
   const auto serve = hot.get_kernel("serve");
-  std::unordered_map<std::uint64_t, std::uint64_t> hot_tags{{hot.stats().current_version, 1}};
+  std::unordered_map<std::uint64_t, std::uint64_t> hot_tags{{hot.stats().current_id, 1}};
   int hot_image = 0;
 
   // Warm-up: every stream launches a few kernels (first launch of the function, lazy loading).
@@ -728,7 +728,7 @@ std::vector<hotswap::phase_result> run_threads(const options& opt, const images&
 
   // steady
   results.push_back(b.phase(
-      "steady", true, hot.stats().current_version, hot_launch,
+      "steady", true, hot.stats().current_id, hot_launch,
       [&](swapper_output& out) {
         out.begin_ns = now_ns();
         const auto until = out.begin_ns + static_cast<std::int64_t>(opt.steady_ms * 1e6);
@@ -740,7 +740,7 @@ std::vector<hotswap::phase_result> run_threads(const options& opt, const images&
 
   // hot-swap
   results.push_back(b.phase(
-      "hot-swap", true, hot.stats().current_version, hot_launch,
+      "hot-swap", true, hot.stats().current_id, hot_launch,
       [&](swapper_output& out) {
         out.cycles_requested = opt.cycles;
         auto& stage_op = out.op("stage");
@@ -751,7 +751,7 @@ std::vector<hotswap::phase_result> run_threads(const options& opt, const images&
         out.begin_ns = now_ns();
         for (std::uint64_t k = 0; k < opt.cycles && !b.swapper_should_stop(out); ++k) {
           const auto st = hot.stats();
-          out.samples.push_back({now_ns(), st.current_version, st.retired_waiting});
+          out.samples.push_back({now_ns(), st.current_id, st.retired_waiting});
           const int next = (hot_image + 1) % image_count;
           const cubridge::stage_options stage_options{
               .smoke_test = {}, .source_name = "serve_v" + std::to_string(next + 1)};
@@ -783,12 +783,12 @@ std::vector<hotswap::phase_result> run_threads(const options& opt, const images&
           std::this_thread::sleep_for(std::chrono::milliseconds(1));
         }
         const auto st = hot.stats();
-        out.samples.push_back({now_ns(), st.current_version, st.retired_waiting});
+        out.samples.push_back({now_ns(), st.current_id, st.retired_waiting});
         out.extra = {{"hot_module_promotions", static_cast<double>(st.promotions)},
                      {"hot_module_unloaded", static_cast<double>(st.unloaded)},
                      {"hot_module_rejected", static_cast<double>(st.rejected)},
                      {"hot_module_retired_waiting_at_end", static_cast<double>(st.retired_waiting)},
-                     {"hot_module_current_version", static_cast<double>(st.current_version)}};
+                     {"hot_module_current_version", static_cast<double>(st.current_id)}};
       },
       hot_tags));
 
@@ -832,7 +832,7 @@ std::vector<hotswap::phase_result> run_threads(const options& opt, const images&
   auto load_phase = [&](const char* name, load_kind kind, std::size_t keep) {
     std::deque<loaded_code> loaded;
     results.push_back(b.phase(
-        name, true, hot.stats().current_version, hot_launch,
+        name, true, hot.stats().current_id, hot_launch,
         [&](swapper_output& out) {
           out.cycles_requested = opt.bare_cycles;
           auto& load_op = out.op("load");

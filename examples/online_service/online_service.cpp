@@ -438,7 +438,10 @@ int run(const options& o) {
 
   const auto dev = cubridge::device::get(0);
   auto ctx = cubridge::context::create(dev);
-  auto kernels = cubridge::hot_module::load(ctx, "kernels", cubridge::read_file_bytes(o.module));
+  // Its image is bundle version 1: the module's chain records that, and the update endpoint
+  // reads it there (pushes must be above it).
+  auto kernels = cubridge::hot_module::load(ctx, "kernels", cubridge::read_file_bytes(o.module),
+                                            {.origin = {.bundle_version = 1, .source = o.module}});
   auto vendor = cubridge::guest_context::create(dev, {.name = "vendor"});
   service svc(ctx, kernels, vendor);
   log.line("online_service: " + dev.name() + ", " + ctx.ref().describe() +
@@ -462,8 +465,7 @@ int run(const options& o) {
   }
 
   cubridge::hot_module_sink modules;
-  modules.add(kernels, 1,
-              {.smoke_test = [&ctx](const cubridge::module& m) { smoke_test(ctx, m); }});
+  modules.add(kernels, {.smoke_test = [&ctx](const cubridge::module& m) { smoke_test(ctx, m); }});
   logged_sink sink(modules, log);
   cubridge::update_endpoint_options endpoint_options;
   endpoint_options.port = o.update_port;

@@ -68,6 +68,7 @@ class staged_version {
       : version_(std::move(other.version_)),
         carry_globals_(std::move(other.carry_globals_)),
         source_(std::move(other.source_)),
+        origin_(std::move(other.origin_)),
         owner_(std::exchange(other.owner_, 0)),
         owner_name_(std::move(other.owner_name_)) {}
   staged_version& operator=(staged_version&& other) noexcept {
@@ -75,25 +76,31 @@ class staged_version {
       version_ = std::move(other.version_);
       carry_globals_ = std::move(other.carry_globals_);
       source_ = std::move(other.source_);
+      origin_ = std::move(other.origin_);
       owner_ = std::exchange(other.owner_, 0);
       owner_name_ = std::move(other.owner_name_);
     }
     return *this;
   }
   [[nodiscard]] const module& loaded() const noexcept { return version_.loaded; }
+  /// Where it came from (stage_options::bundle_version, key_id, source_name; the stage time).
+  /// The chain keeps it with the version once promoted (hot_module::versions()).
+  [[nodiscard]] const version_origin& origin() const noexcept { return origin_; }
 
  private:
   friend class hot_module;
   staged_version(hot_version v, std::vector<std::string> carry, std::string source,
-                 std::uint64_t owner, std::string owner_name) noexcept
+                 version_origin origin, std::uint64_t owner, std::string owner_name) noexcept
       : version_(std::move(v)),
         carry_globals_(std::move(carry)),
         source_(std::move(source)),
+        origin_(std::move(origin)),
         owner_(owner),
         owner_name_(std::move(owner_name)) {}
   hot_version version_;
   std::vector<std::string> carry_globals_;
   std::string source_;      // stage_options::source_name, for messages
+  version_origin origin_;
   std::uint64_t owner_;     // the serial of the hot module that staged it; 0 once moved from
   std::string owner_name_;  // "module 'filters' in context 0x..."
 };
@@ -103,8 +110,13 @@ struct stage_options {
   /// Runs on the staged module before it can be promoted (e.g. launch a kernel on known input and
   /// compare); throwing anything rejects the version.
   std::function<void(const module&)> smoke_test;
-  /// Name for messages (e.g. the file it came from).
+  /// Name for messages (e.g. the file it came from); the version's origin().source.
   std::string source_name;
+  /// The signed bundle version this image came from (origin().bundle_version); 0: none. The
+  /// update endpoint's sink (hot_module_sink.hpp) sets it and reads it back from the chain.
+  std::uint64_t bundle_version = 0;
+  /// The signing key's id in hex (origin().key_id); empty when not from a bundle.
+  std::string key_id;
   /// `__device__` variables whose contents promote() copies from the serving version into this
   /// one just before the switch (counters, tables). Each must exist in both with the same size.
   std::vector<std::string> carry_globals;
@@ -112,7 +124,9 @@ struct stage_options {
 
 /// Counters for reports.
 struct hot_module_stats {
-  std::uint64_t current_version = 0;
+  /// The serving version's chain id (1 for the loaded one, +1 per promote; a rollback returns
+  /// to an older id). Not a bundle version: that is versions().serving.origin.bundle_version.
+  std::uint64_t current_id = 0;
   std::uint64_t promotions = 0;
   /// Versions refused by stage(), or by promote() for launch shapes that no longer fit.
   std::uint64_t rejected = 0;
@@ -138,6 +152,10 @@ struct hot_module_options {
   /// version's lock); reading stats() is fine. After a failure the background thread retries
   /// every 100 ms, not 1 ms.
   std::function<void(const std::string& message)> on_reclaim_failure;
+  /// Where the first version came from, e.g. {.bundle_version = 1} when its image is bundle
+  /// version 1 (the update endpoint then refuses pushes of version 1 or below). An empty source
+  /// becomes "load"; an unset staged_at, the load time.
+  version_origin origin;
 };
 
 class hot_kernel;
@@ -194,6 +212,11 @@ class hot_module {
   /// id of the version it ran. @throws error naming the module and the graph; error
   /// (errc::precondition) for the per-thread default stream, as hot_kernel::launch.
   std::uint64_t launch_graph(CUgraphExec exec, stream_ref stream) const;
+
+  /// The serving version, the rollback target and the retired versions not yet unloaded, each
+  /// with its chain id and origin, at one instant: the one record of which version serves and
+  /// which came before, whoever promoted (update endpoint, hot_reloader, a direct call).
+  [[nodiscard]] held_versions versions() const;
 
   /// A kernel of the interface, launching whatever version is current at each launch.
   /// @throws error (errc::precondition) for a name the first version did not export.

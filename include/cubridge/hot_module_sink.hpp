@@ -4,9 +4,15 @@
 // interface) and promoted; CUDA C++ source is first compiled with NVRTC for the exact
 // architecture of the module's device (compile.hpp), so the driver never JITs in the service.
 //
-//   auto filters = cubridge::hot_module::load(ctx, "filters", v1_cubin);
+// The sink keeps no versions of its own: each pushed version is staged with the bundle's version
+// and key (stage_options::bundle_version, key_id), and which bundle version serves, and which one
+// a rollback returns to, is read from the module's chain (hot_module::versions()). A version
+// promoted some other way (a hot_reloader, a direct promote() or rollback()) is seen as it is.
+//
+//   auto filters = cubridge::hot_module::load(ctx, "filters", v1_cubin,
+//                                             {.origin = {.bundle_version = 1}});
 //   cubridge::hot_module_sink sink;
-//   sink.add(filters, 1);                            // its current image is bundle version 1
+//   sink.add(filters);                               // serves bundle version 1
 //   cubridge::update_endpoint endpoint(sink, options);
 //   endpoint.start();
 
@@ -29,22 +35,28 @@ class hot_module_sink final : public module_sink {
   explicit hot_module_sink(compile_options compile = {});
   ~hot_module_sink() override;
 
-  /// Serves updates for `module` (which must outlive the sink), whose image now is bundle
-  /// version `version` (0: unknown, any version is accepted). `stage` is used for each new
-  /// version (smoke test, carried globals). All modules must be on devices of one compute
-  /// capability. @throws error (errc::precondition) for a name already added or a module on a
-  /// device of another compute capability; error when the device cannot be queried.
-  void add(hot_module& module, std::uint64_t version, stage_options stage = {});
+  /// Serves updates for `module` (which must outlive the sink). Its serving version's bundle
+  /// version is the one its chain records (hot_module_options::origin at load; 0: none, any
+  /// version is accepted). `stage` is used for each new version (smoke test, carried globals;
+  /// its bundle_version and key_id are set per bundle). All modules must be on devices of one
+  /// compute capability. @throws error (errc::precondition) for a name already added or a
+  /// module on a device of another compute capability; error when the device cannot be queried.
+  void add(hot_module& module, stage_options stage = {});
 
   /// The compute capability of the modules' device; 0 before add().
   [[nodiscard]] int device_sm() const override;
+  /// The serving version's origin().bundle_version, from the module's chain.
   [[nodiscard]] std::uint64_t current_version(std::string_view name) const override;
-  /// Compiles (cuda_source), stages and promotes. Outcomes: done; unknown_module for a name not
-  /// added; rejected with the compiler's log or the validation failure (the serving version
-  /// keeps serving); failed for anything else.
+  /// Compiles (cuda_source), stages with the bundle's version and key, and promotes. Outcomes:
+  /// done; unknown_module for a name not added; rejected with the compiler's log or the
+  /// validation failure (the serving version keeps serving); failed for anything else.
   sink_result apply(const verified_bundle& bundle) override;
-  /// hot_module::rollback. Outcomes: done, unknown_module, no_previous_version, failed.
+  /// hot_module::rollback, to whatever the chain holds as the rollback target; the result's
+  /// version is that target's bundle version. Outcomes: done, unknown_module,
+  /// no_previous_version, failed.
   sink_result rollback(std::string_view name) override;
+  /// From each module's chain: current_version and versions_held (rollback target, serving)
+  /// as bundle versions (0 for a version not from a bundle), in_flight = retired versions.
   [[nodiscard]] std::vector<module_report> status() const override;
 
  private:

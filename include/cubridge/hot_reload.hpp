@@ -36,8 +36,12 @@ class hot_reloader {
     std::chrono::milliseconds debounce{200};
     compile_options compile;       ///< for .cu files; architecture is set from the device
     compile_cache* cache = nullptr;  ///< optional; must outlive the reloader
-    stage_options stage;           ///< smoke test etc.; source_name is set to the file
-    std::function<void(const std::filesystem::path&, std::uint64_t version)> on_promoted;
+    /// Smoke test etc.; source_name is set to the file, bundle_version to 0 and key_id to
+    /// empty (a dropped file is no signed bundle): the chain records the version's origin as
+    /// that file, and the update endpoint sees it as serving no bundle version.
+    stage_options stage;
+    /// Called with the file and the promoted version's chain id (hot_module_stats::current_id).
+    std::function<void(const std::filesystem::path&, std::uint64_t id)> on_promoted;
     std::function<void(const std::filesystem::path&, std::exception_ptr)> on_refused;
   };
 

@@ -3,6 +3,12 @@
 // bundle and makes it the serving version of a module. The endpoint owns the network, the
 // signature and replay checks; a sink only loads. hot_module_sink.hpp adapts cubridge::hot_module;
 // tests use a fake, so that the endpoint is tested without a GPU.
+//
+// Versions here are always bundle versions (the signed manifest's), never a hot module's chain
+// ids. A sink keeps no copy of them: it answers from where the module keeps its versions (for a
+// hot module, its version chain), so that a version promoted past the endpoint (a hot_reloader,
+// a direct promote() or rollback()) is what current_version() and status() report, and what the
+// endpoint's replay and rollback checks see.
 
 #include <cubridge/bundle.hpp>
 
@@ -37,12 +43,12 @@ struct sink_result {
 /// One module as a sink reports it.
 struct module_report {
   std::string name;
-  /// The bundle version serving now; 0 when none.
+  /// The bundle version serving now; 0 when none (e.g. a version not from a bundle).
   std::uint64_t current_version = 0;
-  /// Bundle versions still loaded: the current one, the rollback target, retired ones whose
-  /// GPU work has not finished yet.
+  /// Bundle versions a rollback could use: the rollback target (if any), then the serving one;
+  /// 0 for a version not from a bundle.
   std::vector<std::uint64_t> versions_held;
-  /// Old versions still pinned by launches or GPU work in flight.
+  /// Old versions not yet unloaded: pinned by launches or GPU work in flight.
   std::uint64_t in_flight = 0;
   /// The last refusal or failure of this module, empty when none.
   std::string last_error;

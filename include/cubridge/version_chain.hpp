@@ -13,6 +13,10 @@
 //     rollback target; the one before that is retired. promote(payload, prepare) runs `prepare`
 //     first: if it throws, nothing switched (all or nothing); the switch itself never throws.
 //   - rollback() swaps current and previous (rollback(prepare) likewise all or nothing).
+//   - Each version carries its version_origin (where it came from: a bundle version, a signing
+//     key, a source name, when it was staged). held() tells, at one instant, which version
+//     serves, which one a rollback returns to and which are retired, each with its origin: the
+//     chain is the one place that knows it (the update endpoint and its sink read it here).
 //   - reclaim(done) destroys retired versions that no lease pins and whose every token is done.
 //     Call it from a background thread (hot_module does, with detail::run_reclaimer below),
 //     never from a serving thread.
@@ -30,24 +34,54 @@
 #include <mutex>
 #include <optional>
 #include <stdexcept>
+#include <string>
 #include <utility>
 #include <vector>
 
 namespace cubridge {
+
+/// Where a version came from. Versions promoted by a watched directory or by hand carry no
+/// bundle version (0); the update endpoint's sink stages each bundle with its signed version
+/// and key.
+struct version_origin {
+  /// The signed bundle's version; 0 when the version did not come from a bundle.
+  std::uint64_t bundle_version = 0;
+  /// The signing key's id in hex (to_hex(key_id), bundle.hpp); empty when not from a bundle.
+  std::string key_id;
+  /// Where the code came from, in words: a file, "bundle v7", "load".
+  std::string source;
+  /// When it was staged (loaded and validated); the epoch when unknown.
+  std::chrono::system_clock::time_point staged_at{};
+};
+
+/// One version as version_chain::held() reports it: its chain id (grows with every promote,
+/// never a bundle version) and where it came from.
+struct held_version {
+  std::uint64_t id = 0;
+  version_origin origin;
+};
+
+/// The versions of a chain at one instant.
+struct held_versions {
+  held_version serving;                        ///< the current version
+  std::optional<held_version> rollback_target;  ///< what rollback() would make current
+  std::vector<held_version> retired;  ///< replaced, not yet destroyed (pinned or GPU work left)
+};
 
 /// Versions of a Payload (for hot swap: a loaded module). Thread-safe. `StreamKey` names where
 /// GPU work was queued (a CUstream); `Token` marks its completion (a CUevent).
 template <class Payload, class StreamKey, class Token>
 class version_chain {
  public:
-  /// One version: an id that grows with every promote, and the payload.
+  /// One version: an id that grows with every promote, the payload and where it came from.
   struct version {
-    version(std::uint64_t id_, Payload payload_)
-        : id(id_), serial(next_serial()), payload(std::move(payload_)) {}
+    version(std::uint64_t id_, Payload payload_, version_origin origin_)
+        : id(id_), serial(next_serial()), payload(std::move(payload_)), origin(std::move(origin_)) {}
     const std::uint64_t id;
     /// Unique in the process, never reused (unlike the address): a key for per-thread caches.
     const std::uint64_t serial;
     const Payload payload;
+    const version_origin origin;
 
    private:
     friend class version_chain;
@@ -110,9 +144,10 @@ class version_chain {
     std::uint64_t reclaimed = 0;
   };
 
-  /// A chain whose first version holds `first`.
-  explicit version_chain(Payload first)
-      : current_(std::make_shared<const version>(1, std::move(first))), next_id_(2) {}
+  /// A chain whose first version (id 1) holds `first`, which came from `origin`.
+  explicit version_chain(Payload first, version_origin origin = {})
+      : current_(std::make_shared<const version>(1, std::move(first), std::move(origin))),
+        next_id_(2) {}
 
   version_chain(const version_chain&) = delete;
   version_chain& operator=(const version_chain&) = delete;
@@ -128,7 +163,11 @@ class version_chain {
   /// Makes `payload` the current version; returns its id. The replaced version becomes the
   /// rollback target; the previous rollback target is retired.
   std::uint64_t promote(Payload payload) {
-    return promote(std::move(payload), [](const version&, const version&) {});
+    return promote(std::move(payload), version_origin{});
+  }
+  /// As promote(payload), for a version that came from `origin`.
+  std::uint64_t promote(Payload payload, version_origin origin) {
+    return promote(std::move(payload), std::move(origin), [](const version&, const version&) {});
   }
 
   /// As promote(payload), all or nothing: first `prepare(from, to)` runs, under the writers'
@@ -138,9 +177,14 @@ class version_chain {
   /// propagates. The switch after it does not throw.
   template <class Prepare>
   std::uint64_t promote(Payload payload, Prepare&& prepare) {
+    return promote(std::move(payload), version_origin{}, std::forward<Prepare>(prepare));
+  }
+  /// As promote(payload, prepare), for a version that came from `origin`.
+  template <class Prepare>
+  std::uint64_t promote(Payload payload, version_origin origin, Prepare&& prepare) {
     std::shared_ptr<const version> fresh;  // before the lock: if prepare throws, destroyed after it
     std::lock_guard lock(writer_mutex_);
-    fresh = std::make_shared<const version>(next_id_, std::move(payload));
+    fresh = std::make_shared<const version>(next_id_, std::move(payload), std::move(origin));
     const auto from = current();
     prepare(std::as_const(*from), std::as_const(*fresh));
     if (previous_) retired_.reserve(retired_.size() + 1);  // the last step that may throw
@@ -178,6 +222,22 @@ class version_chain {
     std::lock_guard lock(writer_mutex_);
     if (!previous_) return std::nullopt;
     return previous_->id;
+  }
+
+  /// The serving version, the rollback target and the retired versions (oldest first), each
+  /// with its id and origin, all at one instant (no promote or rollback in between). Versions a
+  /// reclaim() call is destroying right now are no longer listed.
+  [[nodiscard]] held_versions held() const {
+    std::lock_guard lock(writer_mutex_);
+    held_versions out;
+    {
+      std::lock_guard current_lock(current_mutex_);
+      out.serving = {current_->id, current_->origin};
+    }
+    if (previous_) out.rollback_target = held_version{previous_->id, previous_->origin};
+    out.retired.reserve(retired_.size());
+    for (const auto& v : retired_) out.retired.push_back({v->id, v->origin});
+    return out;
   }
 
   /// Destroys retired versions that nothing pins and whose tokens are all done (`done(token)`
