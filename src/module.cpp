@@ -2,6 +2,7 @@
 #include <cubridge/detail/check.hpp>
 #include <cubridge/detail/describe.hpp>
 #include <cubridge/detail/file_io.hpp>
+#include <cubridge/detail/loaded_kernels.hpp>
 #include <cubridge/driver.hpp>
 #include <cubridge/image.hpp>
 #include <cubridge/kernel.hpp>
@@ -9,9 +10,12 @@
 #include <cubridge/module.hpp>
 #include <cubridge/scoped_current.hpp>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <optional>
+#include <string>
 #include <vector>
 
 namespace cubridge {
@@ -46,6 +50,38 @@ struct jit_logs {
   std::vector<void*> values;
 };
 
+/// The names of the kernels the driver loaded for `handle` (cuModuleEnumerateFunctions).
+std::vector<std::string> module_kernel_names(CUmodule handle, const std::string& what) {
+  unsigned count = 0;
+  CUBRIDGE_CU(cuModuleGetFunctionCount, (&count, handle), "counting the kernels of " + what);
+  std::vector<CUfunction> functions(count);
+  if (count != 0)
+    CUBRIDGE_CU(cuModuleEnumerateFunctions, (functions.data(), count, handle), "listing the kernels of " + what);
+  std::vector<std::string> names;
+  for (CUfunction f : functions) {
+    const char* name = nullptr;
+    CUBRIDGE_CU(cuFuncGetName, (&name, f), "naming a kernel of " + what);
+    if (name) names.emplace_back(name);
+  }
+  return names;
+}
+
+/// The names of the kernels the driver has for `handle` (cuLibraryEnumerateKernels).
+std::vector<std::string> library_kernel_names(CUlibrary handle, const std::string& what) {
+  unsigned count = 0;
+  CUBRIDGE_CU(cuLibraryGetKernelCount, (&count, handle), "counting the kernels of " + what);
+  std::vector<CUkernel> kernels(count);
+  if (count != 0)
+    CUBRIDGE_CU(cuLibraryEnumerateKernels, (kernels.data(), count, handle), "listing the kernels of " + what);
+  std::vector<std::string> names;
+  for (CUkernel k : kernels) {
+    const char* name = nullptr;
+    CUBRIDGE_CU(cuKernelGetName, (&name, k), "naming a kernel of " + what);
+    if (name) names.emplace_back(name);
+  }
+  return names;
+}
+
 /// Bytes the driver can take: the caller's image as it is, or, for PTX without its trailing NUL
 /// (as a file's bytes usually are), a terminated copy. Machine code is never copied.
 class driver_image {
@@ -57,6 +93,7 @@ class driver_image {
     const image_info info = inspect_image(image);
     if (options.check_target && target)
       require_runs_on(info, target->major, target->minor, what);
+    if (target) expected_kernels_ = detail::kernels_every_entry_defines(info, target->major, target->minor);
     if (info.kind == image_kind::ptx && (image.empty() || image.back() != std::byte{0})) {
       terminated_.assign(image.begin(), image.end());
       terminated_.push_back(std::byte{0});
@@ -65,10 +102,13 @@ class driver_image {
   [[nodiscard]] const void* data() const noexcept {
     return terminated_.empty() ? static_cast<const void*>(image_.data()) : terminated_.data();
   }
+  /// The kernels the loaded module or library must have (kernels_every_entry_defines).
+  [[nodiscard]] const std::vector<std::string>& expected_kernels() const noexcept { return expected_kernels_; }
 
  private:
   std::span<const std::byte> image_;
   std::vector<std::byte> terminated_;
+  std::vector<std::string> expected_kernels_;
 };
 
 std::string with_log(std::string what, const std::string& log) {
@@ -111,8 +151,11 @@ module module::load(context_arg ctx, std::span<const std::byte> image, load_opti
   if (r != CUDA_SUCCESS)
     detail::throw_driver_error(r, "cuModuleLoadDataEx", with_log("loading " + what, logs.error_text()),
                                std::source_location::current());
-  return module(std::make_shared<const state>(std::move(ctx), handle, std::move(options.name),
-                                              logs.info_text()));
+  // Owned before the check, so that a refused module is unloaded.
+  auto loaded = std::make_shared<const state>(std::move(ctx), handle, std::move(options.name), logs.info_text());
+  detail::require_loaded_kernels(bytes.expected_kernels(), module_kernel_names(handle, what),
+                         "cuModuleEnumerateFunctions", what);
+  return module(std::move(loaded));
 }
 
 module module::load_file(context_arg ctx, const std::filesystem::path& path, load_options options) {
@@ -160,13 +203,10 @@ struct library::state {
 library library::load(std::span<const std::byte> image, load_options options) {
   if (options.name.empty()) options.name = "<memory>";
   const std::string what = "library '" + options.name + "'";
-  std::optional<compute_capability> target;
   // A library is loaded for every context; check against the current context's device, or
-  // device 0 when none is current.
-  if (options.check_target) {
-    const auto current = context_ref::current();
-    target = (current ? current.device() : device::get(0)).capability();
-  }
+  // device 0 when none is current. The kernel list is checked against the same device.
+  const auto current = context_ref::current();
+  const std::optional<compute_capability> target = (current ? current.device() : device::get(0)).capability();
   const driver_image bytes(image, options, target, what);
   jit_logs logs(options);
   CUlibrary handle = nullptr;
@@ -176,7 +216,11 @@ library library::load(std::span<const std::byte> image, load_options options) {
   if (r != CUDA_SUCCESS)
     detail::throw_driver_error(r, "cuLibraryLoadData", with_log("loading " + what, logs.error_text()),
                                std::source_location::current());
-  return library(std::make_shared<const state>(handle, std::move(options.name)));
+  // Owned before the check, so that a refused library is unloaded.
+  auto loaded = std::make_shared<const state>(handle, std::move(options.name));
+  detail::require_loaded_kernels(bytes.expected_kernels(), library_kernel_names(handle, what),
+                         "cuLibraryEnumerateKernels", what);
+  return library(std::move(loaded));
 }
 
 library library::load_file(const std::filesystem::path& path, load_options options) {

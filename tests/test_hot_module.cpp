@@ -109,7 +109,7 @@ TEST_F(HotModule, BadVersionsAreRefusedAndTheCurrentKeepsServing) {
                cubridge::image_error);
 
   EXPECT_EQ(hot_->stats().rejected, 6u);
-  EXPECT_EQ(hot_->stats().current_version, 1u);
+  EXPECT_EQ(hot_->stats().current_id, 1u);
   EXPECT_EQ(run_write_version(), 1u);
 }
 
@@ -203,7 +203,7 @@ TEST_F(HotModule, LaunchConfigurationsInUseMustFitANewVersion) {
               std::string::npos)
         << e.what();
   }
-  EXPECT_EQ(hot_->stats().current_version, 1u);
+  EXPECT_EQ(hot_->stats().current_id, 1u);
 }
 
 TEST_F(HotModule, AThousandSwapsUnderLaunchesReturnMemoryToBaseline) {
@@ -340,7 +340,7 @@ TEST_F(HotModule, AVersionStagedByAnotherModuleIsRefused) {
   expect_refused(*hot_, other.stage(hot_image("v2")), "others");
   expect_refused(other, hot_->stage(hot_image("v2")), "versions");
   expect_refused(*hot_, twin.stage(hot_image("v2")), "twin");
-  EXPECT_EQ(hot_->stats().current_version, 1u);
+  EXPECT_EQ(hot_->stats().current_id, 1u);
   EXPECT_EQ(hot_->stats().promotions, 0u);
   EXPECT_EQ(other.stats().promotions, 0u);
   EXPECT_EQ(twin.stats().promotions, 0u);
@@ -380,7 +380,7 @@ TEST_F(HotModule, APromoteWhoseGraphUpdateFailsSwitchesNothing) {
     EXPECT_NE(what.find("cuGraphExecKernelNodeSetParams"), std::string::npos) << what;
     EXPECT_NE(what.find("retargeted to version 2"), std::string::npos) << what;
   }
-  EXPECT_EQ(hot_->stats().current_version, 1u);
+  EXPECT_EQ(hot_->stats().current_id, 1u);
   EXPECT_EQ(hot_->stats().promotions, 0u);
   EXPECT_EQ(function_of(first), v1_function) << "the node changed first was put back";
   EXPECT_EQ(run_write_version(), 1u);
@@ -435,7 +435,7 @@ TEST_F(HotModule, PromoteAndRollbackCheckTheLaunchShapesUsedSince) {
         << what;
   }
   const auto stats = hot_->stats();
-  EXPECT_EQ(stats.current_version, 1u);
+  EXPECT_EQ(stats.current_id, 1u);
   EXPECT_EQ(stats.promotions, 2u);
   EXPECT_EQ(stats.rejected, 1u) << "the refused promotion; a refused rollback rejects nothing new";
   EXPECT_EQ(k.launch({.block = {1024}, .stream = *stream_}, wide.span()), 1u);
@@ -626,11 +626,11 @@ TEST_F(HotModule, TenThousandSwapsWithRejectsUnderEightLaunchersStayBounded) {
   const auto v2 = hot_image("v2");
   const auto missing = hot_image("missing");
   const auto changed = hot_image("changed");
-  std::atomic<std::uint64_t> promoted{hot_->stats().current_version};
+  std::atomic<std::uint64_t> promoted{hot_->stats().current_id};
   auto swap = [&](int i) {
     try {
       hot_->promote(hot_->stage(i % 4 == 3 ? (i % 8 == 3 ? missing : changed) : i % 2 ? v1 : v2));
-      promoted.store(hot_->stats().current_version);
+      promoted.store(hot_->stats().current_id);
       return true;
     } catch (const cubridge::version_rejected_error&) {
       return false;
@@ -696,7 +696,7 @@ TEST_F(HotModule, TenThousandSwapsWithRejectsUnderEightLaunchersStayBounded) {
       if (tick % 100 == 0) {
         const auto st = hot_->stats();
         std::cerr << "[stress] " << tick / 10 << " s: " << swaps_done.load() << " swaps, "
-                  << launches.load() << " launches, version " << st.current_version
+                  << launches.load() << " launches, version " << st.current_id
                   << ", retired waiting " << st.retired_waiting << ", unloaded " << st.unloaded
                   << std::endl;
       }
@@ -752,6 +752,19 @@ TEST_F(HotModule, TenThousandSwapsWithRejectsUnderEightLaunchersStayBounded) {
       << "heap in use after 10,000 swaps";
   EXPECT_LE(memory_after.rss_kib, memory_before.rss_kib + bound_kib)
       << "host RSS after 10,000 swaps";
+}
+
+// A hot module loads from, and stages, a `--compress-mode=size` fatbin (its cubin zstd-
+// compressed, so its kernels are seen only through libzstd) and launches it (issue 12).
+TEST_F(HotModule, ASizeCompressedFatbinLoadsStagesAndLaunches) {
+  const auto compressed = cubridge::read_file_bytes(CUBRIDGE_HOT_SIZE_FATBIN);
+  auto own = cubridge::hot_module::load(*ctx_, "compressed", compressed);
+  auto k = own.get_kernel("write_version");
+  (void)k.launch({.block = {256}, .stream = *stream_}, out_->span());
+  ASSERT_EQ(cubridge::driver::api().cuCtxSynchronize(), CUDA_SUCCESS);
+  EXPECT_EQ(read_back(*out_, 255), 6u);
+  EXPECT_EQ(hot_->promote(hot_->stage(compressed)), 2u);
+  EXPECT_EQ(run_write_version(), 6u);
 }
 
 }  // namespace

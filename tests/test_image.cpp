@@ -8,6 +8,7 @@
 //   scale<float>(float*, float) = _Z5scaleIfEvPT_S0_ -> 8, 4
 //   big_params(blob5000, int*)                       -> 5000, 8 (PTX only: a cubin omits them)
 //   calls_helper(int*)                               -> 8 (helper() is a device function)
+#include <cubridge/detail/loaded_kernels.hpp>
 #include <cubridge/image.hpp>
 
 #include <gtest/gtest.h>
@@ -521,14 +522,46 @@ TEST(ImageFatbin, MultiArchitecture) {
   EXPECT_EQ(kernel_map(info), ptx_kernels());
 }
 
-TEST(ImageFatbin, ZstdEntriesAreReportedButNotRead) {
+TEST(ImageFatbin, ZstdEntriesAreDecompressed) {
   // CUDA 13 nvcc compresses PTX with zstd by default; the cubin stays uncompressed.
   const auto info = inspect(read_file(CUBRIDGE_IMAGE_FATBIN_ZSTD));
   ASSERT_EQ(info.targets.size(), 2u);
   expect_target(info.targets[0], image_kind::cubin, 80, arch_variant::generic, "sm_80", false);
   expect_target(info.targets[1], image_kind::ptx, 80, arch_variant::generic, "compute_80", true);
-  EXPECT_FALSE(info.kernels_complete);
-  EXPECT_EQ(kernel_map(info), cubin_kernels);
+  EXPECT_TRUE(info.kernels_complete);
+  // big_params' sizes come from the (zstd) PTX entry.
+  EXPECT_EQ(kernel_map(info), ptx_kernels());
+}
+
+// Every --compress-mode gives the same targets, kernels and parameter sizes; `size` stores the
+// cubin zstd-compressed too (issue 12: its kernels were not seen at all).
+TEST(ImageFatbin, EveryCompressModeListsTheSameKernels) {
+  struct mode {
+    const char* name;
+    const char* path;
+    bool cubin_compressed;
+    bool ptx_compressed;
+  };
+  const mode modes[] = {{"size", CUBRIDGE_IMAGE_FATBIN_MODE_SIZE, true, true},
+                        {"speed", CUBRIDGE_IMAGE_FATBIN_MODE_SPEED, false, true},
+                        {"default", CUBRIDGE_IMAGE_FATBIN_MODE_DEFAULT, false, true},
+                        {"none", CUBRIDGE_IMAGE_FATBIN_MODE_NONE, false, false}};
+  for (const auto& m : modes) {
+    SCOPED_TRACE(std::string("--compress-mode=") + m.name);
+    const auto info = inspect(read_file(m.path));
+    EXPECT_EQ(info.kind, image_kind::fatbin);
+    ASSERT_EQ(info.targets.size(), 2u);
+    expect_target(info.targets[0], image_kind::cubin, 90, arch_variant::generic, "sm_90", m.cubin_compressed);
+    expect_target(info.targets[1], image_kind::ptx, 90, arch_variant::generic, "compute_90", m.ptx_compressed);
+    EXPECT_TRUE(info.kernels_complete);
+    EXPECT_EQ(kernel_map(info), ptx_kernels());
+    // Each entry names its own kernels: all six, in both.
+    for (const auto& t : info.targets) {
+      const std::set<std::string> names(t.kernel_names.begin(), t.kernel_names.end());
+      EXPECT_EQ(names.size(), 6u) << t.arch_name;
+      for (const auto& [name, unused] : ptx_kernels()) EXPECT_TRUE(names.contains(name)) << name;
+    }
+  }
 }
 
 TEST(ImageFatbin, Lz4EntriesAreDecompressed) {
@@ -606,15 +639,21 @@ TEST(ImageFatbin, HeaderErrors) {
   EXPECT_NE(bad_image_message(small_header).find("entry header size 8 is invalid"), std::string::npos);
 }
 
+std::uint64_t get64(const bytes& b, std::size_t off) {
+  std::uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = v << 8 | std::to_integer<std::uint64_t>(b[off + i]);
+  return v;
+}
+
 TEST(ImageFatbin, CorruptLz4IsReported) {
   const auto good = read_file(CUBRIDGE_IMAGE_FATBIN_LZ4);
   const std::size_t entry = 16;  // the first entry's header
-  std::uint64_t declared = 0;
-  for (int i = 7; i >= 0; --i) declared = declared << 8 | std::to_integer<std::uint64_t>(good[entry + 56 + i]);
+  const std::uint64_t declared = get64(good, entry + 56);
   auto b = good;
   put64(b, entry + 56, declared + 1);
   auto message = bad_image_message(b);
-  EXPECT_NE(message.find("LZ4 data expands to " + std::to_string(declared) + " bytes, not the declared " +
+  EXPECT_NE(message.find("fatbin entry 0 (sm_86, offset 16): LZ4 data expands to " +
+                         std::to_string(declared) + " bytes, not the declared " +
                          std::to_string(declared + 1)),
             std::string::npos)
       << message;
@@ -631,7 +670,117 @@ TEST(ImageFatbin, CorruptLz4IsReported) {
   b = good;
   b[entry + 64] = std::byte{0x00};  // no literals, then a match offset
   put16(b, entry + 65, 0x4000);
-  EXPECT_NE(bad_image_message(b).find("before the start of the output"), std::string::npos);
+  message = bad_image_message(b);
+  EXPECT_NE(message.find("LZ4 data is malformed"), std::string::npos) << message;
+}
+
+TEST(ImageFatbin, CorruptZstdIsReported) {
+  const auto good = read_file(CUBRIDGE_IMAGE_FATBIN_MODE_SIZE);
+  const std::size_t entry = 16;  // the first entry: the zstd-compressed sm_90 cubin
+  ASSERT_EQ(get64(good, entry + 40) & 0x8000, 0x8000u);
+  const std::uint64_t declared = get64(good, entry + 56);
+  const std::uint32_t header = static_cast<std::uint32_t>(get64(good, entry + 4) & 0xffffffffu);
+  const std::uint32_t compressed = static_cast<std::uint32_t>(get64(good, entry + 16) & 0xffffffffu);
+  auto b = good;
+  put64(b, entry + 56, declared + 1);
+  auto message = bad_image_message(b);
+  EXPECT_NE(message.find("fatbin entry 0 (sm_90, offset 16): zstd frame declares " +
+                         std::to_string(declared) + " bytes of content, not the entry's " +
+                         std::to_string(declared + 1)),
+            std::string::npos)
+      << message;
+  b = good;
+  put64(b, entry + 56, std::uint64_t{1} << 40);
+  EXPECT_NE(bad_image_message(b).find("is impossible for"), std::string::npos);
+  b = good;
+  put32(b, entry + 16, compressed - 1);  // the frame's last byte cut off
+  message = bad_image_message(b);
+  EXPECT_NE(message.find("zstd frame is truncated or malformed"), std::string::npos) << message;
+  b = good;
+  b[entry + header] = std::byte{0};  // the frame's magic number
+  message = bad_image_message(b);
+  EXPECT_NE(message.find("is not a zstd frame"), std::string::npos) << message;
+  // Every byte of the compressed data damaged in turn: an image_error or a result, nothing else.
+  for (std::uint32_t i = 0; i < compressed; ++i) {
+    b = good;
+    b[entry + header + i] ^= std::byte{0x5a};
+    (void)parses(b);
+  }
+
+  // A frame that does not declare its content size (header byte 0: no size, a window byte),
+  // one raw last block of the cubin's bytes.
+  const auto cubin = read_file(CUBRIDGE_IMAGE_CUBIN_SM_80);
+  bytes frame{std::byte{0x28}, std::byte{0xb5}, std::byte{0x2f}, std::byte{0xfd}, std::byte{0x00},
+              std::byte{0x70}};
+  const std::uint32_t block = 1u | static_cast<std::uint32_t>(cubin.size()) << 3;  // last, raw
+  for (int i = 0; i < 3; ++i) frame.push_back(std::byte((block >> (8 * i)) & 0xff));
+  append(frame, cubin);
+  auto unknown = make_fatbin({{2, 80, 0x8011, frame}});
+  put32(unknown, entry + 16, static_cast<std::uint32_t>(frame.size()));
+  put64(unknown, entry + 56, cubin.size());
+  message = bad_image_message(unknown);
+  EXPECT_NE(message.find("zstd frame does not declare its content size"), std::string::npos) << message;
+  // The same frame with its content size declared (header byte 0x80: 4-byte size) is read.
+  bytes sized{std::byte{0x28}, std::byte{0xb5}, std::byte{0x2f}, std::byte{0xfd}, std::byte{0x80},
+              std::byte{0x70}};
+  for (int i = 0; i < 4; ++i) sized.push_back(std::byte((cubin.size() >> (8 * i)) & 0xff));
+  sized.insert(sized.end(), frame.begin() + 6, frame.end());
+  auto known = make_fatbin({{2, 80, 0x8011, sized}});
+  put32(known, entry + 16, static_cast<std::uint32_t>(sized.size()));
+  put64(known, entry + 56, cubin.size());
+  EXPECT_EQ(kernel_map(inspect(known)), cubin_kernels);
+  // Two frames where one is declared: the second is not part of the entry.
+  auto twice = sized;
+  append(twice, sized);
+  auto two = make_fatbin({{2, 80, 0x8011, twice}});
+  put32(two, entry + 16, static_cast<std::uint32_t>(twice.size()));
+  put64(two, entry + 56, cubin.size());
+  message = bad_image_message(two);
+  EXPECT_NE(message.find("zstd frame ends after " + std::to_string(sized.size())), std::string::npos)
+      << message;
+}
+
+// The check module::load and library::load make against the driver's kernel list.
+TEST(ImageLoadedKernels, EveryRunnableEntryDecidesWhatTheDriverMustHave) {
+  using cubridge::detail::kernels_every_entry_defines;
+  const auto multi = inspect(read_file(CUBRIDGE_IMAGE_FATBIN_MULTI));
+  const std::set<std::string> all{"mixed_params", "no_params", "aligned_params", "_Z5scaleIfEvPT_S0_",
+                                   "big_params", "calls_helper"};
+  auto as_set = [](const std::vector<std::string>& v) { return std::set<std::string>(v.begin(), v.end()); };
+  EXPECT_EQ(as_set(kernels_every_entry_defines(multi, 9, 0)), all);  // sm_90a cubin and compute_90
+  EXPECT_EQ(as_set(kernels_every_entry_defines(multi, 8, 0)), all);  // sm_80 cubin only
+  EXPECT_TRUE(kernels_every_entry_defines(multi, 7, 5).empty());     // nothing runs there
+  EXPECT_EQ(as_set(kernels_every_entry_defines(inspect(read_file(CUBRIDGE_IMAGE_FATBIN_MODE_SIZE)), 9, 0)), all);
+  // Entries that differ: only what both define is required, whichever the driver picks.
+  const std::string ptx = ".version 9.0\n.target sm_80\n.address_size 64\n"
+                          ".entry no_params { ret; }\n.entry only_in_ptx { ret; }\n";
+  const auto cubin = read_file(CUBRIDGE_IMAGE_CUBIN_SM_80);
+  const auto mixed = inspect(make_fatbin({{2, 80, 0x11, cubin}, {1, 80, 0x11, from_text(ptx)}}));
+  EXPECT_EQ(kernels_every_entry_defines(mixed, 8, 0), std::vector<std::string>{"no_params"});
+  // compute_80 PTX alone runs on sm_90: then it decides.
+  EXPECT_EQ(as_set(kernels_every_entry_defines(mixed, 9, 0)), (std::set<std::string>{"no_params", "only_in_ptx"}));
+  EXPECT_THROW((void)kernels_every_entry_defines(mixed, 0, 0), cubridge::error);
+}
+
+TEST(ImageLoadedKernels, AKernelTheDriverLacksIsNamed) {
+  using cubridge::detail::require_loaded_kernels;
+  const std::vector<std::string> expected{"a", "b", "c"};
+  EXPECT_NO_THROW(require_loaded_kernels(expected, {"c", "b", "a"}, "cuModuleEnumerateFunctions", "m"));
+  // The driver may list more (entries the reader skips).
+  EXPECT_NO_THROW(require_loaded_kernels(expected, {"a", "b", "c", "extra"}, "cuModuleEnumerateFunctions", "m"));
+  EXPECT_NO_THROW(require_loaded_kernels({}, {}, "cuModuleEnumerateFunctions", "m"));
+  try {
+    require_loaded_kernels(expected, {"b"}, "cuLibraryEnumerateKernels", "library 'filters'");
+    ADD_FAILURE() << "no error";
+  } catch (const cubridge::image_error& e) {
+    EXPECT_TRUE(e.is(cubridge::errc::bad_image));
+    EXPECT_EQ(e.call(), "cuLibraryEnumerateKernels");
+    const std::string message = e.what();
+    EXPECT_NE(message.find("library 'filters': the image defines kernels 'a', 'c' that the driver's "
+                           "list of the loaded code lacks (it lists 1 kernels)"),
+              std::string::npos)
+        << message;
+  }
 }
 
 // --------------------------------------------------------------------------------------------
@@ -640,7 +789,7 @@ TEST(ImageFatbin, CorruptLz4IsReported) {
 std::vector<const char*> all_fixtures() {
   return {CUBRIDGE_IMAGE_CUBIN_SM_80,  CUBRIDGE_IMAGE_CUBIN_SM_100F, CUBRIDGE_IMAGE_FATBIN_MULTI,
           CUBRIDGE_IMAGE_FATBIN_ZSTD,  CUBRIDGE_IMAGE_FATBIN_LZ4,    CUBRIDGE_IMAGE_FATBIN_LTO,
-          CUBRIDGE_IMAGE_PTX_COMPUTE_90};
+          CUBRIDGE_IMAGE_FATBIN_MODE_SIZE, CUBRIDGE_IMAGE_PTX_COMPUTE_90};
 }
 
 TEST(ImageRobustness, EmptyInput) {

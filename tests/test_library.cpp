@@ -63,4 +63,20 @@ TEST(Library, RefusesGarbageAndMissingKernels) {
   }
 }
 
+// A `--compress-mode=size` fatbin (cubins zstd-compressed) loads as a library (its kernel list
+// checked against cuLibraryEnumerateKernels) and its kernels run (issue 12).
+TEST(Library, ASizeCompressedFatbinLoadsAndRuns) {
+  CUBRIDGE_REQUIRE_GPU();
+  auto ctx = cubridge::context::create(cubridge::device::get(0));
+  auto lib = cubridge::library::load_file(CUBRIDGE_SIZE_FATBIN);
+  unsigned count = 0;
+  ASSERT_EQ(cubridge::driver::api().cuLibraryGetKernelCount(&count, lib.get()), CUDA_SUCCESS);
+  EXPECT_GE(count, 6u);  // test_kernels.cu defines six
+  const auto fill = [&] {
+    cubridge::scoped_current guard(ctx);
+    return lib.get_kernel("fill_u32");
+  }();
+  for (unsigned v : fill_in(fill, ctx, 7u)) ASSERT_EQ(v, 7u);
+}
+
 }  // namespace

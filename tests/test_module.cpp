@@ -1,11 +1,15 @@
 #include <cubridge/context.hpp>
 #include <cubridge/device_buffer.hpp>
+#include <cubridge/image.hpp>
 #include <cubridge/module.hpp>
 #include <cubridge/scoped_current.hpp>
 
 #include "gpu_test.hpp"
 
 #include <cstring>
+#include <string>
+#include <set>
+#include <iostream>
 #include <random>
 #include <vector>
 
@@ -148,6 +152,49 @@ TEST_F(Module, AKernelKeepsItsModuleLoaded) {
   CUBRIDGE_ASSERT_CU(cubridge::driver::api().cuCtxSynchronize());
   CUfunction f = nullptr;
   EXPECT_EQ(cubridge::driver::api().cuModuleGetFunction(&f, raw, "fill_u32"), CUDA_SUCCESS);
+}
+
+// The kernels the driver lists for a loaded module (cuModuleEnumerateFunctions).
+std::set<std::string> driver_kernels(const cubridge::module& m) {
+  unsigned count = 0;
+  EXPECT_EQ(cubridge::driver::api().cuModuleGetFunctionCount(&count, m.get()), CUDA_SUCCESS);
+  std::vector<CUfunction> functions(count);
+  if (count != 0) {
+    EXPECT_EQ(cubridge::driver::api().cuModuleEnumerateFunctions(functions.data(), count, m.get()), CUDA_SUCCESS);
+  }
+  std::set<std::string> names;
+  for (CUfunction f : functions) {
+    const char* name = nullptr;
+    EXPECT_EQ(cubridge::driver::api().cuFuncGetName(&name, f), CUDA_SUCCESS);
+    if (name) names.insert(name);
+  }
+  return names;
+}
+
+// A `--compress-mode=size` fatbin (cubins zstd-compressed) loads, its kernels launch, and what
+// the image lists is what the driver lists (issue 12).
+TEST_F(Module, ASizeCompressedFatbinLoadsAndItsKernelsAreTheDrivers) {
+  auto m = cubridge::module::load_file(*ctx_, CUBRIDGE_SIZE_FATBIN);
+  expect_fill_works(m, *ctx_);
+  const auto info = cubridge::inspect_image_file(CUBRIDGE_SIZE_FATBIN);
+  ASSERT_FALSE(info.kernels.empty());
+  std::set<std::string> listed;
+  for (const auto& k : info.kernels) listed.insert(k.name);
+  const auto loaded = driver_kernels(m);
+  for (const auto& name : listed) EXPECT_TRUE(loaded.contains(name)) << name << " missing from the driver's list";
+  std::string all;
+  for (const auto& name : loaded) all += name + " ";
+  std::cout << "driver lists " << loaded.size() << " kernels: " << all << "\n";
+}
+
+// The post-load check accepts every form of the test kernels (no false refusals).
+TEST_F(Module, TheKernelListCheckAcceptsEveryImageForm) {
+  for (const char* path : {test_cubin_path(), test_fatbin_path(), test_ptx_path(), CUBRIDGE_SIZE_FATBIN}) {
+    SCOPED_TRACE(path);
+    auto m = cubridge::module::load_file(*ctx_, path);
+    EXPECT_TRUE(driver_kernels(m).contains("fill_u32"));
+  }
+  EXPECT_FALSE(cubridge::context_ref::current()) << "load must restore the caller's stack";
 }
 
 }  // namespace

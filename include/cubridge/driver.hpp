@@ -32,8 +32,9 @@ namespace cubridge::driver {
   X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) X(cuEventSynchronize) X(cuEventQuery)     \
   X(cuEventElapsedTime)                                                                         \
   X(cuModuleLoadDataEx) X(cuModuleUnload) X(cuModuleGetFunction) X(cuModuleGetGlobal)           \
-  X(cuModuleGetLoadingMode)                                                                     \
+  X(cuModuleGetLoadingMode) X(cuModuleGetFunctionCount) X(cuModuleEnumerateFunctions)           \
   X(cuLibraryLoadData) X(cuLibraryUnload) X(cuLibraryGetKernel) X(cuLibraryGetGlobal)           \
+  X(cuLibraryGetKernelCount) X(cuLibraryEnumerateKernels) X(cuKernelGetName)                    \
   X(cuKernelGetFunction) X(cuKernelGetParamInfo) X(cuKernelGetAttribute)                        \
   X(cuFuncGetParamInfo) X(cuFuncGetAttribute) X(cuFuncGetName) X(cuFuncLoad) X(cuFuncIsLoaded)   \
   X(cuLaunchKernel) X(cuLaunchKernelEx)                                                          \

@@ -68,12 +68,15 @@ struct image_target {
   arch_variant variant = arch_variant::generic;
   /// "sm_90a" for SASS, "compute_90" for PTX, "lto_90" for LTO IR.
   std::string arch_name;
-  /// True for a fatbin entry stored compressed (LZ4 or zstd).
+  /// True for a fatbin entry stored compressed (LZ4 or zstd; both are decompressed and read).
   bool compressed = false;
   /// Device address size in bits: 64, or 32 for old 32-bit code.
   int address_bits = 64;
   /// For PTX: the ISA version (".version"); nullopt for other kinds.
   std::optional<ptx_isa_version> ptx_version;
+  /// Names of the kernels this cubin or PTX defines, in image order (parameters are in
+  /// image_info::kernels); empty for LTO IR.
+  std::vector<std::string> kernel_names;
 
   /// Major compute capability (sm / 10).
   [[nodiscard]] int sm_major() const noexcept { return sm / 10; }
@@ -91,8 +94,9 @@ struct image_info {
   /// Kernels defined by the image: the union over all readable cubin and PTX entries,
   /// deduplicated by name, in order of first appearance.
   std::vector<image_kernel> kernels;
-  /// False when some cubin or PTX entry could not be read (zstd-compressed fatbin entries are
-  /// reported as targets but not decompressed), so `kernels` may miss some.
+  /// False when some cubin or PTX entry could not be read, so `kernels` may miss some. Every
+  /// cubin and PTX entry, compressed (LZ4, zstd) or not, is read or refused with an image_error,
+  /// so as built this is always true; kept for callers that check it.
   bool kernels_complete = true;
 
   /// The kernel named `name`, or nullptr.
