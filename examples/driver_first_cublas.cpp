@@ -14,7 +14,8 @@
 
 int main() {
   if (!cubridge::driver::available()) {
-    std::printf("driver_first_cublas: no GPU: %s\n", cubridge::driver::unavailable_reason().c_str());
+    std::printf("driver_first_cublas: no GPU: %s\n",
+                cubridge::driver::unavailable_reason().c_str());
     return 77;  // skipped
   }
   const auto dev = cubridge::device::get(0);

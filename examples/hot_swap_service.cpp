@@ -42,7 +42,8 @@ int main(int argc, char** argv) {
       watch_dir, std::chrono::milliseconds(100),
       [&](const std::filesystem::path& file) {
         cubridge::scoped_current current(ctx);
-        auto staged = service.stage(cubridge::read_file_bytes(file), {.source_name = file.string()});
+        auto staged =
+            service.stage(cubridge::read_file_bytes(file), {.source_name = file.string()});
         const auto id = service.promote(std::move(staged));
         std::printf("version %llu from %s took over\n", static_cast<unsigned long long>(id),
                     file.filename().c_str());

@@ -17,11 +17,13 @@ extern "C" int vendor_finish(cubridge_sandbox_args* args);  // the vendor librar
 
 int main() {
   if (!cubridge::driver::available()) {
-    std::printf("reset_guarded_library: no GPU: %s\n", cubridge::driver::unavailable_reason().c_str());
+    std::printf("reset_guarded_library: no GPU: %s\n",
+                cubridge::driver::unavailable_reason().c_str());
     return 77;  // skipped
   }
   const char* policy = std::getenv("CUBRIDGE_RESET_POLICY");
-  std::printf("reset_guarded_library: reset policy %s\n", policy ? policy : "(no guard configured)");
+  std::printf("reset_guarded_library: reset policy %s\n",
+              policy ? policy : "(no guard configured)");
   auto primary = cubridge::primary_context::retain(cubridge::device::get(0));
   cubridge::scoped_current current(primary);
   auto data = cubridge::driver_buffer<unsigned>::allocate(primary, 1 << 20);
@@ -33,7 +35,8 @@ int main() {
   std::printf("reset_guarded_library: vendor_finish returned %d\n", vendor_finish(&args));
 
   std::vector<unsigned> back(data.size());
-  const CUresult copy = api.cuMemcpy(reinterpret_cast<CUdeviceptr>(back.data()), data.address(), data.size_bytes());
+  const CUresult copy =
+      api.cuMemcpy(reinterpret_cast<CUdeviceptr>(back.data()), data.address(), data.size_bytes());
   std::size_t wrong = 0;
   for (unsigned v : back) wrong += v != 0xC0FFEE;
   const bool intact = copy == CUDA_SUCCESS && wrong == 0 && !primary.was_reset();

@@ -16,7 +16,8 @@ int main(int argc, char** argv) {
     return 64;
   }
   if (!cubridge::driver::available()) {
-    std::printf("runtime_first_module: no GPU: %s\n", cubridge::driver::unavailable_reason().c_str());
+    std::printf("runtime_first_module: no GPU: %s\n",
+                cubridge::driver::unavailable_reason().c_str());
     return 77;  // skipped
   }
   const std::size_t n = 1 << 20;

@@ -207,11 +207,9 @@ std::string signed_text_problem(std::string_view text) {
       return "invalid UTF-8 at offset " + std::to_string(i);
     }
     if (n - i < length) return "truncated UTF-8 sequence at offset " + std::to_string(i);
-    if (s[i + 1] < low || s[i + 1] > high)
-      return "invalid UTF-8 at offset " + std::to_string(i);
+    if (s[i + 1] < low || s[i + 1] > high) return "invalid UTF-8 at offset " + std::to_string(i);
     for (std::size_t k = 2; k < length; ++k)
-      if (s[i + k] < 0x80 || s[i + k] > 0xBF)
-        return "invalid UTF-8 at offset " + std::to_string(i);
+      if (s[i + k] < 0x80 || s[i + k] > 0xBF) return "invalid UTF-8 at offset " + std::to_string(i);
     i += length;
   }
   return {};
@@ -316,10 +314,9 @@ bundle_manifest read_manifest(std::string_view bytes) {
   }
 
   bundle_manifest m;
-  const std::array<std::string_view, 9> known = {"name",         "version", "target",
-                                                 "kind",         "payload_sha256",
-                                                 "payload_size", "created", "key_id",
-                                                 "expires"};  // the last one optional
+  const std::array<std::string_view, 9> known = {
+      "name",         "version", "target", "kind",   "payload_sha256",
+      "payload_size", "created", "key_id", "expires"};  // the last one optional
   for (const auto& f : reader.fields)
     if (std::find(known.begin(), known.end(), f.key) == known.end())
       refuse(bundle_reason::invalid_manifest, call, "unknown field " + printable(f.key));

@@ -57,7 +57,9 @@ namespace {
 class created_context final : public detail::context_owner {
  public:
   using context_owner::context_owner;
-  ~created_context() override { detail::check_release(driver::api().cuCtxDestroy(get()), "cuCtxDestroy"); }
+  ~created_context() override {
+    detail::check_release(driver::api().cuCtxDestroy(get()), "cuCtxDestroy");
+  }
 };
 }  // namespace
 

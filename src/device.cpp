@@ -6,7 +6,9 @@
 
 namespace cubridge {
 namespace {
-std::string name_device(CUdevice d) { return "device " + std::to_string(static_cast<int>(d)); }
+std::string name_device(CUdevice d) {
+  return "device " + std::to_string(static_cast<int>(d));
+}
 }  // namespace
 
 int device::count() {
@@ -29,8 +31,9 @@ std::string device::name() const {
 
 int device::attribute(CUdevice_attribute which) const {
   int value = 0;
-  CUBRIDGE_CU(cuDeviceGetAttribute, (&value, which, handle_),
-              "attribute " + std::to_string(static_cast<int>(which)) + " of " + name_device(handle_));
+  CUBRIDGE_CU(
+      cuDeviceGetAttribute, (&value, which, handle_),
+      "attribute " + std::to_string(static_cast<int>(which)) + " of " + name_device(handle_));
   return value;
 }
 

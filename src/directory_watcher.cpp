@@ -17,8 +17,7 @@ namespace {
 using steady = std::chrono::steady_clock;
 
 [[noreturn]] void fail(const std::string& call, const std::filesystem::path& dir) {
-  detail::throw_errc(errc::io, call,
-                     "watching " + dir.string() + ": " + std::strerror(errno));
+  detail::throw_errc(errc::io, call, "watching " + dir.string() + ": " + std::strerror(errno));
 }
 }  // namespace
 
@@ -60,7 +59,9 @@ struct directory_watcher::state {
         auto earliest = steady::time_point::max();
         for (const auto& [name, at] : quiet_since) earliest = std::min(earliest, at + debounce);
         timeout_ms = static_cast<int>(std::max<long long>(
-            0, std::chrono::duration_cast<std::chrono::milliseconds>(earliest - steady::now()).count() + 1));
+            0, std::chrono::duration_cast<std::chrono::milliseconds>(earliest - steady::now())
+                       .count() +
+                   1));
       }
       pollfd fds[2] = {{inotify_fd, POLLIN, 0}, {stop_fd, POLLIN, 0}};
       if (poll(fds, 2, timeout_ms) < 0 && errno != EINTR) return;

@@ -3,9 +3,9 @@
 
 #include <dlfcn.h>
 
+#include <mutex>
 #include <string>
 #include <string_view>
-#include <mutex>
 
 namespace cubridge::driver {
 namespace {
@@ -27,7 +27,7 @@ using get_proc_address_fn = CUresult (*)(const char*, void**, int, cuuint64_t,
 /// so they are asked for at 12.0, the version of their plain declaration.
 int abi_version(std::string_view name) {
   static constexpr std::string_view plain_abi_12[] = {"cuCtxGetDevice", "cuCtxSynchronize",
-                                                     "cuStreamGetCtx"};
+                                                      "cuStreamGetCtx"};
   for (auto n : plain_abi_12)
     if (n == name) return 12000;
   return CUDA_VERSION;
@@ -48,7 +48,8 @@ loaded_driver load() {
   }
   auto resolve = [&](const char* name, void** slot) {
     CUdriverProcAddressQueryResult status{};
-    const CUresult r = get_proc(name, slot, abi_version(name), CU_GET_PROC_ADDRESS_DEFAULT, &status);
+    const CUresult r =
+        get_proc(name, slot, abi_version(name), CU_GET_PROC_ADDRESS_DEFAULT, &status);
     if (r != CUDA_SUCCESS || status != CU_GET_PROC_ADDRESS_SUCCESS || !*slot) {
       if (d.failure.empty())
         d.failure = "CUDA driver too old: libcuda.so.1 has no " + std::string(name) + " for CUDA " +
@@ -83,9 +84,13 @@ const entry_points& api() {
   return d.api;
 }
 
-bool available() noexcept { return instance().failure.empty(); }
+bool available() noexcept {
+  return instance().failure.empty();
+}
 
-std::string unavailable_reason() noexcept { return instance().failure; }
+std::string unavailable_reason() noexcept {
+  return instance().failure;
+}
 
 std::string library_path() {
   const auto& d = api();

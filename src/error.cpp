@@ -21,17 +21,28 @@ std::string compose(const std::string& call, const std::string& code_name,
 
 std::string_view describe(errc code) noexcept {
   switch (code) {
-    case errc::no_driver: return "no usable CUDA driver";
-    case errc::bad_image: return "not a valid GPU image";
-    case errc::incompatible_image: return "image has no code for this device";
-    case errc::bad_launch_arguments: return "launch arguments do not match the kernel";
-    case errc::context_reset: return "context was reset or destroyed by someone else";
-    case errc::precondition: return "precondition violated";
-    case errc::io: return "input/output failure";
-    case errc::version_rejected: return "module version rejected";
-    case errc::bad_bundle: return "module bundle refused";
-    case errc::guest_damage: return "a guest call broke the host's state";
-    case errc::sandbox_failure: return "the sandbox worker failed";
+    case errc::no_driver:
+      return "no usable CUDA driver";
+    case errc::bad_image:
+      return "not a valid GPU image";
+    case errc::incompatible_image:
+      return "image has no code for this device";
+    case errc::bad_launch_arguments:
+      return "launch arguments do not match the kernel";
+    case errc::context_reset:
+      return "context was reset or destroyed by someone else";
+    case errc::precondition:
+      return "precondition violated";
+    case errc::io:
+      return "input/output failure";
+    case errc::version_rejected:
+      return "module version rejected";
+    case errc::bad_bundle:
+      return "module bundle refused";
+    case errc::guest_damage:
+      return "a guest call broke the host's state";
+    case errc::sandbox_failure:
+      return "the sandbox worker failed";
   }
   return "unknown cubridge error";
 }
@@ -40,17 +51,28 @@ std::string_view describe(errc code) noexcept {
 
 std::string_view to_string(errc code) noexcept {
   switch (code) {
-    case errc::no_driver: return "CUBRIDGE_NO_DRIVER";
-    case errc::bad_image: return "CUBRIDGE_BAD_IMAGE";
-    case errc::incompatible_image: return "CUBRIDGE_INCOMPATIBLE_IMAGE";
-    case errc::bad_launch_arguments: return "CUBRIDGE_BAD_LAUNCH_ARGUMENTS";
-    case errc::context_reset: return "CUBRIDGE_CONTEXT_RESET";
-    case errc::precondition: return "CUBRIDGE_PRECONDITION";
-    case errc::io: return "CUBRIDGE_IO";
-    case errc::version_rejected: return "CUBRIDGE_VERSION_REJECTED";
-    case errc::bad_bundle: return "CUBRIDGE_BAD_BUNDLE";
-    case errc::guest_damage: return "CUBRIDGE_GUEST_DAMAGE";
-    case errc::sandbox_failure: return "CUBRIDGE_SANDBOX_FAILURE";
+    case errc::no_driver:
+      return "CUBRIDGE_NO_DRIVER";
+    case errc::bad_image:
+      return "CUBRIDGE_BAD_IMAGE";
+    case errc::incompatible_image:
+      return "CUBRIDGE_INCOMPATIBLE_IMAGE";
+    case errc::bad_launch_arguments:
+      return "CUBRIDGE_BAD_LAUNCH_ARGUMENTS";
+    case errc::context_reset:
+      return "CUBRIDGE_CONTEXT_RESET";
+    case errc::precondition:
+      return "CUBRIDGE_PRECONDITION";
+    case errc::io:
+      return "CUBRIDGE_IO";
+    case errc::version_rejected:
+      return "CUBRIDGE_VERSION_REJECTED";
+    case errc::bad_bundle:
+      return "CUBRIDGE_BAD_BUNDLE";
+    case errc::guest_damage:
+      return "CUBRIDGE_GUEST_DAMAGE";
+    case errc::sandbox_failure:
+      return "CUBRIDGE_SANDBOX_FAILURE";
   }
   return "CUBRIDGE_UNKNOWN";
 }
@@ -75,16 +97,20 @@ void throw_errc(errc code, std::string call, std::string involved, std::source_l
   const int value = static_cast<int>(code);
   switch (code) {
     case errc::no_driver:
-      throw driver_unavailable(source, value, name, text, std::move(call), std::move(involved), where);
+      throw driver_unavailable(source, value, name, text, std::move(call), std::move(involved),
+                               where);
     case errc::bad_image:
     case errc::incompatible_image:
       throw image_error(source, value, name, text, std::move(call), std::move(involved), where);
     case errc::bad_launch_arguments:
-      throw launch_argument_error(source, value, name, text, std::move(call), std::move(involved), where);
+      throw launch_argument_error(source, value, name, text, std::move(call), std::move(involved),
+                                  where);
     case errc::version_rejected:
-      throw version_rejected_error(source, value, name, text, std::move(call), std::move(involved), where);
+      throw version_rejected_error(source, value, name, text, std::move(call), std::move(involved),
+                                   where);
     case errc::context_reset:
-      throw context_reset_error(source, value, name, text, std::move(call), std::move(involved), where);
+      throw context_reset_error(source, value, name, text, std::move(call), std::move(involved),
+                                where);
     default:
       throw error(source, value, name, text, std::move(call), std::move(involved), where);
   }

@@ -19,8 +19,8 @@ green_context::green_context(std::shared_ptr<const owner> state) noexcept
     : state_(std::move(state)) {}
 
 green_context green_context::create(cubridge::device dev, unsigned sm_count) {
-  const std::string what = std::to_string(sm_count) + " SMs of device " +
-                           std::to_string(dev.ordinal());
+  const std::string what =
+      std::to_string(sm_count) + " SMs of device " + std::to_string(dev.ordinal());
   CUdevResource all{};
   CUBRIDGE_CU(cuDeviceGetDevResource, (dev.get(), &all, CU_DEV_RESOURCE_TYPE_SM), what);
   CUdevResource part{};
@@ -28,9 +28,9 @@ green_context green_context::create(cubridge::device dev, unsigned sm_count) {
   unsigned groups = 1;
   CUBRIDGE_CU(cuDevSmResourceSplitByCount, (&part, &groups, &all, &rest, 0, sm_count), what);
   if (groups < 1)
-    detail::throw_errc(errc::precondition, "cuDevSmResourceSplitByCount",
-                       "cannot carve " + what + " (the device has " +
-                           std::to_string(all.sm.smCount) + ")");
+    detail::throw_errc(
+        errc::precondition, "cuDevSmResourceSplitByCount",
+        "cannot carve " + what + " (the device has " + std::to_string(all.sm.smCount) + ")");
   CUdevResourceDesc desc{};
   CUBRIDGE_CU(cuDevResourceGenerateDesc, (&desc, &part, 1), what);
   CUgreenCtx green = nullptr;
@@ -43,9 +43,17 @@ green_context green_context::create(cubridge::device dev, unsigned sm_count) {
   return green_context(std::make_shared<const owner>(green, handle, part.sm.smCount));
 }
 
-CUgreenCtx green_context::get_green() const noexcept { return state_ ? state_->green_ : nullptr; }
-CUcontext green_context::get() const noexcept { return state_ ? state_->get() : nullptr; }
-green_context::operator context_arg() const noexcept { return {ref(), state_}; }
-unsigned green_context::sm_count() const noexcept { return state_ ? state_->sm_count_ : 0; }
+CUgreenCtx green_context::get_green() const noexcept {
+  return state_ ? state_->green_ : nullptr;
+}
+CUcontext green_context::get() const noexcept {
+  return state_ ? state_->get() : nullptr;
+}
+green_context::operator context_arg() const noexcept {
+  return {ref(), state_};
+}
+unsigned green_context::sm_count() const noexcept {
+  return state_ ? state_->sm_count_ : 0;
+}
 
 }  // namespace cubridge

@@ -56,8 +56,9 @@ std::vector<std::string> interface_of(std::span<const std::byte> image, const st
   for (const auto& k : info.kernels) names.push_back(k.name);
   if (names.empty())
     detail::throw_errc(errc::precondition, "hot_module::load",
-                       "module '" + name + "': the first version exports no kernel that the "
-                       "image inspector can see (a fatbin whose entries are all compressed?)");
+                       "module '" + name +
+                           "': the first version exports no kernel that the "
+                           "image inspector can see (a fatbin whose entries are all compressed?)");
   return names;
 }
 
@@ -407,8 +408,7 @@ staged_version hot_module::stage(std::span<const std::byte> image,
   version_origin origin{options.bundle_version, options.key_id, source,
                         std::chrono::system_clock::now()};
   return staged_version(std::move(staged), options.carry_globals, source, std::move(origin),
-                        s.serial,
-                        "module '" + s.name + "' in " + s.ctx.ref().describe());
+                        s.serial, "module '" + s.name + "' in " + s.ctx.ref().describe());
 }
 
 std::uint64_t hot_module::promote(staged_version version) {
@@ -422,9 +422,9 @@ std::uint64_t hot_module::promote(staged_version version) {
                            ": its kernels are another module's; stage it with this module, "
                            "which keeps serving");
   state::switching lock(s, !version.carry_globals_.empty());
-  const auto id =
-      s.versions.promote(std::move(version.version_), std::move(version.origin_),
-                         [&](const auto& from, const auto& to) {
+  const auto id = s.versions.promote(
+      std::move(version.version_), std::move(version.origin_),
+      [&](const auto& from, const auto& to) {
         // Everything that can fail, before the switch; the staged version is not serving yet.
         if (const auto why = s.misfit(to.payload, "the new version"); !why.empty()) {
           s.rejected.fetch_add(1);
@@ -481,7 +481,8 @@ std::uint64_t hot_module::read_global(std::string_view variable, std::span<std::
     detail::throw_errc(errc::precondition, "hot_module::read_global",
                        what + " is " + std::to_string(bytes.size()) + " bytes, the destination " +
                            std::to_string(out.size()));
-  CUBRIDGE_CU(cuMemcpy, (reinterpret_cast<CUdeviceptr>(out.data()), bytes.address(), out.size()), what);
+  CUBRIDGE_CU(cuMemcpy, (reinterpret_cast<CUdeviceptr>(out.data()), bytes.address(), out.size()),
+              what);
   return serving.id();
 }
 
@@ -542,9 +543,9 @@ void hot_module::track_graph(CUgraph graph, CUgraphExec exec) {
       if (params.func == kernels[i].launch_handle()) tracked->nodes.emplace_back(node, i);
   }
   if (tracked->nodes.empty())
-    detail::throw_errc(errc::precondition, "hot_module::track_graph",
-                       "no kernel node of the graph launches the current version of module '" +
-                           s.name + "'");
+    detail::throw_errc(
+        errc::precondition, "hot_module::track_graph",
+        "no kernel node of the graph launches the current version of module '" + s.name + "'");
   tracked->bound_version = current.id();
   s.graphs.push_back(std::move(tracked));
 }

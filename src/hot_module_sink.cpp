@@ -50,7 +50,8 @@ std::uint64_t hot_module_sink::current_version(std::string_view name) const {
 sink_result hot_module_sink::apply(const verified_bundle& bundle) {
   const auto& m = bundle.manifest;
   entry* e = find(m.name);
-  if (!e) return {sink_outcome::unknown_module, 0, "no hot module '" + m.name + "' in this service"};
+  if (!e)
+    return {sink_outcome::unknown_module, 0, "no hot module '" + m.name + "' in this service"};
   auto refuse = [&](sink_outcome outcome, std::string why) {
     const std::uint64_t serving = current_version(m.name);
     std::lock_guard lock(e->mutex);
@@ -64,9 +65,9 @@ sink_result hot_module_sink::apply(const verified_bundle& bundle) {
       // For exactly this device: the driver gets machine code, never PTX to JIT.
       auto options = compile_;
       options.architecture = "sm_" + std::to_string(device_sm());
-      const cuda_source source{m.name + ".cu",
-                               std::string(reinterpret_cast<const char*>(bundle.payload.data()),
-                                           bundle.payload.size())};
+      const cuda_source source{
+          m.name + ".cu",
+          std::string(reinterpret_cast<const char*>(bundle.payload.data()), bundle.payload.size())};
       compiled = nvrtc_compile(source, options).cubin;
       image = compiled;
     }
@@ -119,7 +120,8 @@ std::vector<module_report> hot_module_sink::status() const {
   for (const auto& [name, e] : all) {
     const auto held = e->module->versions();
     module_report r{name, held.serving.origin.bundle_version, {}, held.retired.size(), {}};
-    if (held.rollback_target) r.versions_held.push_back(held.rollback_target->origin.bundle_version);
+    if (held.rollback_target)
+      r.versions_held.push_back(held.rollback_target->origin.bundle_version);
     r.versions_held.push_back(held.serving.origin.bundle_version);
     std::lock_guard lock(e->mutex);
     r.last_error = e->last_error;

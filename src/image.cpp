@@ -50,9 +50,12 @@ namespace {
 
 std::string variant_suffix(arch_variant v) {
   switch (v) {
-    case arch_variant::arch_specific: return "a";
-    case arch_variant::family_specific: return "f";
-    case arch_variant::generic: break;
+    case arch_variant::arch_specific:
+      return "a";
+    case arch_variant::family_specific:
+      return "f";
+    case arch_variant::generic:
+      break;
   }
   return "";
 }
@@ -66,7 +69,6 @@ std::string sizes_text(const std::vector<std::size_t>& sizes) {
   return s + "]";
 }
 
-
 }  // namespace
 
 arch_variant stronger(arch_variant a, arch_variant b) {
@@ -74,7 +76,9 @@ arch_variant stronger(arch_variant a, arch_variant b) {
 }
 
 std::string arch_name_of(image_kind kind, int sm, arch_variant v) {
-  std::string prefix = kind == image_kind::ptx ? "compute_" : kind == image_kind::lto_ir ? "lto_" : "sm_";
+  std::string prefix = kind == image_kind::ptx      ? "compute_"
+                       : kind == image_kind::lto_ir ? "lto_"
+                                                    : "sm_";
   return prefix + std::to_string(sm) + variant_suffix(v);
 }
 
@@ -113,7 +117,6 @@ void check_capability(int sm_major, int sm_minor) {
     precondition_failed(sm_major, sm_minor);
 }
 
-
 // A cubin or PTX image on its own: one target.
 image_info single_target(image_kind kind, parsed_code code, const source& s) {
   kernel_set kernels;
@@ -130,13 +133,16 @@ image_info single_target(image_kind kind, parsed_code code, const source& s) {
 
 }  // namespace
 
-
 std::string_view to_string(image_kind kind) noexcept {
   switch (kind) {
-    case image_kind::cubin: return "cubin";
-    case image_kind::fatbin: return "fatbin";
-    case image_kind::ptx: return "ptx";
-    case image_kind::lto_ir: return "lto_ir";
+    case image_kind::cubin:
+      return "cubin";
+    case image_kind::fatbin:
+      return "fatbin";
+    case image_kind::ptx:
+      return "ptx";
+    case image_kind::lto_ir:
+      return "lto_ir";
   }
   return "unknown";
 }
@@ -149,7 +155,8 @@ const image_kernel* image_info::find_kernel(std::string_view name) const noexcep
 
 image_info inspect_image(std::span<const std::byte> bytes) {
   if (bytes.empty())
-    detail::throw_errc(errc::bad_image, "inspect_image", "empty input (0 bytes): not a cubin, fatbin or PTX image");
+    detail::throw_errc(errc::bad_image, "inspect_image",
+                       "empty input (0 bytes): not a cubin, fatbin or PTX image");
   work_budget budget(bytes.size());
   if (bytes.size() >= 4 && rd32(bytes, 0) == elf_magic) {
     const source s{bytes, 0, "cubin"};
@@ -178,8 +185,9 @@ image_info inspect_image_file(const std::filesystem::path& path) {
   std::vector<std::byte> data;
   constexpr std::size_t chunk = std::size_t{1} << 20;
   file.read_some(data, chunk);
-  const bool may_be_image = (data.size() >= 4 && (rd32(data, 0) == elf_magic || rd32(data, 0) == fatbin_magic)) ||
-                            looks_like_ptx(data);
+  const bool may_be_image =
+      (data.size() >= 4 && (rd32(data, 0) == elf_magic || rd32(data, 0) == fatbin_magic)) ||
+      looks_like_ptx(data);
   if (data.size() == chunk && !may_be_image) {
     // Not an image unless PTX text begins after more than a chunk of comments and spaces: a NUL
     // or anything else seen whole ends the question here.
@@ -193,7 +201,7 @@ image_info inspect_image_file(const std::filesystem::path& path) {
                              ")");
   }
   data.reserve(static_cast<std::size_t>(size) + chunk);  // room for the read that sees the end
-  while (file.read_some(data, chunk) != 0)  // to its end, even if it grew since fstat
+  while (file.read_some(data, chunk) != 0)               // to its end, even if it grew since fstat
     if (data.size() > max_file_size)
       detail::throw_errc(errc::bad_image, "inspect_image_file",
                          "'" + path.string() + "' is larger than the 2 GiB an image may have");
@@ -201,7 +209,8 @@ image_info inspect_image_file(const std::filesystem::path& path) {
     return inspect_image(data);
   } catch (const image_error& e) {
     // Name the file: rethrow with the path in front of what was wrong.
-    detail::throw_errc(errc::bad_image, "inspect_image_file", "'" + path.string() + "': " + e.involved());
+    detail::throw_errc(errc::bad_image, "inspect_image_file",
+                       "'" + path.string() + "': " + e.involved());
   }
 }
 
@@ -211,11 +220,14 @@ bool can_run_on(const image_target& target, int sm_major, int sm_minor) {
   const int minor = target.sm_minor();
   switch (target.kind) {
     case image_kind::cubin:
-      if (target.variant == arch_variant::arch_specific) return sm_major == major && sm_minor == minor;
+      if (target.variant == arch_variant::arch_specific)
+        return sm_major == major && sm_minor == minor;
       return sm_major == major && sm_minor >= minor;
     case image_kind::ptx:
-      if (target.variant == arch_variant::arch_specific) return sm_major == major && sm_minor == minor;
-      if (target.variant == arch_variant::family_specific) return sm_major == major && sm_minor >= minor;
+      if (target.variant == arch_variant::arch_specific)
+        return sm_major == major && sm_minor == minor;
+      if (target.variant == arch_variant::family_specific)
+        return sm_major == major && sm_minor >= minor;
       return sm_major > major || (sm_major == major && sm_minor >= minor);
     case image_kind::fatbin:
     case image_kind::lto_ir:
@@ -240,15 +252,17 @@ void require_runs_on(const image_info& image, int sm_major, int sm_minor, std::s
   }
   std::string msg;
   if (!what.empty()) msg.append(what).append(": ");
-  msg += std::string(to_string(image.kind)) + " has code for " + (targets.empty() ? "nothing" : targets) +
-         ", none of which runs on a device of sm_" + std::to_string(sm_major * 10 + sm_minor) +
-         " (compute capability " + std::to_string(sm_major) + "." + std::to_string(sm_minor) + ")";
+  msg += std::string(to_string(image.kind)) + " has code for " +
+         (targets.empty() ? "nothing" : targets) + ", none of which runs on a device of sm_" +
+         std::to_string(sm_major * 10 + sm_minor) + " (compute capability " +
+         std::to_string(sm_major) + "." + std::to_string(sm_minor) + ")";
   detail::throw_errc(errc::incompatible_image, "require_runs_on", std::move(msg));
 }
 
 namespace detail {
 
-std::vector<std::string> kernels_every_entry_defines(const image_info& info, int sm_major, int sm_minor) {
+std::vector<std::string> kernels_every_entry_defines(const image_info& info, int sm_major,
+                                                     int sm_minor) {
   std::optional<std::vector<std::string>> common;
   for (const auto& t : info.targets) {
     if (t.kind == image_kind::lto_ir || !can_run_on(t, sm_major, sm_minor)) continue;
@@ -263,8 +277,9 @@ std::vector<std::string> kernels_every_entry_defines(const image_info& info, int
   return common.value_or(std::vector<std::string>{});
 }
 
-void require_loaded_kernels(const std::vector<std::string>& expected, const std::vector<std::string>& loaded,
-                            std::string_view call, const std::string& what) {
+void require_loaded_kernels(const std::vector<std::string>& expected,
+                            const std::vector<std::string>& loaded, std::string_view call,
+                            const std::string& what) {
   std::string missing;
   std::size_t count = 0;
   for (const auto& name : expected) {

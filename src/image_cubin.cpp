@@ -85,8 +85,10 @@ class cubin_parser {
     const auto cls = rd8(d_, 4);
     if (cls == 1) s_.fail("32-bit (ELFCLASS32) cubins are not supported");
     if (cls != 2) s_.fail("bad ELF class " + std::to_string(cls) + " at " + s_.at(4));
-    if (rd8(d_, 5) != 1) s_.fail("not a little-endian ELF (EI_DATA " + std::to_string(rd8(d_, 5)) + ")");
-    if (rd8(d_, 6) != 1) s_.fail("bad ELF version " + std::to_string(rd8(d_, 6)) + " at " + s_.at(6));
+    if (rd8(d_, 5) != 1)
+      s_.fail("not a little-endian ELF (EI_DATA " + std::to_string(rd8(d_, 5)) + ")");
+    if (rd8(d_, 6) != 1)
+      s_.fail("bad ELF version " + std::to_string(rd8(d_, 6)) + " at " + s_.at(6));
     const auto machine = rd16(d_, 18);
     if (machine != em_cuda)
       s_.fail("ELF file for machine " + std::to_string(machine) +
@@ -178,14 +180,16 @@ class cubin_parser {
       const auto p_offset = rd64(d_, off + 8);
       const auto p_filesz = rd64(d_, off + 32);
       if (!fits(d_.size(), p_offset, p_filesz))
-        s_.fail("segment " + std::to_string(i) + " (offset " + std::to_string(p_offset) + ", size " +
-                std::to_string(p_filesz) + ") runs past the end of the image (" +
+        s_.fail("segment " + std::to_string(i) + " (offset " + std::to_string(p_offset) +
+                ", size " + std::to_string(p_filesz) + ") runs past the end of the image (" +
                 std::to_string(d_.size()) + " bytes)");
     }
   }
 
   // SHT_NULL (whose size may hold the section count) and SHT_NOBITS occupy no file bytes.
-  static bool has_contents(const elf_section& sec) { return sec.type != sht_null && sec.type != sht_nobits; }
+  static bool has_contents(const elf_section& sec) {
+    return sec.type != sht_null && sec.type != sht_nobits;
+  }
 
   byte_span contents(const elf_section& sec) const {
     if (!has_contents(sec)) return {};
@@ -246,10 +250,11 @@ class cubin_parser {
     arch_variant v = header_variant_;
     for (const auto& sec : sections_) {
       if (sec.name_text == ".nv.compat") {
-        for_each_record(sec, [&](std::uint8_t attr, std::uint8_t fmt, byte_span value, std::uint64_t) {
-          if (attr == compat_attr_arch_specific && fmt != eifmt_sval && rd8(value, 0) == 1)
-            v = arch_variant::arch_specific;
-        });
+        for_each_record(
+            sec, [&](std::uint8_t attr, std::uint8_t fmt, byte_span value, std::uint64_t) {
+              if (attr == compat_attr_arch_specific && fmt != eifmt_sval && rd8(value, 0) == 1)
+                v = arch_variant::arch_specific;
+            });
       } else if (sec.name_text == ".note.nv.tkinfo") {
         // The ptxas options, e.g. "-arch sm_100f -m 64"; the only place an "f" is recorded.
         const auto t = as_text(contents(sec));
@@ -284,7 +289,8 @@ class cubin_parser {
     };
     std::vector<kparam> params;
     std::optional<std::uint32_t> total;
-    for_each_record(sec, [&](std::uint8_t attr, std::uint8_t fmt, byte_span value, std::uint64_t at) {
+    for_each_record(sec, [&](std::uint8_t attr, std::uint8_t fmt, byte_span value,
+                             std::uint64_t at) {
       if (attr == eiattr_kparam_info) {
         if (fmt != eifmt_sval || value.size() < 12)
           s_.fail("section " + std::string(sec.name_text) + ": KPARAM_INFO record at " + s_.at(at) +
@@ -370,6 +376,8 @@ class cubin_parser {
 
 }  // namespace
 
-parsed_code parse_cubin(const source& s, work_budget& budget) { return cubin_parser(s, budget).parse(); }
+parsed_code parse_cubin(const source& s, work_budget& budget) {
+  return cubin_parser(s, budget).parse();
+}
 
 }  // namespace cubridge::image_internal

@@ -67,7 +67,8 @@ struct entry_header {
   std::uint64_t payload_at = 0;  ///< offset of the payload in the inspected bytes
 };
 
-entry_header read_entry_header(byte_span d, std::uint64_t off, std::uint64_t end, const source& entry) {
+entry_header read_entry_header(byte_span d, std::uint64_t off, std::uint64_t end,
+                               const source& entry) {
   if (end - off < 64)
     entry.fail("entry header truncated: " + std::to_string(end - off) + " bytes left, need 64");
   entry_header h;
@@ -77,8 +78,10 @@ entry_header read_entry_header(byte_span d, std::uint64_t off, std::uint64_t end
   if (h.header_size < 64 || h.header_size > end - off)
     entry.fail("entry header size " + std::to_string(h.header_size) + " is invalid");
   if (h.payload_size > end - off - h.header_size)
-    entry.fail("payload of " + std::to_string(h.payload_size) + " bytes runs past the end of the "
-               "fatbin (" + std::to_string(end - off - h.header_size) + " bytes left)");
+    entry.fail("payload of " + std::to_string(h.payload_size) +
+               " bytes runs past the end of the "
+               "fatbin (" +
+               std::to_string(end - off - h.header_size) + " bytes left)");
   h.compressed_size = rd32(d, off + 16);
   h.minor = rd16(d, off + 24);
   h.major = rd16(d, off + 26);
@@ -95,11 +98,12 @@ std::vector<std::byte> lz4_decompress(byte_span in, std::uint64_t expected, cons
   // max_decompressed_total.
   std::vector<std::byte> out(expected);
   const int n = LZ4_decompress_safe(reinterpret_cast<const char*>(in.data()),
-                                    reinterpret_cast<char*>(out.data()), static_cast<int>(in.size()),
-                                    static_cast<int>(expected));
+                                    reinterpret_cast<char*>(out.data()),
+                                    static_cast<int>(in.size()), static_cast<int>(expected));
   if (n < 0)
     s.fail("LZ4 data is malformed or expands past the declared " + std::to_string(expected) +
-           " bytes (LZ4_decompress_safe: error at compressed offset " + std::to_string(-n - 1) + ")");
+           " bytes (LZ4_decompress_safe: error at compressed offset " + std::to_string(-n - 1) +
+           ")");
   if (static_cast<std::uint64_t>(n) != expected)
     s.fail("LZ4 data expands to " + std::to_string(n) + " bytes, not the declared " +
            std::to_string(expected));
@@ -115,18 +119,20 @@ std::vector<std::byte> zstd_decompress(byte_span in, std::uint64_t expected, con
     s.fail("zstd frame does not declare its content size (the entry declares " +
            std::to_string(expected) + " bytes)");
   if (content != expected)
-    s.fail("zstd frame declares " + std::to_string(content) + " bytes of content, not the entry's " +
-           std::to_string(expected));
+    s.fail("zstd frame declares " + std::to_string(content) +
+           " bytes of content, not the entry's " + std::to_string(expected));
   const std::size_t frame = ZSTD_findFrameCompressedSize(in.data(), in.size());
   if (ZSTD_isError(frame))
     s.fail(std::string("zstd frame is truncated or malformed: ") + ZSTD_getErrorName(frame));
   if (frame != in.size())
-    s.fail("zstd frame ends after " + std::to_string(frame) + " of the " + std::to_string(in.size()) +
-           " compressed bytes");
-  const std::unique_ptr<ZSTD_DCtx, decltype(&ZSTD_freeDCtx)> context(ZSTD_createDCtx(), &ZSTD_freeDCtx);
+    s.fail("zstd frame ends after " + std::to_string(frame) + " of the " +
+           std::to_string(in.size()) + " compressed bytes");
+  const std::unique_ptr<ZSTD_DCtx, decltype(&ZSTD_freeDCtx)> context(ZSTD_createDCtx(),
+                                                                     &ZSTD_freeDCtx);
   if (!context) s.fail("zstd: cannot create a decompression context (out of memory)");
   std::vector<std::byte> out(expected);
-  const std::size_t n = ZSTD_decompressDCtx(context.get(), out.data(), out.size(), in.data(), in.size());
+  const std::size_t n =
+      ZSTD_decompressDCtx(context.get(), out.data(), out.size(), in.data(), in.size());
   if (ZSTD_isError(n)) s.fail(std::string("zstd data is corrupt: ") + ZSTD_getErrorName(n));
   if (n != expected)
     s.fail("zstd data expands to " + std::to_string(n) + " bytes, not the declared " +
@@ -141,8 +147,8 @@ std::vector<std::byte> decompress_entry(const entry_header& h, byte_span payload
   const bool lz4 = (h.flags & fatbin_flag_lz4) != 0;
   const char* format = lz4 ? "LZ4" : "zstd";
   if (h.compressed_size == 0 || h.compressed_size > h.payload_size)
-    entry.fail("compressed size " + std::to_string(h.compressed_size) + " does not fit its payload of " +
-               std::to_string(h.payload_size) + " bytes");
+    entry.fail("compressed size " + std::to_string(h.compressed_size) +
+               " does not fit its payload of " + std::to_string(h.payload_size) + " bytes");
   const auto ratio = lz4 ? max_lz4_ratio : max_zstd_ratio;
   if (h.decompressed_size == 0 || h.decompressed_size > sat_mul(h.compressed_size, ratio) + 64)
     entry.fail("decompressed size " + std::to_string(h.decompressed_size) + " is impossible for " +
@@ -210,15 +216,18 @@ void read_entry_code(const source& content, const source& entry, image_target& t
 std::uint64_t read_entry(byte_span d, std::uint64_t off, std::uint64_t end, std::uint64_t index,
                          image_info& info, kernel_set& kernels, std::uint64_t& decompressed_total,
                          work_budget& budget) {
-  source entry{d, 0, "fatbin entry " + std::to_string(index) + " (offset " + std::to_string(off) + ")"};
-  if (index >= max_fatbin_entries) entry.fail("more than " + std::to_string(max_fatbin_entries) + " entries");
+  source entry{d, 0,
+               "fatbin entry " + std::to_string(index) + " (offset " + std::to_string(off) + ")"};
+  if (index >= max_fatbin_entries)
+    entry.fail("more than " + std::to_string(max_fatbin_entries) + " entries");
   const auto h = read_entry_header(d, off, end, entry);
   const auto payload = d.subspan(h.payload_at, h.payload_size);
   const auto next = h.payload_at + h.payload_size;
   auto target = target_of(h, entry);
   if (!target) return next;
   entry.ctx = "fatbin entry " + std::to_string(index) + " (" +
-              arch_name_of(target->kind, target->sm, target->variant) + ", offset " + std::to_string(off) + ")";
+              arch_name_of(target->kind, target->sm, target->variant) + ", offset " +
+              std::to_string(off) + ")";
   if (target->kind != image_kind::lto_ir) {
     if ((h.flags & fatbin_flag_lz4) && (h.flags & fatbin_flag_zstd))
       entry.fail("flags " + hex(h.flags) + " claim both LZ4 and zstd compression");
@@ -244,14 +253,15 @@ image_info parse_fatbin(byte_span d, work_budget& budget) {
   const auto version = rd16(d, 4);
   const auto header_size = rd16(d, 6);
   const auto fat_size = rd64(d, 8);
-  if (version != 1) top.fail("version " + std::to_string(version) + " is not supported (expected 1)");
+  if (version != 1)
+    top.fail("version " + std::to_string(version) + " is not supported (expected 1)");
   if (header_size < 16 || header_size > d.size())
     top.fail("header size " + std::to_string(header_size) + " is invalid for a " +
              std::to_string(d.size()) + "-byte image");
   if (fat_size > d.size() - header_size)
-    top.fail("the header announces " + std::to_string(fat_size) + " bytes of entries after offset " +
-             std::to_string(header_size) + " but the image has " + std::to_string(d.size()) +
-             " bytes (truncated?)");
+    top.fail("the header announces " + std::to_string(fat_size) +
+             " bytes of entries after offset " + std::to_string(header_size) +
+             " but the image has " + std::to_string(d.size()) + " bytes (truncated?)");
   image_info info;
   info.kind = image_kind::fatbin;
   kernel_set kernels;

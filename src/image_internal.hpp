@@ -35,7 +35,9 @@ struct source {
   /// Throws image_error (errc::bad_image) saying `what`, prefixed with ctx.
   [[noreturn]] void fail(const std::string& what) const;
   /// "offset N" of a position in data, as an offset into the inspected bytes where possible.
-  [[nodiscard]] std::string at(std::uint64_t off) const { return "offset " + std::to_string(base + off); }
+  [[nodiscard]] std::string at(std::uint64_t off) const {
+    return "offset " + std::to_string(base + off);
+  }
 };
 
 /// True if [off, off + len) lies within a buffer of `size` bytes; overflow-safe.
@@ -44,8 +46,9 @@ constexpr bool fits(std::uint64_t size, std::uint64_t off, std::uint64_t len) no
 }
 
 constexpr std::uint64_t sat_add(std::uint64_t a, std::uint64_t b) noexcept {
-  return a > std::numeric_limits<std::uint64_t>::max() - b ? std::numeric_limits<std::uint64_t>::max()
-                                                          : a + b;
+  return a > std::numeric_limits<std::uint64_t>::max() - b
+             ? std::numeric_limits<std::uint64_t>::max()
+             : a + b;
 }
 constexpr std::uint64_t sat_mul(std::uint64_t a, std::uint64_t b) noexcept {
   return b != 0 && a > std::numeric_limits<std::uint64_t>::max() / b
@@ -54,18 +57,24 @@ constexpr std::uint64_t sat_mul(std::uint64_t a, std::uint64_t b) noexcept {
 }
 
 // Little-endian reads; the caller has checked the bounds.
-inline std::uint8_t rd8(byte_span d, std::uint64_t off) { return std::to_integer<std::uint8_t>(d[off]); }
+inline std::uint8_t rd8(byte_span d, std::uint64_t off) {
+  return std::to_integer<std::uint8_t>(d[off]);
+}
 inline std::uint16_t rd16(byte_span d, std::uint64_t off) {
   return static_cast<std::uint16_t>(rd8(d, off) | (rd8(d, off + 1) << 8));
 }
 inline std::uint32_t rd32(byte_span d, std::uint64_t off) {
-  return static_cast<std::uint32_t>(rd16(d, off)) | (static_cast<std::uint32_t>(rd16(d, off + 2)) << 16);
+  return static_cast<std::uint32_t>(rd16(d, off)) |
+         (static_cast<std::uint32_t>(rd16(d, off + 2)) << 16);
 }
 inline std::uint64_t rd64(byte_span d, std::uint64_t off) {
-  return static_cast<std::uint64_t>(rd32(d, off)) | (static_cast<std::uint64_t>(rd32(d, off + 4)) << 32);
+  return static_cast<std::uint64_t>(rd32(d, off)) |
+         (static_cast<std::uint64_t>(rd32(d, off + 4)) << 32);
 }
 
-inline std::string_view as_text(byte_span d) { return {reinterpret_cast<const char*>(d.data()), d.size()}; }
+inline std::string_view as_text(byte_span d) {
+  return {reinterpret_cast<const char*>(d.data()), d.size()};
+}
 
 /// Bounds the work spent on names and records to a multiple of the bytes inspected, so that
 /// crafted inputs (e.g. many symbols naming overlapping suffixes of one long string) cannot
@@ -76,8 +85,9 @@ class work_budget {
       : left_(sat_add(std::uint64_t{16} << 20, sat_mul(input_size, 4))) {}
   void spend(std::uint64_t n, const source& s) {
     if (n > left_)
-      s.fail("the image needs more work to parse than its size justifies (overlapping names or "
-             "records?)");
+      s.fail(
+          "the image needs more work to parse than its size justifies (overlapping names or "
+          "records?)");
     left_ -= n;
   }
   /// More budget for `bytes` of decompressed input.

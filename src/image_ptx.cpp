@@ -18,7 +18,9 @@ bool is_word_char(char c) {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
          c == '$' || c == '%' || c == '.';
 }
-bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
+bool is_space(char c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
+}
 
 }  // namespace
 
@@ -112,7 +114,8 @@ class ptx_parser {
       } else if (tok.is(".extern")) {
         extern_seen = true;
       } else if (tok.is(".entry")) {
-        if (pending) s_.fail(".entry at " + s_.at(tok.offset) + " follows an .entry without a body");
+        if (pending)
+          s_.fail(".entry at " + s_.at(tok.offset) + " follows an .entry without a body");
         pending_at = tok.offset;
         pending = parse_entry();
         pending_extern = extern_seen;
@@ -121,7 +124,8 @@ class ptx_parser {
     }
     if (depth > 0) s_.fail("'{' at " + s_.at(outer_open) + " is never closed (truncated PTX?)");
     if (pending)
-      s_.fail(".entry '" + pending->name + "' at " + s_.at(pending_at) + " has no body (truncated PTX?)");
+      s_.fail(".entry '" + pending->name + "' at " + s_.at(pending_at) +
+              " has no body (truncated PTX?)");
     if (!have_target) s_.fail("no .target directive");
     out.target.kind = image_kind::ptx;
     out.target.address_bits = address_bits;
@@ -233,10 +237,10 @@ class ptx_parser {
 
   static std::size_t type_size(std::string_view t) {
     static constexpr std::array<std::pair<std::string_view, std::size_t>, 20> types{{
-        {".b8", 1},   {".s8", 1},    {".u8", 1},     {".b16", 2},    {".s16", 2},
-        {".u16", 2},  {".f16", 2},   {".bf16", 2},   {".b32", 4},    {".s32", 4},
-        {".u32", 4},  {".f32", 4},   {".f16x2", 4},  {".bf16x2", 4}, {".tf32", 4},
-        {".b64", 8},  {".s64", 8},   {".u64", 8},    {".f64", 8},    {".b128", 16},
+        {".b8", 1},  {".s8", 1},  {".u8", 1},    {".b16", 2},    {".s16", 2},
+        {".u16", 2}, {".f16", 2}, {".bf16", 2},  {".b32", 4},    {".s32", 4},
+        {".u32", 4}, {".f32", 4}, {".f16x2", 4}, {".bf16x2", 4}, {".tf32", 4},
+        {".b64", 8}, {".s64", 8}, {".u64", 8},   {".f64", 8},    {".b128", 16},
     }};
     for (const auto& [name, size] : types)
       if (name == t) return size;
@@ -313,7 +317,6 @@ class ptx_parser {
   ptx_token peek_;
   std::vector<image_kernel> kernels_;
 };
-
 
 }  // namespace
 

@@ -65,7 +65,9 @@ void check_copy_fits(std::size_t destination_bytes, std::size_t source_bytes) {
 }  // namespace detail
 
 namespace {
-CUdeviceptr as_address(const void* p) { return reinterpret_cast<CUdeviceptr>(p); }
+CUdeviceptr as_address(const void* p) {
+  return reinterpret_cast<CUdeviceptr>(p);
+}
 std::string describe_copy(void* d, const void* s, std::size_t bytes) {
   return std::to_string(bytes) + " bytes from " + detail::hex(s) + " to " + detail::hex(d);
 }
@@ -79,8 +81,9 @@ void copy_bytes(void* destination, const void* source, std::size_t bytes) {
 
 void copy_bytes_async(void* destination, const void* source, std::size_t bytes, stream_ref stream) {
   if (bytes == 0) return;
-  CUBRIDGE_CU(cuMemcpyAsync, (as_address(destination), as_address(source), bytes, stream.get()),
-              describe_copy(destination, source, bytes) + " on stream " + detail::hex(stream.get()));
+  CUBRIDGE_CU(
+      cuMemcpyAsync, (as_address(destination), as_address(source), bytes, stream.get()),
+      describe_copy(destination, source, bytes) + " on stream " + detail::hex(stream.get()));
 }
 
 context_ref context_of(const void* pointer) {
@@ -104,10 +107,14 @@ memory_kind memory_kind_of(const void* pointer) {
       managed)
     return memory_kind::managed;
   switch (type) {
-    case CU_MEMORYTYPE_HOST: return memory_kind::host;
-    case CU_MEMORYTYPE_DEVICE: return memory_kind::device;
-    case CU_MEMORYTYPE_ARRAY: return memory_kind::array;
-    default: return memory_kind::unregistered_host;
+    case CU_MEMORYTYPE_HOST:
+      return memory_kind::host;
+    case CU_MEMORYTYPE_DEVICE:
+      return memory_kind::device;
+    case CU_MEMORYTYPE_ARRAY:
+      return memory_kind::array;
+    default:
+      return memory_kind::unregistered_host;
   }
 }
 
@@ -186,7 +193,9 @@ shared_device_memory& shared_device_memory::operator=(shared_device_memory&& oth
   return *this;
 }
 
-shared_device_memory::~shared_device_memory() { reset(); }
+shared_device_memory::~shared_device_memory() {
+  reset();
+}
 
 void shared_device_memory::reset() noexcept {
   if (!address_) return;

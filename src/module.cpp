@@ -30,7 +30,8 @@ namespace {
 
 /// The driver's JIT options and the log buffers they point into.
 struct jit_logs {
-  explicit jit_logs(const load_options& o) : info(o.log_bytes + 1, '\0'), error(o.log_bytes + 1, '\0') {
+  explicit jit_logs(const load_options& o)
+      : info(o.log_bytes + 1, '\0'), error(o.log_bytes + 1, '\0') {
     add(CU_JIT_INFO_LOG_BUFFER, info.data());
     add(CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES, reinterpret_cast<void*>(o.log_bytes));
     add(CU_JIT_ERROR_LOG_BUFFER, error.data());
@@ -56,7 +57,8 @@ std::vector<std::string> module_kernel_names(CUmodule handle, const std::string&
   CUBRIDGE_CU(cuModuleGetFunctionCount, (&count, handle), "counting the kernels of " + what);
   std::vector<CUfunction> functions(count);
   if (count != 0)
-    CUBRIDGE_CU(cuModuleEnumerateFunctions, (functions.data(), count, handle), "listing the kernels of " + what);
+    CUBRIDGE_CU(cuModuleEnumerateFunctions, (functions.data(), count, handle),
+                "listing the kernels of " + what);
   std::vector<std::string> names;
   for (CUfunction f : functions) {
     const char* name = nullptr;
@@ -72,7 +74,8 @@ std::vector<std::string> library_kernel_names(CUlibrary handle, const std::strin
   CUBRIDGE_CU(cuLibraryGetKernelCount, (&count, handle), "counting the kernels of " + what);
   std::vector<CUkernel> kernels(count);
   if (count != 0)
-    CUBRIDGE_CU(cuLibraryEnumerateKernels, (kernels.data(), count, handle), "listing the kernels of " + what);
+    CUBRIDGE_CU(cuLibraryEnumerateKernels, (kernels.data(), count, handle),
+                "listing the kernels of " + what);
   std::vector<std::string> names;
   for (CUkernel k : kernels) {
     const char* name = nullptr;
@@ -91,9 +94,9 @@ class driver_image {
                std::optional<compute_capability> target, const std::string& what)
       : image_(image) {
     const image_info info = inspect_image(image);
-    if (options.check_target && target)
-      require_runs_on(info, target->major, target->minor, what);
-    if (target) expected_kernels_ = detail::kernels_every_entry_defines(info, target->major, target->minor);
+    if (options.check_target && target) require_runs_on(info, target->major, target->minor, what);
+    if (target)
+      expected_kernels_ = detail::kernels_every_entry_defines(info, target->major, target->minor);
     if (info.kind == image_kind::ptx && (image.empty() || image.back() != std::byte{0})) {
       terminated_.assign(image.begin(), image.end());
       terminated_.push_back(std::byte{0});
@@ -103,7 +106,9 @@ class driver_image {
     return terminated_.empty() ? static_cast<const void*>(image_.data()) : terminated_.data();
   }
   /// The kernels the loaded module or library must have (kernels_every_entry_defines).
-  [[nodiscard]] const std::vector<std::string>& expected_kernels() const noexcept { return expected_kernels_; }
+  [[nodiscard]] const std::vector<std::string>& expected_kernels() const noexcept {
+    return expected_kernels_;
+  }
 
  private:
   std::span<const std::byte> image_;
@@ -134,7 +139,9 @@ struct module::state {
     // cuModuleUnload blocks until the module's running kernels finish (FACTS.md).
     detail::check_release(driver::api().cuModuleUnload(handle), "cuModuleUnload");
   }
-  [[nodiscard]] std::string describe() const { return "module '" + name + "' in " + ctx.ref().describe(); }
+  [[nodiscard]] std::string describe() const {
+    return "module '" + name + "' in " + ctx.ref().describe();
+  }
 };
 
 module module::load(context_arg ctx, std::span<const std::byte> image, load_options options) {
@@ -145,16 +152,18 @@ module module::load(context_arg ctx, std::span<const std::byte> image, load_opti
   scoped_current guard(ctx.ref());
   jit_logs logs(options);
   CUmodule handle = nullptr;
-  const CUresult r = driver::api().cuModuleLoadDataEx(
-      &handle, bytes.data(), static_cast<unsigned>(logs.options.size()), logs.options.data(),
-      logs.values.data());
+  const CUresult r = driver::api().cuModuleLoadDataEx(&handle, bytes.data(),
+                                                      static_cast<unsigned>(logs.options.size()),
+                                                      logs.options.data(), logs.values.data());
   if (r != CUDA_SUCCESS)
-    detail::throw_driver_error(r, "cuModuleLoadDataEx", with_log("loading " + what, logs.error_text()),
+    detail::throw_driver_error(r, "cuModuleLoadDataEx",
+                               with_log("loading " + what, logs.error_text()),
                                std::source_location::current());
   // Owned before the check, so that a refused module is unloaded.
-  auto loaded = std::make_shared<const state>(std::move(ctx), handle, std::move(options.name), logs.info_text());
+  auto loaded = std::make_shared<const state>(std::move(ctx), handle, std::move(options.name),
+                                              logs.info_text());
   detail::require_loaded_kernels(bytes.expected_kernels(), module_kernel_names(handle, what),
-                         "cuModuleEnumerateFunctions", what);
+                                 "cuModuleEnumerateFunctions", what);
   return module(std::move(loaded));
 }
 
@@ -164,10 +173,18 @@ module module::load_file(context_arg ctx, const std::filesystem::path& path, loa
   return load(std::move(ctx), bytes, std::move(options));
 }
 
-CUmodule module::get() const noexcept { return state_ ? state_->handle : nullptr; }
-const std::string& module::name() const noexcept { return state_->name; }
-context_ref module::context() const noexcept { return state_->ctx.ref(); }
-const std::string& module::info_log() const noexcept { return state_->info_log; }
+CUmodule module::get() const noexcept {
+  return state_ ? state_->handle : nullptr;
+}
+const std::string& module::name() const noexcept {
+  return state_->name;
+}
+context_ref module::context() const noexcept {
+  return state_->ctx.ref();
+}
+const std::string& module::info_log() const noexcept {
+  return state_->info_log;
+}
 
 kernel module::get_kernel(std::string_view name) const {
   CUBRIDGE_EXPECTS(state_ != nullptr, "module was moved from");
@@ -206,7 +223,8 @@ library library::load(std::span<const std::byte> image, load_options options) {
   // A library is loaded for every context; check against the current context's device, or
   // device 0 when none is current. The kernel list is checked against the same device.
   const auto current = context_ref::current();
-  const std::optional<compute_capability> target = (current ? current.device() : device::get(0)).capability();
+  const std::optional<compute_capability> target =
+      (current ? current.device() : device::get(0)).capability();
   const driver_image bytes(image, options, target, what);
   jit_logs logs(options);
   CUlibrary handle = nullptr;
@@ -214,12 +232,13 @@ library library::load(std::span<const std::byte> image, load_options options) {
       &handle, bytes.data(), logs.options.data(), logs.values.data(),
       static_cast<unsigned>(logs.options.size()), nullptr, nullptr, 0);
   if (r != CUDA_SUCCESS)
-    detail::throw_driver_error(r, "cuLibraryLoadData", with_log("loading " + what, logs.error_text()),
+    detail::throw_driver_error(r, "cuLibraryLoadData",
+                               with_log("loading " + what, logs.error_text()),
                                std::source_location::current());
   // Owned before the check, so that a refused library is unloaded.
   auto loaded = std::make_shared<const state>(handle, std::move(options.name));
   detail::require_loaded_kernels(bytes.expected_kernels(), library_kernel_names(handle, what),
-                         "cuLibraryEnumerateKernels", what);
+                                 "cuLibraryEnumerateKernels", what);
   return library(std::move(loaded));
 }
 
@@ -229,8 +248,12 @@ library library::load_file(const std::filesystem::path& path, load_options optio
   return load(bytes, std::move(options));
 }
 
-CUlibrary library::get() const noexcept { return state_ ? state_->handle : nullptr; }
-const std::string& library::name() const noexcept { return state_->name; }
+CUlibrary library::get() const noexcept {
+  return state_ ? state_->handle : nullptr;
+}
+const std::string& library::name() const noexcept {
+  return state_->name;
+}
 
 kernel library::get_kernel(std::string_view name) const {
   CUBRIDGE_EXPECTS(state_ != nullptr, "library was moved from");
@@ -260,14 +283,16 @@ kernel kernel::make(std::shared_ptr<const void> owner, std::string name, CUfunct
   // Ask for parameters until the driver says there are no more.
   for (std::size_t index = 0;; ++index) {
     parameter_info p;
-    const CUresult r = library_kernel
-                           ? driver::api().cuKernelGetParamInfo(library_kernel, index, &p.offset, &p.size)
-                           : driver::api().cuFuncGetParamInfo(function, index, &p.offset, &p.size);
+    const CUresult r =
+        library_kernel
+            ? driver::api().cuKernelGetParamInfo(library_kernel, index, &p.offset, &p.size)
+            : driver::api().cuFuncGetParamInfo(function, index, &p.offset, &p.size);
     if (r == CUDA_ERROR_INVALID_VALUE) break;
     if (r != CUDA_SUCCESS)
-      detail::throw_driver_error(r, library_kernel ? "cuKernelGetParamInfo" : "cuFuncGetParamInfo",
-                                 "parameter " + std::to_string(index) + " of kernel '" + s->name + "'",
-                                 std::source_location::current());
+      detail::throw_driver_error(
+          r, library_kernel ? "cuKernelGetParamInfo" : "cuFuncGetParamInfo",
+          "parameter " + std::to_string(index) + " of kernel '" + s->name + "'",
+          std::source_location::current());
     s->parameters.push_back(p);
   }
   return kernel(std::move(s));
@@ -284,10 +309,11 @@ kernel kernel::from_native(CUfunction function, std::string name) {
 
 int kernel::attribute(CUfunction_attribute which, int device_ordinal) const {
   int value = 0;
-  const std::string what = "attribute " + std::to_string(static_cast<int>(which)) + " of kernel '" +
-                           state_->name + "'";
+  const std::string what =
+      "attribute " + std::to_string(static_cast<int>(which)) + " of kernel '" + state_->name + "'";
   if (state_->library_kernel) {
-    CUBRIDGE_CU(cuKernelGetAttribute, (&value, which, state_->library_kernel, device_ordinal), what);
+    CUBRIDGE_CU(cuKernelGetAttribute, (&value, which, state_->library_kernel, device_ordinal),
+                what);
   } else {
     CUBRIDGE_CU(cuFuncGetAttribute, (&value, which, state_->launch_handle), what);
   }

@@ -51,13 +51,21 @@ primary_context primary_context::adopt_runtime() {
   return adopted;
 }
 
-CUcontext primary_context::get() const noexcept { return state_ ? state_->get() : nullptr; }
+CUcontext primary_context::get() const noexcept {
+  return state_ ? state_->get() : nullptr;
+}
 
-primary_context::operator context_arg() const noexcept { return {ref(), state_}; }
+primary_context::operator context_arg() const noexcept {
+  return {ref(), state_};
+}
 
-device primary_context::device() const noexcept { return state_->device_; }
+device primary_context::device() const noexcept {
+  return state_->device_;
+}
 
-unsigned long long primary_context::retained_id() const noexcept { return state_->id_; }
+unsigned long long primary_context::retained_id() const noexcept {
+  return state_->id_;
+}
 
 bool primary_context::was_reset() const noexcept {
   if (!state_ || !driver::available()) return false;

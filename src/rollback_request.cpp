@@ -1,6 +1,6 @@
 // Signed rollback requests; the format is specified in docs/update-endpoint.md.
-#include <cubridge/rollback_request.hpp>
 #include <cubridge/detail/signing.hpp>
+#include <cubridge/rollback_request.hpp>
 
 #include <nlohmann/json.hpp>
 
@@ -44,7 +44,8 @@ json parse_request_line(std::string_view line) {
     }
     if (event == json::parse_event_t::key && !keys.insert(parsed.get<std::string>()).second) {
       duplicate = true;
-      if (problem.empty()) problem = "duplicate field " + detail::printable(parsed.get<std::string>());
+      if (problem.empty())
+        problem = "duplicate field " + detail::printable(parsed.get<std::string>());
     }
     return true;
   };
@@ -64,7 +65,8 @@ json parse_request_line(std::string_view line) {
 const std::string& text_field(const json& request, const char* name) {
   const auto it = request.find(name);
   if (it == request.end())
-    refuse(bundle_reason::invalid_manifest, verify_call, std::string("missing field '") + name + "'");
+    refuse(bundle_reason::invalid_manifest, verify_call,
+           std::string("missing field '") + name + "'");
   if (!it->is_string())
     refuse(bundle_reason::invalid_manifest, verify_call,
            std::string("field '") + name + "' is not a string");
@@ -93,8 +95,8 @@ std::string sign_rollback_request(std::string_view module, std::uint64_t from_ve
   request["module"] = std::string(module);
   request["from_version"] = from_version;
   request["nonce"] = detail::to_hex(nonce);
-  request["created"] = detail::format_time(std::chrono::floor<std::chrono::seconds>(
-      created.value_or(std::chrono::system_clock::now())));
+  request["created"] = detail::format_time(
+      std::chrono::floor<std::chrono::seconds>(created.value_or(std::chrono::system_clock::now())));
   request["key_id"] = to_hex(key.public_key().id());
   std::string line;
   try {
@@ -128,7 +130,8 @@ rollback_request verify_rollback_request(std::string_view body, const trusted_ke
                                                             "key_id", "module",  "nonce"};
   for (const auto& [field, value] : request.items())
     if (std::find(known.begin(), known.end(), field) == known.end())
-      refuse(bundle_reason::invalid_manifest, verify_call, "unknown field " + detail::printable(field));
+      refuse(bundle_reason::invalid_manifest, verify_call,
+             "unknown field " + detail::printable(field));
 
   rollback_request out;
   const auto& id_text = text_field(request, "key_id");
@@ -136,9 +139,9 @@ rollback_request verify_rollback_request(std::string_view body, const trusted_ke
     refuse(bundle_reason::invalid_manifest, verify_call, "key_id is not 16 lower-case hex digits");
 
   const public_key* key = keys.find(out.key_id);
-  if (!key)
-    refuse(bundle_reason::unknown_key, verify_call, "key " + id_text + " is not trusted");
-  if (std::all_of(signature.begin(), signature.end(), [](std::byte b) { return b == std::byte{0}; }))
+  if (!key) refuse(bundle_reason::unknown_key, verify_call, "key " + id_text + " is not trusted");
+  if (std::all_of(signature.begin(), signature.end(),
+                  [](std::byte b) { return b == std::byte{0}; }))
     refuse(bundle_reason::unsigned_bundle, verify_call, "signature is all zero");
   if (!detail::verify_detached(signature_domain, line, signature, *key))
     refuse(bundle_reason::bad_signature, verify_call,

@@ -220,11 +220,21 @@ T reader::scalar() {
   take(&v, sizeof v);
   return v;
 }
-std::uint8_t reader::u8() { return scalar<std::uint8_t>(); }
-std::uint16_t reader::u16() { return scalar<std::uint16_t>(); }
-std::uint32_t reader::u32() { return scalar<std::uint32_t>(); }
-std::uint64_t reader::u64() { return scalar<std::uint64_t>(); }
-std::int32_t reader::i32() { return scalar<std::int32_t>(); }
+std::uint8_t reader::u8() {
+  return scalar<std::uint8_t>();
+}
+std::uint16_t reader::u16() {
+  return scalar<std::uint16_t>();
+}
+std::uint32_t reader::u32() {
+  return scalar<std::uint32_t>();
+}
+std::uint64_t reader::u64() {
+  return scalar<std::uint64_t>();
+}
+std::int32_t reader::i32() {
+  return scalar<std::int32_t>();
+}
 std::span<const std::byte> reader::bytes() {
   const std::uint64_t n = u64();
   if (n > data_.size() - at_)

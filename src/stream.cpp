@@ -53,7 +53,9 @@ void notify_stream_destroy(CUstream stream) noexcept {
 }
 }  // namespace detail
 
-void before_stream_destroy(CUstream stream) noexcept { detail::notify_stream_destroy(stream); }
+void before_stream_destroy(CUstream stream) noexcept {
+  detail::notify_stream_destroy(stream);
+}
 
 void detail::throw_moved_from_stream() {
   throw_errc(errc::precondition, "cubridge::stream",
@@ -62,8 +64,12 @@ void detail::throw_moved_from_stream() {
 }
 
 namespace {
-std::string name_stream(CUstream s) { return "stream " + detail::hex(s); }
-std::string name_event(CUevent e) { return "event " + detail::hex(e); }
+std::string name_stream(CUstream s) {
+  return "stream " + detail::hex(s);
+}
+std::string name_event(CUevent e) {
+  return "event " + detail::hex(e);
+}
 }  // namespace
 
 // Each checks the handle (get()) before it calls the driver: a moved-from stream is refused
@@ -185,6 +191,8 @@ event::~event() {
   if (handle_) detail::check_release(driver::api().cuEventDestroy(handle_), "cuEventDestroy");
 }
 
-CUevent event::release() noexcept { return std::exchange(handle_, nullptr); }
+CUevent event::release() noexcept {
+  return std::exchange(handle_, nullptr);
+}
 
 }  // namespace cubridge

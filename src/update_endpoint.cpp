@@ -1,16 +1,16 @@
 // The update endpoint: cpp-httplib for HTTP parsing and routing, with connection handling of our
 // own (one reception thread that reads whole requests under strict framing, bounded workers that
 // handle complete ones, TLS through OpenSSL); see update_endpoint.hpp.
+#include <cubridge/detail/signing.hpp>
 #include <cubridge/image.hpp>
 #include <cubridge/rollback_request.hpp>
 #include <cubridge/update_endpoint.hpp>
 #include <cubridge/update_state.hpp>
-#include <cubridge/detail/signing.hpp>
 
 #include <httplib.h>
-#include <nlohmann/json.hpp>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -1285,7 +1285,8 @@ struct update_endpoint::impl {
       }
     }
     if (runs) return std::nullopt;
-    return refusal{422, "wrong_device",
+    return refusal{422,
+                   "wrong_device",
                    "module '" + m.name + "' v" + std::to_string(m.version) + " targets " +
                        m.target + ", this service's GPU is " + gpu_name(sm),
                    {{"gpu", gpu_name(sm)}}};
@@ -1315,8 +1316,9 @@ struct update_endpoint::impl {
     }
     const auto& m = bundle.manifest;
     if (m.name != name)
-      return refuse(res, {400, "name_mismatch",
-                          "URL names module '" + name + "', the signed manifest '" + m.name + "'"},
+      return refuse(res,
+                    {400, "name_mismatch",
+                     "URL names module '" + name + "', the signed manifest '" + m.name + "'"},
                     find_entry(name));
     auto& e = entry(name);  // the bundle is signed by a trusted key: worth remembering
     if (auto r = check_device(bundle)) return refuse(res, *r, &e);
@@ -1337,9 +1339,10 @@ struct update_endpoint::impl {
         }
       }
       return refuse(res,
-                    {409, m.version == seen ? "replayed_version" : "older_version",
-                     "module '" + name + "' v" + std::to_string(m.version) +
-                         " is not above v" + std::to_string(seen) +
+                    {409,
+                     m.version == seen ? "replayed_version" : "older_version",
+                     "module '" + name + "' v" + std::to_string(m.version) + " is not above v" +
+                         std::to_string(seen) +
                          (seen == current ? " (serving)" : " (applied before, or the floor)"),
                      {{"current_version", current}, {"highest_version", seen}}},
                     &e);
@@ -1366,8 +1369,8 @@ struct update_endpoint::impl {
       try {
         state.store_highest_version(name, seen);
       } catch (const std::exception& x) {
-        result.detail += std::string(" (v") + std::to_string(m.version) +
-                         " stays refused: " + x.what() + ")";
+        result.detail +=
+            std::string(" (v") + std::to_string(m.version) + " stays refused: " + x.what() + ")";
       }
     }
     switch (result.outcome) {
@@ -1403,17 +1406,19 @@ struct update_endpoint::impl {
       return refuse(res, {400, "bad_request", e.what()});
     }
     if (request.module != name)
-      return refuse(res, {400, "name_mismatch",
-                          "URL names module '" + name + "', the signed request '" +
-                              request.module + "'"},
-                    find_entry(name));
+      return refuse(
+          res,
+          {400, "name_mismatch",
+           "URL names module '" + name + "', the signed request '" + request.module + "'"},
+          find_entry(name));
     const auto now = std::chrono::floor<std::chrono::seconds>(this->now());
     const auto skew = request.created > now ? request.created - now : now - request.created;
     if (skew > options.rollback_window)
-      return refuse(res, {403, "expired_request",
-                          "request created " + detail::format_time(request.created) +
-                              ", endpoint time " + detail::format_time(now) + ", window " +
-                              std::to_string(options.rollback_window.count()) + " s"},
+      return refuse(res,
+                    {403, "expired_request",
+                     "request created " + detail::format_time(request.created) +
+                         ", endpoint time " + detail::format_time(now) + ", window " +
+                         std::to_string(options.rollback_window.count()) + " s"},
                     find_entry(name));
     // A nonce is remembered (and with a state file written, before anything is done) while its
     // request could still be fresh; older ones are dropped.
@@ -1431,16 +1436,17 @@ struct update_endpoint::impl {
       return refuse(res, {503, "busy", "too many rollback requests in the window"});
     const std::uint64_t known = sink.current_version(name);
     module_entry* e = find_entry(name);
-    if (!e && known == 0)
-      return refuse(res, {404, "unknown_module", "no module '" + name + "'"});
+    if (!e && known == 0) return refuse(res, {404, "unknown_module", "no module '" + name + "'"});
     if (!e) e = &entry(name);
     std::lock_guard serial(e->apply);
     const std::uint64_t current = sink.current_version(name);
     if (request.from_version != current)
-      return refuse(res, {409, "version_mismatch",
-                          "request rolls back from v" + std::to_string(request.from_version) +
-                              ", v" + std::to_string(current) + " serves",
-                          {{"current_version", current}}},
+      return refuse(res,
+                    {409,
+                     "version_mismatch",
+                     "request rolls back from v" + std::to_string(request.from_version) + ", v" +
+                         std::to_string(current) + " serves",
+                     {{"current_version", current}}},
                     e);
     // The version rolled back from was applied, by the endpoint or past it: it is the floor
     // from now on (recorded before the sink is called, as for a push).
@@ -1544,11 +1550,11 @@ struct update_endpoint::impl {
     s.set_keep_alive_max_count(options.keep_alive_max_requests);
     s.set_keep_alive_timeout(std::max<time_t>(
         1, std::chrono::ceil<std::chrono::seconds>(options.keep_alive_timeout).count()));
-    s.set_pre_routing_handler(
-        [this](const httplib::Request& req, httplib::Response& res) { return pre_route(req, res); });
-    s.Get("/v1/modules", [this](const httplib::Request&, httplib::Response& res) {
-      list_modules(res);
+    s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      return pre_route(req, res);
     });
+    s.Get("/v1/modules",
+          [this](const httplib::Request&, httplib::Response& res) { list_modules(res); });
     s.Put("/v1/modules/(.+)", httplib::Server::HandlerWithContentReader(
                                   [this](const httplib::Request& req, httplib::Response& res,
                                          const httplib::ContentReader& content) {
@@ -1556,16 +1562,16 @@ struct update_endpoint::impl {
                                       put_module(req, res);
                                   }));
     s.Post("/v1/modules/(.+)/rollback",
-           httplib::Server::HandlerWithContentReader(
-               [this](const httplib::Request& req, httplib::Response& res,
-                      const httplib::ContentReader& content) {
-                 if (read_body(req, res, content, max_rollback_request_bytes))
-                   rollback_module(req, res);
-               }));
+           httplib::Server::HandlerWithContentReader([this](const httplib::Request& req,
+                                                            httplib::Response& res,
+                                                            const httplib::ContentReader& content) {
+             if (read_body(req, res, content, max_rollback_request_bytes))
+               rollback_module(req, res);
+           }));
     // Answers httplib produces itself (404, 400 unparsable, 414; 413 cannot happen behind the
     // reception thread's checks) get a JSON body like ours; answers that have one keep it.
-    s.set_error_handler(httplib::Server::HandlerWithResponse(
-        [this](const httplib::Request&, httplib::Response& res) {
+    s.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request&,
+                                                                    httplib::Response& res) {
       if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
       std::string error = "bad_request";
       if (res.status == 404) error = "not_found";
@@ -1619,9 +1625,9 @@ void update_endpoint::start() {
                        ") is below max_body_bytes (" + std::to_string(d.options.max_body_bytes) +
                        ") or a rollback request's 4096: such a body could never be received");
   for (const auto& [name, floor] : d.options.version_floor)
-    CUBRIDGE_EXPECTS(check_module_name(name).empty() && detail::check_signed_text(name).empty(),
-                     "update_endpoint_options::version_floor names no module: " +
-                         detail::printable(name));
+    CUBRIDGE_EXPECTS(
+        check_module_name(name).empty() && detail::check_signed_text(name).empty(),
+        "update_endpoint_options::version_floor names no module: " + detail::printable(name));
   // The replay state, before anything listens: a file that cannot be read stops the start
   // (ignoring it would accept every old bundle again).
   d.state.load();

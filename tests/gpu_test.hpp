@@ -20,26 +20,33 @@ inline std::string gpu_unavailable_reason() {
   return {};
 }
 
-inline const char* test_cubin_path() { return CUBRIDGE_TEST_CUBIN; }          // sm_90
-inline const char* test_cubin_other_path() { return CUBRIDGE_TEST_CUBIN_OTHER; }  // sm_80
-inline const char* test_ptx_path() { return CUBRIDGE_TEST_PTX; }              // compute_90
-inline const char* test_fatbin_path() { return CUBRIDGE_TEST_FATBIN; }        // sm_80, sm_90, PTX
+inline const char* test_cubin_path() {
+  return CUBRIDGE_TEST_CUBIN;
+}  // sm_90
+inline const char* test_cubin_other_path() {
+  return CUBRIDGE_TEST_CUBIN_OTHER;
+}  // sm_80
+inline const char* test_ptx_path() {
+  return CUBRIDGE_TEST_PTX;
+}  // compute_90
+inline const char* test_fatbin_path() {
+  return CUBRIDGE_TEST_FATBIN;
+}  // sm_80, sm_90, PTX
 
 }  // namespace cubridge::testing
 
 /// First statement of every GPU test: skips it, with the reason, where there is no GPU.
-#define CUBRIDGE_REQUIRE_GPU()                                                    \
-  do {                                                                            \
-    if (const auto reason = ::cubridge::testing::gpu_unavailable_reason();        \
-        !reason.empty())                                                          \
-      GTEST_SKIP() << "no GPU: " << reason;                                       \
+#define CUBRIDGE_REQUIRE_GPU()                                                              \
+  do {                                                                                      \
+    if (const auto reason = ::cubridge::testing::gpu_unavailable_reason(); !reason.empty()) \
+      GTEST_SKIP() << "no GPU: " << reason;                                                 \
   } while (false)
 
 /// Fails the test if a Driver API call fails (for raw calls the tests make to cross-check).
-#define CUBRIDGE_ASSERT_CU(call)                                                  \
-  do {                                                                            \
-    const CUresult r_ = (call);                                                   \
-    ASSERT_EQ(r_, CUDA_SUCCESS) << #call;                                         \
+#define CUBRIDGE_ASSERT_CU(call)          \
+  do {                                    \
+    const CUresult r_ = (call);           \
+    ASSERT_EQ(r_, CUDA_SUCCESS) << #call; \
   } while (false)
 
 namespace cubridge::testing {
@@ -55,12 +62,12 @@ inline bool in_process() {
 /// Runs `statement`, which ends the process (exit code 0 on success), in a child process (the
 /// threadsafe death-test style re-executes the binary, so CUDA starts fresh there), or in this
 /// process when cubridge::testing::in_process().
-#define CUBRIDGE_EXPECT_CLEAN_EXIT(statement, stderr_regex)                         \
-  do {                                                                              \
-    if (::cubridge::testing::in_process()) {                                        \
-      statement;                                                                    \
-    } else {                                                                        \
-      GTEST_FLAG_SET(death_test_style, "threadsafe");                               \
-      EXPECT_EXIT(statement, ::testing::ExitedWithCode(0), stderr_regex);           \
-    }                                                                               \
+#define CUBRIDGE_EXPECT_CLEAN_EXIT(statement, stderr_regex)               \
+  do {                                                                    \
+    if (::cubridge::testing::in_process()) {                              \
+      statement;                                                          \
+    } else {                                                              \
+      GTEST_FLAG_SET(death_test_style, "threadsafe");                     \
+      EXPECT_EXIT(statement, ::testing::ExitedWithCode(0), stderr_regex); \
+    }                                                                     \
   } while (false)

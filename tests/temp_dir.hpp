@@ -13,7 +13,8 @@ namespace cubridge::testing {
 struct temp_dir {
   std::filesystem::path path;
   temp_dir() {
-    std::string pattern = (std::filesystem::temp_directory_path() / "cubridge-test-XXXXXX").string();
+    std::string pattern =
+        (std::filesystem::temp_directory_path() / "cubridge-test-XXXXXX").string();
     path = ::mkdtemp(pattern.data());
   }
   ~temp_dir() {

@@ -14,8 +14,8 @@
 
 #include <gtest/gtest.h>
 
-#include "temp_dir.hpp"
 #include <nlohmann/json.hpp>
+#include "temp_dir.hpp"
 
 #include <dlfcn.h>
 #include <stdlib.h>
@@ -624,7 +624,8 @@ TEST(coldstart_spawn, the_child_gets_the_environment_asked_for) {
   EXPECT_EQ(
       std::count_if(env.begin(), env.end(),
                     [](const std::string& e) { return e.starts_with("COLDSTART_TEST_KEPT="); }),
-      1);  ::unsetenv("COLDSTART_TEST_REMOVED");
+      1);
+  ::unsetenv("COLDSTART_TEST_REMOVED");
   ::unsetenv("COLDSTART_TEST_KEPT");
 }
 
@@ -914,12 +915,14 @@ TEST(coldstart_tool, a_crashing_or_hanging_child_is_reported_and_the_rest_measur
 
 TEST(DriverRelease, ReadsBothKernelModuleLines) {
   using cubridge::tool::coldstart::parse_driver_release;
-  EXPECT_EQ(parse_driver_release("NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.159.04  Tue Aug 12"),
+  EXPECT_EQ(parse_driver_release(
+                "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.159.04  Tue Aug 12"),
             "580.159.04");
   // The open kernel module's line, as on the H200 machine (the old parser took "for").
-  EXPECT_EQ(parse_driver_release(
-                "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build"),
-            "580.159.04");
+  EXPECT_EQ(
+      parse_driver_release(
+          "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build"),
+      "580.159.04");
   EXPECT_EQ(parse_driver_release("no version here"), "");
   EXPECT_EQ(parse_driver_release(""), "");
 }

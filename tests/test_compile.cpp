@@ -44,8 +44,6 @@ cubridge::image_info inspect(const std::vector<std::byte>& bytes) {
   return cubridge::inspect_image(std::span<const std::byte>(bytes));
 }
 
-
-
 void expect_cubin_for_sm90(const cubridge::image_info& info) {
   EXPECT_EQ(info.kind, cubridge::image_kind::cubin);
   ASSERT_EQ(info.targets.size(), 1u);

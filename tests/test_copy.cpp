@@ -22,7 +22,9 @@ using cubridge::device_span;
 using cubridge::driver_buffer;
 using cubridge::runtime_buffer;
 
-const cubridge::driver::entry_points& cu() { return cubridge::driver::api(); }
+const cubridge::driver::entry_points& cu() {
+  return cubridge::driver::api();
+}
 
 CUdeviceptr as_address(const void* p) {
   return static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(p));
@@ -43,13 +45,16 @@ std::vector<double> random_doubles(std::size_t n, unsigned seed) {
   return v;
 }
 
-cubridge::context make_context() { return cubridge::context::create(cubridge::device::get(0)); }
+cubridge::context make_context() {
+  return cubridge::context::create(cubridge::device::get(0));
+}
 
 /// Reads device memory with a raw cuMemcpy (the current context must be set).
 template <class T>
 std::vector<T> read_back(device_span<const T> source) {
   std::vector<T> out(source.size());
-  EXPECT_EQ(cu().cuMemcpy(as_address(out.data()), source.address(), source.size_bytes()), CUDA_SUCCESS);
+  EXPECT_EQ(cu().cuMemcpy(as_address(out.data()), source.address(), source.size_bytes()),
+            CUDA_SUCCESS);
   return out;
 }
 
@@ -57,8 +62,9 @@ std::vector<T> read_back(device_span<const T> source) {
 template <class T>
 void write(device_span<T> destination, const std::vector<T>& values) {
   ASSERT_EQ(values.size(), destination.size());
-  ASSERT_EQ(cu().cuMemcpy(destination.address(), as_address(values.data()), destination.size_bytes()),
-            CUDA_SUCCESS);
+  ASSERT_EQ(
+      cu().cuMemcpy(destination.address(), as_address(values.data()), destination.size_bytes()),
+      CUDA_SUCCESS);
 }
 
 TEST(Copy, HostDeviceDeviceHostRoundTrip) {

@@ -34,7 +34,9 @@ static_assert(runtime_buffer<int>::api == cubridge::allocator_api::runtime);
 static_assert(std::is_convertible_v<const driver_buffer<int>&, cubridge::device_span<int>>);
 static_assert(std::is_convertible_v<const runtime_buffer<int>&, cubridge::device_span<const int>>);
 
-const cubridge::driver::entry_points& cu() { return cubridge::driver::api(); }
+const cubridge::driver::entry_points& cu() {
+  return cubridge::driver::api();
+}
 
 CUdeviceptr as_address(const void* p) {
   return static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(p));
@@ -70,7 +72,9 @@ std::vector<float> random_floats(std::size_t n, unsigned seed) {
   return v;
 }
 
-cubridge::context make_context() { return cubridge::context::create(cubridge::device::get(0)); }
+cubridge::context make_context() {
+  return cubridge::context::create(cubridge::device::get(0));
+}
 
 // --- where the memory lives ---------------------------------------------------------------------
 
@@ -136,8 +140,10 @@ TEST(DriverBuffer, ValuesRoundTripThroughCuMemcpy) {
   std::vector<std::uint32_t> output(n, 0);
   {
     cubridge::scoped_current guard(ctx);
-    CUBRIDGE_ASSERT_CU(cu().cuMemcpy(buffer.address(), as_address(input.data()), buffer.size_bytes()));
-    CUBRIDGE_ASSERT_CU(cu().cuMemcpy(as_address(output.data()), buffer.address(), buffer.size_bytes()));
+    CUBRIDGE_ASSERT_CU(
+        cu().cuMemcpy(buffer.address(), as_address(input.data()), buffer.size_bytes()));
+    CUBRIDGE_ASSERT_CU(
+        cu().cuMemcpy(as_address(output.data()), buffer.address(), buffer.size_bytes()));
   }
   EXPECT_EQ(output, input);
 }
@@ -173,8 +179,8 @@ TEST(DeviceBuffer, EachApiReadsTheOthersMemory) {
     ASSERT_EQ(cudaMemcpy(driver_memory.data(), input.data(), driver_memory.size_bytes(),
                          cudaMemcpyHostToDevice),
               cudaSuccess);
-    CUBRIDGE_ASSERT_CU(
-        cu().cuMemcpy(runtime_memory.address(), driver_memory.address(), driver_memory.size_bytes()));
+    CUBRIDGE_ASSERT_CU(cu().cuMemcpy(runtime_memory.address(), driver_memory.address(),
+                                     driver_memory.size_bytes()));
     ASSERT_EQ(cudaMemcpy(output.data(), runtime_memory.data(), runtime_memory.size_bytes(),
                          cudaMemcpyDeviceToHost),
               cudaSuccess);
@@ -196,11 +202,12 @@ TEST(DriverBuffer, MoveConstructionTransfersOwnership) {
     pointer = original.data();
     {
       cubridge::scoped_current guard(ctx);
-      CUBRIDGE_ASSERT_CU(cu().cuMemcpy(original.address(), as_address(input.data()), original.size_bytes()));
+      CUBRIDGE_ASSERT_CU(
+          cu().cuMemcpy(original.address(), as_address(input.data()), original.size_bytes()));
     }
     moved = std::make_unique<driver_buffer<std::uint32_t>>(std::move(original));
-    EXPECT_EQ(original.data(), nullptr);  // NOLINT(bugprone-use-after-move): the point of the test
-    EXPECT_EQ(original.size(), 0u);       // NOLINT(bugprone-use-after-move)
+    EXPECT_EQ(original.data(), nullptr);   // NOLINT(bugprone-use-after-move): the point of the test
+    EXPECT_EQ(original.size(), 0u);        // NOLINT(bugprone-use-after-move)
     EXPECT_EQ(original.size_bytes(), 0u);  // NOLINT(bugprone-use-after-move)
     EXPECT_EQ(moved->data(), pointer);
     EXPECT_EQ(moved->size(), n);
@@ -210,7 +217,8 @@ TEST(DriverBuffer, MoveConstructionTransfersOwnership) {
   std::vector<std::uint32_t> output(n, 0);
   {
     cubridge::scoped_current guard(ctx);
-    CUBRIDGE_ASSERT_CU(cu().cuMemcpy(as_address(output.data()), moved->address(), moved->size_bytes()));
+    CUBRIDGE_ASSERT_CU(
+        cu().cuMemcpy(as_address(output.data()), moved->address(), moved->size_bytes()));
   }
   EXPECT_EQ(output, input);
   moved.reset();
@@ -243,7 +251,8 @@ TEST(RuntimeBuffer, MoveTransfersOwnershipAndFreesOnce) {
   float* pointer = a.data();
   {
     cubridge::scoped_current guard(ctx);
-    ASSERT_EQ(cudaMemcpy(a.data(), input.data(), a.size_bytes(), cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(a.data(), input.data(), a.size_bytes(), cudaMemcpyHostToDevice),
+              cudaSuccess);
   }
   {
     auto b = std::move(a);
@@ -304,8 +313,10 @@ void check_buffer_outlives_its_context_object() {
   std::vector<std::uint32_t> output(n, 0);
   {
     cubridge::scoped_current guard(buffer->context());
-    CUBRIDGE_ASSERT_CU(cu().cuMemcpy(buffer->address(), as_address(input.data()), buffer->size_bytes()));
-    CUBRIDGE_ASSERT_CU(cu().cuMemcpy(as_address(output.data()), buffer->address(), buffer->size_bytes()));
+    CUBRIDGE_ASSERT_CU(
+        cu().cuMemcpy(buffer->address(), as_address(input.data()), buffer->size_bytes()));
+    CUBRIDGE_ASSERT_CU(
+        cu().cuMemcpy(as_address(output.data()), buffer->address(), buffer->size_bytes()));
   }
   EXPECT_EQ(output, input);
   const void* pointer = buffer->data();
@@ -425,7 +436,8 @@ TEST(RuntimeBuffer, LeavesThePrimaryContextInactive) {
   auto ctx = make_context();
   {
     auto r = runtime_buffer<float>::allocate(ctx, 1024);
-    EXPECT_FALSE(dev.primary_state().active) << "cudaMalloc in a driver context activated the primary";
+    EXPECT_FALSE(dev.primary_state().active)
+        << "cudaMalloc in a driver context activated the primary";
   }
   EXPECT_FALSE(dev.primary_state().active) << "cudaFree activated the primary context";
 }

@@ -105,9 +105,8 @@ TEST(DeviceSpan, SizeBytesScalesWithElementSize) {
 
 TEST(DeviceSpan, FromNativeRoundTripsToAddress) {
   // Typical device addresses under unified addressing (never dereferenced here).
-  for (const CUdeviceptr address :
-       {CUdeviceptr{0x7f3a00000000ull}, CUdeviceptr{0x302000200ull}, CUdeviceptr{0x10},
-        CUdeviceptr{0}}) {
+  for (const CUdeviceptr address : {CUdeviceptr{0x7f3a00000000ull}, CUdeviceptr{0x302000200ull},
+                                    CUdeviceptr{0x10}, CUdeviceptr{0}}) {
     const auto s = device_span<std::uint32_t>::from_native(address, 1024);
     EXPECT_EQ(s.address(), address);
     EXPECT_EQ(reinterpret_cast<std::uintptr_t>(s.data()), static_cast<std::uintptr_t>(address));
@@ -119,7 +118,8 @@ TEST(DeviceSpan, FromNativeRoundTripsToAddress) {
 TEST(DeviceSpan, AddressAndDataNameTheSameByte) {
   std::array<short, 4> storage{};
   const device_span<short> s(storage.data(), storage.size());
-  EXPECT_EQ(s.address(), static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(storage.data())));
+  EXPECT_EQ(s.address(),
+            static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(storage.data())));
   // from_native of the address gives back an equal span.
   const auto back = device_span<short>::from_native(s.address(), s.size());
   EXPECT_EQ(back.data(), s.data());
@@ -170,8 +170,12 @@ TEST(DeviceSpan, ConvertsToConstSpan) {
   EXPECT_EQ(size_of(mutable_span), 7u);
 }
 
-std::uintptr_t runtime_style_call(const float* p) { return reinterpret_cast<std::uintptr_t>(p); }
-std::uintptr_t runtime_style_write(float* p) { return reinterpret_cast<std::uintptr_t>(p); }
+std::uintptr_t runtime_style_call(const float* p) {
+  return reinterpret_cast<std::uintptr_t>(p);
+}
+std::uintptr_t runtime_style_write(float* p) {
+  return reinterpret_cast<std::uintptr_t>(p);
+}
 
 TEST(DeviceSpan, ConvertsImplicitlyToPointer) {
   std::array<float, 3> storage{1.0f, 2.0f, 3.0f};

@@ -19,7 +19,6 @@ using cubridge::testing::temp_dir;
 using namespace std::chrono_literals;
 namespace fs = std::filesystem;
 
-
 /// Collects reported paths; waits for them with a deadline.
 struct reports {
   std::mutex mutex;

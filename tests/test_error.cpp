@@ -15,8 +15,7 @@ TEST(Error, CarriesEveryField) {
   const auto here = std::source_location::current();
   const cubridge::error e(cubridge::error_source::driver, 400, "CUDA_ERROR_INVALID_HANDLE",
                           "invalid resource handle", "cuModuleUnload",
-                          "unloading module 'filters' in context 0x1 on device 0",
-                          here);
+                          "unloading module 'filters' in context 0x1 on device 0", here);
   EXPECT_EQ(e.source(), cubridge::error_source::driver);
   EXPECT_EQ(e.code(), 400);
   EXPECT_EQ(e.code_name(), "CUDA_ERROR_INVALID_HANDLE");
@@ -34,9 +33,11 @@ TEST(Error, CarriesEveryField) {
 }
 
 TEST(Error, ThrowErrcRaisesTheMatchingSubclass) {
-  EXPECT_THROW(cubridge::detail::throw_errc(errc::no_driver, "c", "i"), cubridge::driver_unavailable);
+  EXPECT_THROW(cubridge::detail::throw_errc(errc::no_driver, "c", "i"),
+               cubridge::driver_unavailable);
   EXPECT_THROW(cubridge::detail::throw_errc(errc::bad_image, "c", "i"), cubridge::image_error);
-  EXPECT_THROW(cubridge::detail::throw_errc(errc::incompatible_image, "c", "i"), cubridge::image_error);
+  EXPECT_THROW(cubridge::detail::throw_errc(errc::incompatible_image, "c", "i"),
+               cubridge::image_error);
   EXPECT_THROW(cubridge::detail::throw_errc(errc::bad_launch_arguments, "c", "i"),
                cubridge::launch_argument_error);
   EXPECT_THROW(cubridge::detail::throw_errc(errc::context_reset, "c", "i"),

@@ -34,7 +34,9 @@ static_assert(std::is_convertible_v<const event&, event_ref>);
 static_assert(!std::is_constructible_v<event_ref, std::nullptr_t>);
 static_assert(event_ref::from_native(nullptr).get() == nullptr);
 
-const cubridge::driver::entry_points& cu() { return cubridge::driver::api(); }
+const cubridge::driver::entry_points& cu() {
+  return cubridge::driver::api();
+}
 
 CUdeviceptr as_address(const void* p) {
   return static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(p));
@@ -46,7 +48,9 @@ CUcontext raw_current() {
   return c;
 }
 
-cubridge::context make_context() { return cubridge::context::create(cubridge::device::get(0)); }
+cubridge::context make_context() {
+  return cubridge::context::create(cubridge::device::get(0));
+}
 
 /// A context with the test kernels loaded.
 struct gpu {
@@ -87,7 +91,8 @@ TEST(Event, RecordSynchronizeReady) {
   e.synchronize();
   EXPECT_TRUE(e.ready());
   std::vector<unsigned> output(n, 0);
-  CUBRIDGE_ASSERT_CU(cu().cuMemcpy(as_address(output.data()), buffer.address(), buffer.size_bytes()));
+  CUBRIDGE_ASSERT_CU(
+      cu().cuMemcpy(as_address(output.data()), buffer.address(), buffer.size_bytes()));
   for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(output[i], value) << "at " << i;
 }
 
@@ -126,7 +131,8 @@ TEST(Event, TimingEventsMeasureAKernel) {
   EXPECT_GE(ms, 0.0f);
   EXPECT_LT(ms, 60'000.0f) << "four fills of 64 MiB take far less than a minute";
   std::vector<unsigned> output(n, 0);
-  CUBRIDGE_ASSERT_CU(cu().cuMemcpy(as_address(output.data()), buffer.address(), buffer.size_bytes()));
+  CUBRIDGE_ASSERT_CU(
+      cu().cuMemcpy(as_address(output.data()), buffer.address(), buffer.size_bytes()));
   for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(output[i], 4u) << "at " << i;
 }
 
@@ -174,8 +180,8 @@ TEST(Event, StreamWaitOrdersWorkAcrossStreams) {
     cubridge::copy_async<unsigned>(destination, source, consumer);
     consumer.synchronize();
     std::vector<unsigned> output(n, 0);
-    CUBRIDGE_ASSERT_CU(cu().cuMemcpy(as_address(output.data()), destination.address(),
-                                     destination.size_bytes()));
+    CUBRIDGE_ASSERT_CU(
+        cu().cuMemcpy(as_address(output.data()), destination.address(), destination.size_bytes()));
     for (std::size_t i = 0; i < n; ++i)
       ASSERT_EQ(output[i], value) << "round " << round << ", element " << i
                                   << ": the copy did not wait for the fill";
@@ -204,8 +210,8 @@ TEST(Event, WaitAcrossContextsOfOneDevice) {
     cubridge::copy_async<unsigned>(destination, source, in_b);
     in_b.synchronize();
     std::vector<unsigned> output(n, 0);
-    CUBRIDGE_ASSERT_CU(cu().cuMemcpy(as_address(output.data()), destination.address(),
-                                     destination.size_bytes()));
+    CUBRIDGE_ASSERT_CU(
+        cu().cuMemcpy(as_address(output.data()), destination.address(), destination.size_bytes()));
     for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(output[i], value) << "at " << i;
   }
 }

@@ -30,7 +30,8 @@ TEST(GreenContext, GetsTheSmsAskedForAndRunsKernels) {
   EXPECT_TRUE(cubridge::context_of(out.data()));
   EXPECT_NE(cubridge::context_of(out.data()), green.ref());
   auto s = cubridge::stream::create(green);
-  fill.launch({.grid = {16}, .block = {256}, .stream = s}, out.span(), 0xC0FFEEu, std::size_t{4096});
+  fill.launch({.grid = {16}, .block = {256}, .stream = s}, out.span(), 0xC0FFEEu,
+              std::size_t{4096});
   s.synchronize();
   std::vector<unsigned> host(4096);
   {

@@ -97,7 +97,9 @@ TEST_F(HotModule, BadVersionsAreRefusedAndTheCurrentKeepsServing) {
   expect_rejected(hot_image("missing"), "kernel 'spin_then_write' is missing");
   expect_rejected(hot_image("changed"), "kernel 'write_version' took 1 parameters, now 2");
   cubridge::stage_options failing_smoke;
-  failing_smoke.smoke_test = [](const cubridge::module&) { throw std::runtime_error("wrong output"); };
+  failing_smoke.smoke_test = [](const cubridge::module&) {
+    throw std::runtime_error("wrong output");
+  };
   expect_rejected(hot_image("v2"), "smoke test failed: wrong output", failing_smoke);
 
   std::vector<std::byte> garbage(2048);
@@ -105,8 +107,9 @@ TEST_F(HotModule, BadVersionsAreRefusedAndTheCurrentKeepsServing) {
   for (auto& b : garbage) b = static_cast<std::byte>(rng());
   EXPECT_THROW((void)hot_->stage(garbage), cubridge::image_error);
   EXPECT_THROW((void)hot_->stage({}), cubridge::image_error);
-  EXPECT_THROW((void)hot_->stage(cubridge::read_file_bytes(cubridge::testing::test_cubin_other_path())),
-               cubridge::image_error);
+  EXPECT_THROW(
+      (void)hot_->stage(cubridge::read_file_bytes(cubridge::testing::test_cubin_other_path())),
+      cubridge::image_error);
 
   EXPECT_EQ(hot_->stats().rejected, 6u);
   EXPECT_EQ(hot_->stats().current_id, 1u);
@@ -142,7 +145,8 @@ TEST_F(HotModule, DeviceVariablesAreCarriedOverOnRequest) {
     FAIL() << "no throw";
   } catch (const cubridge::version_rejected_error& e) {
     EXPECT_NE(std::string(e.what()).find("'no_such_variable' to carry over is missing"),
-              std::string::npos) << e.what();
+              std::string::npos)
+        << e.what();
   }
 }
 

@@ -62,8 +62,8 @@ TEST_F(HotModuleSink, AppliesCubinAndSourceRefusesBrokenAndRollsBack) {
   EXPECT_NE(r.detail.find("spin_then_write"), std::string::npos) << r.detail;
   EXPECT_EQ(run_write_version(), 2u);
 
-  const auto source = cubridge::read_file_bytes(std::string(CUBRIDGE_TEST_SOURCE_DIR) +
-                                                "/kernels/hot_kernels.cu");
+  const auto source =
+      cubridge::read_file_bytes(std::string(CUBRIDGE_TEST_SOURCE_DIR) + "/kernels/hot_kernels.cu");
   r = sink_->apply(verified(4, source, cubridge::payload_kind::cuda_source));
   ASSERT_EQ(r.outcome, cubridge::sink_outcome::done) << r.detail;
   EXPECT_EQ(run_write_version(), 7u);  // compiled here with VERSION=7
@@ -95,9 +95,9 @@ TEST_F(HotModuleSink, PushedOverHttpServesOnTheNextLaunch) {
   ASSERT_TRUE(r) << httplib::to_string(r.error());
   EXPECT_EQ(r->status, 200) << r->body;
   EXPECT_EQ(run_write_version(), 2u);
-  const auto rollback = client.Post("/v1/modules/versions/rollback",
-                                    cubridge::sign_rollback_request("versions", 2, keys_.secret_key),
-                                    "text/plain");
+  const auto rollback =
+      client.Post("/v1/modules/versions/rollback",
+                  cubridge::sign_rollback_request("versions", 2, keys_.secret_key), "text/plain");
   ASSERT_TRUE(rollback);
   EXPECT_EQ(rollback->status, 200) << rollback->body;
   EXPECT_EQ(run_write_version(), 1u);
@@ -137,9 +137,9 @@ TEST_F(HotModuleSink, DirectPromoteThenOlderPushRefusedThenEndpointRollbackThenC
 
   // 3. A rollback through the endpoint, from v7 (what the chain says serves), goes back to what
   //    the chain says came before: the loaded v1.
-  const auto rollback = client.Post(
-      "/v1/modules/versions/rollback",
-      cubridge::sign_rollback_request("versions", 7, keys_.secret_key), "text/plain");
+  const auto rollback =
+      client.Post("/v1/modules/versions/rollback",
+                  cubridge::sign_rollback_request("versions", 7, keys_.secret_key), "text/plain");
   ASSERT_TRUE(rollback) << httplib::to_string(rollback.error());
   ASSERT_EQ(rollback->status, 200) << rollback->body;
   const auto rolled = json::parse(rollback->body, nullptr, false);

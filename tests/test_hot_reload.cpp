@@ -41,9 +41,11 @@ TEST(MachineCodeFromFile, CompilesCudaSourceWithIncludesNextToIt) {
 }
 
 TEST(MachineCodeFromFile, LinksPtxAndPassesMachineCodeThrough) {
-  const auto from_ptx = cubridge::machine_code_from_file(cubridge::testing::test_ptx_path(), "sm_90");
+  const auto from_ptx =
+      cubridge::machine_code_from_file(cubridge::testing::test_ptx_path(), "sm_90");
   EXPECT_TRUE(has_kernel(from_ptx, "fill_u32"));
-  const auto cubin = cubridge::machine_code_from_file(cubridge::testing::test_cubin_path(), "sm_90");
+  const auto cubin =
+      cubridge::machine_code_from_file(cubridge::testing::test_cubin_path(), "sm_90");
   EXPECT_EQ(cubin, cubridge::read_file_bytes(cubridge::testing::test_cubin_path()));
 }
 

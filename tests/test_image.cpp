@@ -49,8 +49,12 @@ bytes from_text(std::string_view text) {
   return out;
 }
 
-cubridge::image_info inspect(const bytes& b) { return cubridge::inspect_image(b); }
-cubridge::image_info inspect(std::string_view text) { return cubridge::inspect_image(from_text(text)); }
+cubridge::image_info inspect(const bytes& b) {
+  return cubridge::inspect_image(b);
+}
+cubridge::image_info inspect(std::string_view text) {
+  return cubridge::inspect_image(from_text(text));
+}
 
 // The message of the image_error that inspecting `b` raises ("" and a test failure if none).
 std::string bad_image_message(const bytes& b) {
@@ -63,7 +67,9 @@ std::string bad_image_message(const bytes& b) {
   ADD_FAILURE() << "no image_error for " << b.size() << " bytes";
   return "";
 }
-std::string bad_image_message(std::string_view text) { return bad_image_message(from_text(text)); }
+std::string bad_image_message(std::string_view text) {
+  return bad_image_message(from_text(text));
+}
 
 // Inspects `b` and returns whether it parsed; any exception but image_error escapes and fails.
 bool parses(std::span<const std::byte> b) {
@@ -86,9 +92,12 @@ std::map<std::string, std::optional<sizes>> kernel_map(const cubridge::image_inf
 
 // What a cubin of image_kernels.cu holds.
 const std::map<std::string, std::optional<sizes>> cubin_kernels{
-    {"mixed_params", sizes{8, 4, 1, 8, 24}}, {"no_params", sizes{}},
-    {"aligned_params", sizes{2, 16, 8}},     {"_Z5scaleIfEvPT_S0_", sizes{8, 4}},
-    {"big_params", std::nullopt},            {"calls_helper", sizes{8}},
+    {"mixed_params", sizes{8, 4, 1, 8, 24}},
+    {"no_params", sizes{}},
+    {"aligned_params", sizes{2, 16, 8}},
+    {"_Z5scaleIfEvPT_S0_", sizes{8, 4}},
+    {"big_params", std::nullopt},
+    {"calls_helper", sizes{8}},
 };
 // What its PTX holds: the same, with big_params' sizes.
 std::map<std::string, std::optional<sizes>> ptx_kernels() {
@@ -116,7 +125,9 @@ void put32(bytes& b, std::size_t off, std::uint32_t v) {
 void put64(bytes& b, std::size_t off, std::uint64_t v) {
   for (int i = 0; i < 8; ++i) b[off + i] = std::byte((v >> (8 * i)) & 0xff);
 }
-void append(bytes& b, const bytes& more) { b.insert(b.end(), more.begin(), more.end()); }
+void append(bytes& b, const bytes& more) {
+  b.insert(b.end(), more.begin(), more.end());
+}
 
 // A fatbin made by hand: entries of (kind, arch, flags, payload), headers as nvcc writes them.
 struct fatbin_entry {
@@ -218,9 +229,8 @@ bytes cubin_with_info(const bytes& records) {
   bytes strtab = from_text(std::string("\0k\0", 3));
   bytes symtab(24);
   append(symtab, symbol(1, global_func, cuda_entry));
-  return make_cubin({{".strtab", 3, strtab},
-                     {".symtab", 2, symtab, 1, 24},
-                     {".nv.info.k", 0x70000000, records}});
+  return make_cubin(
+      {{".strtab", 3, strtab}, {".symtab", 2, symtab, 1, 24}, {".nv.info.k", 0x70000000, records}});
 }
 bytes kparam(std::uint16_t ordinal, std::uint16_t offset, std::uint32_t size) {
   bytes r{std::byte{4}, std::byte{0x17}, std::byte{12}, std::byte{0}};
@@ -246,7 +256,9 @@ struct cubin_case {
   const char* name;
 };
 
-void PrintTo(const cubin_case& c, std::ostream* os) { *os << c.name; }
+void PrintTo(const cubin_case& c, std::ostream* os) {
+  *os << c.name;
+}
 
 class ImageCubinFixture : public ::testing::TestWithParam<cubin_case> {};
 
@@ -263,17 +275,20 @@ TEST_P(ImageCubinFixture, ReportsItsArchitectureAndKernels) {
 
 INSTANTIATE_TEST_SUITE_P(
     Architectures, ImageCubinFixture,
-    ::testing::Values(cubin_case{CUBRIDGE_IMAGE_CUBIN_SM_80, 80, arch_variant::generic, "sm_80"},
-                      cubin_case{CUBRIDGE_IMAGE_CUBIN_SM_90, 90, arch_variant::generic, "sm_90"},
-                      cubin_case{CUBRIDGE_IMAGE_CUBIN_SM_90A, 90, arch_variant::arch_specific, "sm_90a"},
-                      cubin_case{CUBRIDGE_IMAGE_CUBIN_SM_100, 100, arch_variant::generic, "sm_100"},
-                      cubin_case{CUBRIDGE_IMAGE_CUBIN_SM_100A, 100, arch_variant::arch_specific, "sm_100a"},
-                      cubin_case{CUBRIDGE_IMAGE_CUBIN_SM_100F, 100, arch_variant::family_specific, "sm_100f"},
-                      cubin_case{CUBRIDGE_IMAGE_CUBIN_SM_120, 120, arch_variant::generic, "sm_120"},
-                      cubin_case{CUBRIDGE_IMAGE_CUBIN_RDC, 90, arch_variant::generic, "sm_90"}),
+    ::testing::Values(
+        cubin_case{CUBRIDGE_IMAGE_CUBIN_SM_80, 80, arch_variant::generic, "sm_80"},
+        cubin_case{CUBRIDGE_IMAGE_CUBIN_SM_90, 90, arch_variant::generic, "sm_90"},
+        cubin_case{CUBRIDGE_IMAGE_CUBIN_SM_90A, 90, arch_variant::arch_specific, "sm_90a"},
+        cubin_case{CUBRIDGE_IMAGE_CUBIN_SM_100, 100, arch_variant::generic, "sm_100"},
+        cubin_case{CUBRIDGE_IMAGE_CUBIN_SM_100A, 100, arch_variant::arch_specific, "sm_100a"},
+        cubin_case{CUBRIDGE_IMAGE_CUBIN_SM_100F, 100, arch_variant::family_specific, "sm_100f"},
+        cubin_case{CUBRIDGE_IMAGE_CUBIN_SM_120, 120, arch_variant::generic, "sm_120"},
+        cubin_case{CUBRIDGE_IMAGE_CUBIN_RDC, 90, arch_variant::generic, "sm_90"}),
     [](const auto& info) {
       std::string n = std::filesystem::path(info.param.path).stem().string();
-      std::replace_if(n.begin(), n.end(), [](char c) { return !std::isalnum(static_cast<unsigned char>(c)); }, '_');
+      std::replace_if(
+          n.begin(), n.end(), [](char c) { return !std::isalnum(static_cast<unsigned char>(c)); },
+          '_');
       return n;
     });
 
@@ -300,7 +315,8 @@ TEST(ImageCubin, OldElfAbiLayoutKeepsTheSmInTheLowByte) {
 
   put32(b, 48, 0x005a0d5a);  // sm_90 with the old "a" bit
   info = inspect(b);
-  expect_target(info.targets[0], image_kind::cubin, 90, arch_variant::arch_specific, "sm_90a", false);
+  expect_target(info.targets[0], image_kind::cubin, 90, arch_variant::arch_specific, "sm_90a",
+                false);
 
   // The CUDA 13 layout reads the SM from bits 8..15 instead.
   b[8] = std::byte{8};
@@ -329,9 +345,11 @@ TEST(ImageCubin, KernelParameterRecords) {
   // Duplicate and missing ordinals, a parameter outside the bank.
   records = kparam(0, 0, 8);
   append(records, kparam(0, 8, 4));
-  EXPECT_NE(bad_image_message(cubin_with_info(records)).find("ordinal 0 where 1 was expected"), std::string::npos);
+  EXPECT_NE(bad_image_message(cubin_with_info(records)).find("ordinal 0 where 1 was expected"),
+            std::string::npos);
   records = kparam(1, 0, 8);
-  EXPECT_NE(bad_image_message(cubin_with_info(records)).find("ordinal 1 where 0 was expected"), std::string::npos);
+  EXPECT_NE(bad_image_message(cubin_with_info(records)).find("ordinal 1 where 0 was expected"),
+            std::string::npos);
   records = kparam(0, 8, 8);
   append(records, param_size_record(12));
   EXPECT_NE(bad_image_message(cubin_with_info(records)).find("outside the 12-byte parameter bank"),
@@ -339,16 +357,18 @@ TEST(ImageCubin, KernelParameterRecords) {
 }
 
 TEST(ImageCubin, MalformedRecordsAreReported) {
-  const auto unknown_format = bad_image_message(cubin_with_info({std::byte{9}, std::byte{0x17}, std::byte{0}, std::byte{0}}));
+  const auto unknown_format = bad_image_message(
+      cubin_with_info({std::byte{9}, std::byte{0x17}, std::byte{0}, std::byte{0}}));
   EXPECT_NE(unknown_format.find(".nv.info.k"), std::string::npos) << unknown_format;
   EXPECT_NE(unknown_format.find("unknown format 0x9"), std::string::npos) << unknown_format;
-  const auto overlong = bad_image_message(cubin_with_info({std::byte{4}, std::byte{0x17}, std::byte{200}, std::byte{0}}));
+  const auto overlong = bad_image_message(
+      cubin_with_info({std::byte{4}, std::byte{0x17}, std::byte{200}, std::byte{0}}));
   EXPECT_NE(overlong.find("claims 200 bytes"), std::string::npos) << overlong;
   const auto truncated = bad_image_message(cubin_with_info({std::byte{4}, std::byte{0x17}}));
   EXPECT_NE(truncated.find("truncated"), std::string::npos) << truncated;
-  const auto short_kparam = bad_image_message(
-      cubin_with_info({std::byte{4}, std::byte{0x17}, std::byte{4}, std::byte{0}, std::byte{0}, std::byte{0},
-                       std::byte{0}, std::byte{0}}));
+  const auto short_kparam =
+      bad_image_message(cubin_with_info({std::byte{4}, std::byte{0x17}, std::byte{4}, std::byte{0},
+                                         std::byte{0}, std::byte{0}, std::byte{0}, std::byte{0}}));
   EXPECT_NE(short_kparam.find("KPARAM_INFO record"), std::string::npos) << short_kparam;
 }
 
@@ -392,7 +412,8 @@ TEST(ImageCubin, OverlappingSymbolNamesCannotMakeTheParseQuadratic) {
   const auto start = std::chrono::steady_clock::now();
   const auto message = bad_image_message(image);
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
-  EXPECT_NE(message.find("more work to parse than its size justifies"), std::string::npos) << message;
+  EXPECT_NE(message.find("more work to parse than its size justifies"), std::string::npos)
+      << message;
 }
 
 // --------------------------------------------------------------------------------------------
@@ -407,7 +428,8 @@ TEST(ImagePtx, GeneratedPtx) {
   EXPECT_EQ(kernel_map(info), ptx_kernels());
 
   info = inspect(read_file(CUBRIDGE_IMAGE_PTX_COMPUTE_90A));
-  expect_target(info.targets[0], image_kind::ptx, 90, arch_variant::arch_specific, "compute_90a", false);
+  expect_target(info.targets[0], image_kind::ptx, 90, arch_variant::arch_specific, "compute_90a",
+                false);
 }
 
 TEST(ImagePtx, HandWrittenPtx) {
@@ -445,8 +467,8 @@ TEST(ImagePtx, HandWrittenPtx) {
   with_nul.push_back(std::byte{0});
   with_nul.push_back(std::byte{0xff});  // bytes after the NUL are not PTX
   const auto info = inspect(with_nul);
-  expect_target(info.targets[0], image_kind::ptx, 100, arch_variant::family_specific, "compute_100f", false,
-                32);
+  expect_target(info.targets[0], image_kind::ptx, 100, arch_variant::family_specific,
+                "compute_100f", false, 32);
   EXPECT_EQ(info.targets[0].ptx_version, (cubridge::ptx_isa_version{8, 5}));
   const std::map<std::string, std::optional<sizes>> expected{
       {"plain", sizes{}},
@@ -484,7 +506,8 @@ TEST(ImagePtx, ErrorsSayWhatIsWrongAndWhere) {
   };
   for (const auto& c : cases) {
     const auto message = bad_image_message(c.text);
-    EXPECT_NE(message.find(c.expected), std::string::npos) << "for:\n" << c.text << "\ngot: " << message;
+    EXPECT_NE(message.find(c.expected), std::string::npos) << "for:\n"
+                                                           << c.text << "\ngot: " << message;
     EXPECT_NE(message.find("PTX"), std::string::npos) << message;
   }
 }
@@ -513,8 +536,10 @@ TEST(ImageFatbin, MultiArchitecture) {
   EXPECT_EQ(info.kind, image_kind::fatbin);
   ASSERT_EQ(info.targets.size(), 4u);
   expect_target(info.targets[0], image_kind::cubin, 80, arch_variant::generic, "sm_80", false);
-  expect_target(info.targets[1], image_kind::cubin, 90, arch_variant::arch_specific, "sm_90a", false);
-  expect_target(info.targets[2], image_kind::cubin, 100, arch_variant::family_specific, "sm_100f", false);
+  expect_target(info.targets[1], image_kind::cubin, 90, arch_variant::arch_specific, "sm_90a",
+                false);
+  expect_target(info.targets[2], image_kind::cubin, 100, arch_variant::family_specific, "sm_100f",
+                false);
   expect_target(info.targets[3], image_kind::ptx, 90, arch_variant::generic, "compute_90", false);
   EXPECT_TRUE(info.targets[3].ptx_version.has_value());
   EXPECT_TRUE(info.kernels_complete);
@@ -551,8 +576,10 @@ TEST(ImageFatbin, EveryCompressModeListsTheSameKernels) {
     const auto info = inspect(read_file(m.path));
     EXPECT_EQ(info.kind, image_kind::fatbin);
     ASSERT_EQ(info.targets.size(), 2u);
-    expect_target(info.targets[0], image_kind::cubin, 90, arch_variant::generic, "sm_90", m.cubin_compressed);
-    expect_target(info.targets[1], image_kind::ptx, 90, arch_variant::generic, "compute_90", m.ptx_compressed);
+    expect_target(info.targets[0], image_kind::cubin, 90, arch_variant::generic, "sm_90",
+                  m.cubin_compressed);
+    expect_target(info.targets[1], image_kind::ptx, 90, arch_variant::generic, "compute_90",
+                  m.ptx_compressed);
     EXPECT_TRUE(info.kernels_complete);
     EXPECT_EQ(kernel_map(info), ptx_kernels());
     // Each entry names its own kernels: all six, in both.
@@ -587,8 +614,9 @@ TEST(ImageFatbin, LtoIrEntries) {
 
 TEST(ImageFatbin, HandMadeEntries) {
   const auto cubin = read_file(CUBRIDGE_IMAGE_CUBIN_SM_80);
-  const std::string ptx = ".version 9.0\n.target sm_90\n.address_size 64\n"
-                          ".entry mixed_params(.param .u64 a) { ret; }\n";
+  const std::string ptx =
+      ".version 9.0\n.target sm_90\n.address_size 64\n"
+      ".entry mixed_params(.param .u64 a) { ret; }\n";
   // Consistent entries, plus one of a kind this parser does not know, which is skipped.
   auto info = inspect(make_fatbin({{2, 80, 0x11, cubin}, {0x40, 90, 0x11, from_text("?")}}));
   ASSERT_EQ(info.targets.size(), 1u);
@@ -599,16 +627,19 @@ TEST(ImageFatbin, HandMadeEntries) {
   EXPECT_EQ(kernel_map(inspect(padded)), cubin_kernels);
 
   // Entries that disagree on a kernel's parameters.
-  auto message = bad_image_message(make_fatbin({{2, 80, 0x11, cubin}, {1, 90, 0x11, from_text(ptx)}}));
+  auto message =
+      bad_image_message(make_fatbin({{2, 80, 0x11, cubin}, {1, 90, 0x11, from_text(ptx)}}));
   EXPECT_NE(message.find("fatbin entry 1 (compute_90"), std::string::npos) << message;
   EXPECT_NE(message.find("kernel 'mixed_params' has parameter sizes [8] here but [8, 4, 1, 8, 24]"),
             std::string::npos)
       << message;
   // A header that names another architecture than its payload.
   message = bad_image_message(make_fatbin({{2, 90, 0x11, cubin}}));
-  EXPECT_NE(message.find("the entry header says sm_90 but its cubin is sm_80"), std::string::npos) << message;
+  EXPECT_NE(message.find("the entry header says sm_90 but its cubin is sm_80"), std::string::npos)
+      << message;
   message = bad_image_message(make_fatbin({{1, 80, 0x11, from_text(ptx)}}));
-  EXPECT_NE(message.find("says compute_80 but its PTX targets sm_90"), std::string::npos) << message;
+  EXPECT_NE(message.find("says compute_80 but its PTX targets sm_90"), std::string::npos)
+      << message;
   // A broken payload is reported with the entry.
   auto broken = cubin;
   put32(broken, 48, 0x06000002);
@@ -633,10 +664,12 @@ TEST(ImageFatbin, HeaderErrors) {
   EXPECT_NE(bad_image_message(too_long).find("truncated?"), std::string::npos);
   auto bad_entry = b;
   put64(bad_entry, 16 + 8, std::uint64_t{1} << 62);  // first entry's payload size
-  EXPECT_NE(bad_image_message(bad_entry).find("fatbin entry 0 (offset 16): payload of"), std::string::npos);
+  EXPECT_NE(bad_image_message(bad_entry).find("fatbin entry 0 (offset 16): payload of"),
+            std::string::npos);
   auto small_header = b;
   put32(small_header, 16 + 4, 8);
-  EXPECT_NE(bad_image_message(small_header).find("entry header size 8 is invalid"), std::string::npos);
+  EXPECT_NE(bad_image_message(small_header).find("entry header size 8 is invalid"),
+            std::string::npos);
 }
 
 std::uint64_t get64(const bytes& b, std::size_t off) {
@@ -680,7 +713,8 @@ TEST(ImageFatbin, CorruptZstdIsReported) {
   ASSERT_EQ(get64(good, entry + 40) & 0x8000, 0x8000u);
   const std::uint64_t declared = get64(good, entry + 56);
   const std::uint32_t header = static_cast<std::uint32_t>(get64(good, entry + 4) & 0xffffffffu);
-  const std::uint32_t compressed = static_cast<std::uint32_t>(get64(good, entry + 16) & 0xffffffffu);
+  const std::uint32_t compressed =
+      static_cast<std::uint32_t>(get64(good, entry + 16) & 0xffffffffu);
   auto b = good;
   put64(b, entry + 56, declared + 1);
   auto message = bad_image_message(b);
@@ -710,8 +744,8 @@ TEST(ImageFatbin, CorruptZstdIsReported) {
   // A frame that does not declare its content size (header byte 0: no size, a window byte),
   // one raw last block of the cubin's bytes.
   const auto cubin = read_file(CUBRIDGE_IMAGE_CUBIN_SM_80);
-  bytes frame{std::byte{0x28}, std::byte{0xb5}, std::byte{0x2f}, std::byte{0xfd}, std::byte{0x00},
-              std::byte{0x70}};
+  bytes frame{std::byte{0x28}, std::byte{0xb5}, std::byte{0x2f},
+              std::byte{0xfd}, std::byte{0x00}, std::byte{0x70}};
   const std::uint32_t block = 1u | static_cast<std::uint32_t>(cubin.size()) << 3;  // last, raw
   for (int i = 0; i < 3; ++i) frame.push_back(std::byte((block >> (8 * i)) & 0xff));
   append(frame, cubin);
@@ -719,10 +753,11 @@ TEST(ImageFatbin, CorruptZstdIsReported) {
   put32(unknown, entry + 16, static_cast<std::uint32_t>(frame.size()));
   put64(unknown, entry + 56, cubin.size());
   message = bad_image_message(unknown);
-  EXPECT_NE(message.find("zstd frame does not declare its content size"), std::string::npos) << message;
+  EXPECT_NE(message.find("zstd frame does not declare its content size"), std::string::npos)
+      << message;
   // The same frame with its content size declared (header byte 0x80: 4-byte size) is read.
-  bytes sized{std::byte{0x28}, std::byte{0xb5}, std::byte{0x2f}, std::byte{0xfd}, std::byte{0x80},
-              std::byte{0x70}};
+  bytes sized{std::byte{0x28}, std::byte{0xb5}, std::byte{0x2f},
+              std::byte{0xfd}, std::byte{0x80}, std::byte{0x70}};
   for (int i = 0; i < 4; ++i) sized.push_back(std::byte((cubin.size() >> (8 * i)) & 0xff));
   sized.insert(sized.end(), frame.begin() + 6, frame.end());
   auto known = make_fatbin({{2, 80, 0x8011, sized}});
@@ -736,7 +771,8 @@ TEST(ImageFatbin, CorruptZstdIsReported) {
   put32(two, entry + 16, static_cast<std::uint32_t>(twice.size()));
   put64(two, entry + 56, cubin.size());
   message = bad_image_message(two);
-  EXPECT_NE(message.find("zstd frame ends after " + std::to_string(sized.size())), std::string::npos)
+  EXPECT_NE(message.find("zstd frame ends after " + std::to_string(sized.size())),
+            std::string::npos)
       << message;
 }
 
@@ -744,30 +780,38 @@ TEST(ImageFatbin, CorruptZstdIsReported) {
 TEST(ImageLoadedKernels, EveryRunnableEntryDecidesWhatTheDriverMustHave) {
   using cubridge::detail::kernels_every_entry_defines;
   const auto multi = inspect(read_file(CUBRIDGE_IMAGE_FATBIN_MULTI));
-  const std::set<std::string> all{"mixed_params", "no_params", "aligned_params", "_Z5scaleIfEvPT_S0_",
-                                   "big_params", "calls_helper"};
-  auto as_set = [](const std::vector<std::string>& v) { return std::set<std::string>(v.begin(), v.end()); };
+  const std::set<std::string> all{"mixed_params",       "no_params",  "aligned_params",
+                                  "_Z5scaleIfEvPT_S0_", "big_params", "calls_helper"};
+  auto as_set = [](const std::vector<std::string>& v) {
+    return std::set<std::string>(v.begin(), v.end());
+  };
   EXPECT_EQ(as_set(kernels_every_entry_defines(multi, 9, 0)), all);  // sm_90a cubin and compute_90
   EXPECT_EQ(as_set(kernels_every_entry_defines(multi, 8, 0)), all);  // sm_80 cubin only
   EXPECT_TRUE(kernels_every_entry_defines(multi, 7, 5).empty());     // nothing runs there
-  EXPECT_EQ(as_set(kernels_every_entry_defines(inspect(read_file(CUBRIDGE_IMAGE_FATBIN_MODE_SIZE)), 9, 0)), all);
+  EXPECT_EQ(as_set(kernels_every_entry_defines(inspect(read_file(CUBRIDGE_IMAGE_FATBIN_MODE_SIZE)),
+                                               9, 0)),
+            all);
   // Entries that differ: only what both define is required, whichever the driver picks.
-  const std::string ptx = ".version 9.0\n.target sm_80\n.address_size 64\n"
-                          ".entry no_params { ret; }\n.entry only_in_ptx { ret; }\n";
+  const std::string ptx =
+      ".version 9.0\n.target sm_80\n.address_size 64\n"
+      ".entry no_params { ret; }\n.entry only_in_ptx { ret; }\n";
   const auto cubin = read_file(CUBRIDGE_IMAGE_CUBIN_SM_80);
   const auto mixed = inspect(make_fatbin({{2, 80, 0x11, cubin}, {1, 80, 0x11, from_text(ptx)}}));
   EXPECT_EQ(kernels_every_entry_defines(mixed, 8, 0), std::vector<std::string>{"no_params"});
   // compute_80 PTX alone runs on sm_90: then it decides.
-  EXPECT_EQ(as_set(kernels_every_entry_defines(mixed, 9, 0)), (std::set<std::string>{"no_params", "only_in_ptx"}));
+  EXPECT_EQ(as_set(kernels_every_entry_defines(mixed, 9, 0)),
+            (std::set<std::string>{"no_params", "only_in_ptx"}));
   EXPECT_THROW((void)kernels_every_entry_defines(mixed, 0, 0), cubridge::error);
 }
 
 TEST(ImageLoadedKernels, AKernelTheDriverLacksIsNamed) {
   using cubridge::detail::require_loaded_kernels;
   const std::vector<std::string> expected{"a", "b", "c"};
-  EXPECT_NO_THROW(require_loaded_kernels(expected, {"c", "b", "a"}, "cuModuleEnumerateFunctions", "m"));
+  EXPECT_NO_THROW(
+      require_loaded_kernels(expected, {"c", "b", "a"}, "cuModuleEnumerateFunctions", "m"));
   // The driver may list more (entries the reader skips).
-  EXPECT_NO_THROW(require_loaded_kernels(expected, {"a", "b", "c", "extra"}, "cuModuleEnumerateFunctions", "m"));
+  EXPECT_NO_THROW(require_loaded_kernels(expected, {"a", "b", "c", "extra"},
+                                         "cuModuleEnumerateFunctions", "m"));
   EXPECT_NO_THROW(require_loaded_kernels({}, {}, "cuModuleEnumerateFunctions", "m"));
   try {
     require_loaded_kernels(expected, {"b"}, "cuLibraryEnumerateKernels", "library 'filters'");
@@ -776,9 +820,10 @@ TEST(ImageLoadedKernels, AKernelTheDriverLacksIsNamed) {
     EXPECT_TRUE(e.is(cubridge::errc::bad_image));
     EXPECT_EQ(e.call(), "cuLibraryEnumerateKernels");
     const std::string message = e.what();
-    EXPECT_NE(message.find("library 'filters': the image defines kernels 'a', 'c' that the driver's "
-                           "list of the loaded code lacks (it lists 1 kernels)"),
-              std::string::npos)
+    EXPECT_NE(
+        message.find("library 'filters': the image defines kernels 'a', 'c' that the driver's "
+                     "list of the loaded code lacks (it lists 1 kernels)"),
+        std::string::npos)
         << message;
   }
 }
@@ -787,8 +832,9 @@ TEST(ImageLoadedKernels, AKernelTheDriverLacksIsNamed) {
 // Robustness: nothing but image_error, whatever the bytes.
 
 std::vector<const char*> all_fixtures() {
-  return {CUBRIDGE_IMAGE_CUBIN_SM_80,  CUBRIDGE_IMAGE_CUBIN_SM_100F, CUBRIDGE_IMAGE_FATBIN_MULTI,
-          CUBRIDGE_IMAGE_FATBIN_ZSTD,  CUBRIDGE_IMAGE_FATBIN_LZ4,    CUBRIDGE_IMAGE_FATBIN_LTO,
+  return {CUBRIDGE_IMAGE_CUBIN_SM_80,      CUBRIDGE_IMAGE_CUBIN_SM_100F,
+          CUBRIDGE_IMAGE_FATBIN_MULTI,     CUBRIDGE_IMAGE_FATBIN_ZSTD,
+          CUBRIDGE_IMAGE_FATBIN_LZ4,       CUBRIDGE_IMAGE_FATBIN_LTO,
           CUBRIDGE_IMAGE_FATBIN_MODE_SIZE, CUBRIDGE_IMAGE_PTX_COMPUTE_90};
 }
 
@@ -797,11 +843,14 @@ TEST(ImageRobustness, EmptyInput) {
 }
 
 TEST(ImageRobustness, UnknownBytesNameTheirFirstBytes) {
-  const auto message = bad_image_message(bytes{std::byte{0xde}, std::byte{0xad}, std::byte{0xbe}, std::byte{0xef}});
+  const auto message =
+      bad_image_message(bytes{std::byte{0xde}, std::byte{0xad}, std::byte{0xbe}, std::byte{0xef}});
   EXPECT_NE(message.find("not a cubin, fatbin or PTX image"), std::string::npos) << message;
   EXPECT_NE(message.find("first bytes: de ad be ef"), std::string::npos) << message;
-  EXPECT_NE(bad_image_message("   // just a comment\n").find("not a cubin, fatbin or PTX"), std::string::npos);
-  EXPECT_NE(bad_image_message(".versionX 9.0").find("not a cubin, fatbin or PTX"), std::string::npos);
+  EXPECT_NE(bad_image_message("   // just a comment\n").find("not a cubin, fatbin or PTX"),
+            std::string::npos);
+  EXPECT_NE(bad_image_message(".versionX 9.0").find("not a cubin, fatbin or PTX"),
+            std::string::npos);
 }
 
 TEST(ImageRobustness, EveryTruncationOfABinaryImageIsAnError) {
@@ -811,7 +860,8 @@ TEST(ImageRobustness, EveryTruncationOfABinaryImageIsAnError) {
     // Every length up to 1 KiB (headers), then every 7th (a prime: all alignments), and the
     // last 64 lengths (the section or entry that ends the image).
     for (std::size_t n = 0; n < full.size(); n += n < 1024 || n + 64 >= full.size() ? 1 : 7)
-      ASSERT_FALSE(parses(std::span(full).first(n))) << path << " truncated to " << n << " bytes parsed";
+      ASSERT_FALSE(parses(std::span(full).first(n)))
+          << path << " truncated to " << n << " bytes parsed";
   }
 }
 
@@ -884,8 +934,11 @@ TEST(ImageRobustness, HugeRandomInputFailsFast) {
   std::mt19937_64 rng(99);
   bytes b(64u << 20);
   for (std::size_t i = 0; i < b.size(); i += 8) put64(b, i, rng());
-  for (const bytes& header : {bytes{std::byte{0x12}}, from_text(".version 9.0\n.target sm_90\n"),
-                              from_text("\x7f" "ELF"), bytes{std::byte{0x50}, std::byte{0xed}, std::byte{0x55}, std::byte{0xba}}}) {
+  for (const bytes& header :
+       {bytes{std::byte{0x12}}, from_text(".version 9.0\n.target sm_90\n"),
+        from_text("\x7f"
+                  "ELF"),
+        bytes{std::byte{0x50}, std::byte{0xed}, std::byte{0x55}, std::byte{0xba}}}) {
     std::copy(header.begin(), header.end(), b.begin());
     const auto start = std::chrono::steady_clock::now();
     EXPECT_FALSE(parses(b));
@@ -970,7 +1023,8 @@ TEST(ImageCompatibility, PtxJitsForAnyLaterDevice) {
 
 TEST(ImageCompatibility, BadCapabilitiesArePreconditionErrors) {
   const auto sm80 = target(image_kind::cubin, 80, arch_variant::generic);
-  for (auto [major, minor] : {std::pair{0, 0}, std::pair{8, -1}, std::pair{8, 10}, std::pair{-1, 0}}) {
+  for (auto [major, minor] :
+       {std::pair{0, 0}, std::pair{8, -1}, std::pair{8, 10}, std::pair{-1, 0}}) {
     try {
       (void)cubridge::can_run_on(sm80, major, minor);
       ADD_FAILURE() << major << "." << minor << " accepted";
@@ -994,8 +1048,8 @@ TEST(ImageCompatibility, RequireRunsOnNamesBothSides) {
   } catch (const cubridge::image_error& e) {
     EXPECT_TRUE(e.is(cubridge::errc::incompatible_image));
     const std::string m = e.what();
-    for (const char* part : {"module 'filters'", "sm_80", "sm_90a", "sm_100f", "compute_90", "sm_75",
-                             "compute capability 7.5"})
+    for (const char* part : {"module 'filters'", "sm_80", "sm_90a", "sm_100f", "compute_90",
+                             "sm_75", "compute capability 7.5"})
       EXPECT_NE(m.find(part), std::string::npos) << part << " missing from: " << m;
   }
   const auto sm90a = inspect(read_file(CUBRIDGE_IMAGE_CUBIN_SM_90A));
@@ -1005,9 +1059,10 @@ TEST(ImageCompatibility, RequireRunsOnNamesBothSides) {
     ADD_FAILURE() << "sm_90a accepted on sm_100";
   } catch (const cubridge::image_error& e) {
     const std::string m = e.what();
-    EXPECT_NE(m.find("kernels.cubin: cubin has code for sm_90a, none of which runs on a device of sm_100 "
-                     "(compute capability 10.0)"),
-              std::string::npos)
+    EXPECT_NE(
+        m.find("kernels.cubin: cubin has code for sm_90a, none of which runs on a device of sm_100 "
+               "(compute capability 10.0)"),
+        std::string::npos)
         << m;
   }
   EXPECT_TRUE(cubridge::can_run_on(fatbin, 8, 0));
@@ -1029,7 +1084,8 @@ TEST(ImageFiles, InspectImageFile) {
     ADD_FAILURE() << "image_error for a missing file: " << e.what();
   } catch (const cubridge::error& e) {
     EXPECT_TRUE(e.is(cubridge::errc::io)) << e.what();
-    EXPECT_NE(std::string(e.what()).find("cubridge-no-such-image.cubin"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("cubridge-no-such-image.cubin"), std::string::npos)
+        << e.what();
   }
   try {
     (void)cubridge::inspect_image_file(::testing::TempDir());
@@ -1046,7 +1102,8 @@ TEST(ImageFiles, InspectImageFile) {
   } catch (const cubridge::image_error& e) {
     EXPECT_TRUE(e.is(cubridge::errc::bad_image));
     EXPECT_NE(std::string(e.what()).find("cubridge-junk.bin"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("first bytes: 6a 75 6e 6b 21"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("first bytes: 6a 75 6e 6b 21"), std::string::npos)
+        << e.what();
   }
   std::filesystem::remove(junk);
 }

@@ -48,7 +48,9 @@ __global__ void square_plus_index(const unsigned* in, unsigned* out, std::size_t
 
 // --- helpers ------------------------------------------------------------------------------------
 
-const cubridge::driver::entry_points& cu() { return cubridge::driver::api(); }
+const cubridge::driver::entry_points& cu() {
+  return cubridge::driver::api();
+}
 
 CUdeviceptr as_address(const void* p) {
   return static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(p));
@@ -91,7 +93,9 @@ template <class Scenario>
   std::_Exit(0);
 }
 
-bool primary_active() { return cubridge::device::get(0).primary_state().active; }
+bool primary_active() {
+  return cubridge::device::get(0).primary_state().active;
+}
 
 CUcontext raw_current() {
   CUcontext c = nullptr;
@@ -99,7 +103,8 @@ CUcontext raw_current() {
   return c;
 }
 
-std::vector<float> random_floats(std::size_t n, unsigned seed, float low = -1.0f, float high = 1.0f) {
+std::vector<float> random_floats(std::size_t n, unsigned seed, float low = -1.0f,
+                                 float high = 1.0f) {
   std::mt19937 gen(seed);
   std::uniform_real_distribution<float> dist(low, high);
   std::vector<float> v(n);
@@ -114,7 +119,9 @@ std::vector<unsigned> random_u32(std::size_t n, unsigned seed) {
   return v;
 }
 
-std::string cublas_text(cublasStatus_t s) { return cublasGetStatusString(s); }
+std::string cublas_text(cublasStatus_t s) {
+  return cublasGetStatusString(s);
+}
 
 /// Destroys a cuBLAS handle at scope exit (with the context it was made in still current).
 struct cublas_handle {
@@ -207,7 +214,8 @@ std::string cublas_sgemm_in_a_driver_context() {
     }
   }
   const double relative = std::sqrt(error / norm);
-  CHECK_MSG(out, norm > 0.0 && relative < 1e-4, "relative Frobenius error " + std::to_string(relative));
+  CHECK_MSG(out, norm > 0.0 && relative < 1e-4,
+            "relative Frobenius error " + std::to_string(relative));
   return out.text();
 }
 
@@ -216,7 +224,8 @@ TEST_F(Interop, CublasSgemmInADriverContextLeavesThePrimaryInactive) {
   CUBRIDGE_EXPECT_CLEAN_EXIT(run_and_exit(cublas_sgemm_in_a_driver_context), "");
 }
 
-// --- (2) driver first + cuFFT ---------------------------------------------------------------------
+// --- (2) driver first + cuFFT
+// ---------------------------------------------------------------------
 
 std::string cufft_in_a_driver_context() {
   outcome out;
@@ -287,7 +296,8 @@ TEST_F(Interop, CufftInADriverContextLeavesThePrimaryInactive) {
   CUBRIDGE_EXPECT_CLEAN_EXIT(run_and_exit(cufft_in_a_driver_context), "");
 }
 
-// --- (3) a <<<>>> kernel in a driver context on driver memory -------------------------------------
+// --- (3) a <<<>>> kernel in a driver context on driver memory
+// -------------------------------------
 
 std::string runtime_kernel_in_a_driver_context() {
   outcome out;
@@ -306,7 +316,8 @@ std::string runtime_kernel_in_a_driver_context() {
     auto iout = cubridge::driver_buffer<unsigned>::allocate(ctx, n);
     auto stream = cubridge::stream::create(ctx);
     cubridge::scoped_current guard(ctx);
-    CHECK(out, cu().cuMemcpy(din.address(), as_address(input.data()), din.size_bytes()) == CUDA_SUCCESS);
+    CHECK(out,
+          cu().cuMemcpy(din.address(), as_address(input.data()), din.size_bytes()) == CUDA_SUCCESS);
     CHECK(out, cu().cuMemcpy(iin.address(), as_address(integers.data()), iin.size_bytes()) ==
                    CUDA_SUCCESS);
     const auto blocks = static_cast<unsigned>((n + 255) / 256);
@@ -325,8 +336,8 @@ std::string runtime_kernel_in_a_driver_context() {
     // Read back through the driver.
     CHECK(out, cu().cuMemcpy(as_address(output.data()), dout.address(), dout.size_bytes()) ==
                    CUDA_SUCCESS);
-    CHECK(out, cu().cuMemcpy(as_address(integer_output.data()), iout.address(), iout.size_bytes()) ==
-                   CUDA_SUCCESS);
+    CHECK(out, cu().cuMemcpy(as_address(integer_output.data()), iout.address(),
+                             iout.size_bytes()) == CUDA_SUCCESS);
     CHECK(out, raw_current() == ctx.get());
   }
   CHECK_MSG(out, !primary_active(), "the primary context is active after the scenario");
@@ -349,7 +360,8 @@ TEST_F(Interop, RuntimeKernelRunsInADriverContextOnDriverMemory) {
   CUBRIDGE_EXPECT_CLEAN_EXIT(run_and_exit(runtime_kernel_in_a_driver_context), "");
 }
 
-// --- (4) runtime first: adopt the primary, driver kernels on cudaMalloc memory --------------------
+// --- (4) runtime first: adopt the primary, driver kernels on cudaMalloc memory
+// --------------------
 
 std::string driver_kernel_on_runtime_memory() {
   outcome out;
@@ -377,14 +389,16 @@ std::string driver_kernel_on_runtime_memory() {
   CHECK_MSG(out, allocated == cudaSuccess, cudaGetErrorString(allocated));
   if (allocated != cudaSuccess) return out.text();
   CHECK(out, cubridge::context_of(data) == adopted.ref());
-  CHECK(out, cudaMemcpy(data, input.data(), n * sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess);
+  CHECK(out,
+        cudaMemcpy(data, input.data(), n * sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess);
   add.launch(cubridge::launch_config{.grid = {static_cast<unsigned>((n + 255) / 256)},
                                      .block = {256},
                                      .stream = cubridge::stream_ref::legacy_default()},
              data, addend, std::size_t{n});
   CHECK(out, cudaDeviceSynchronize() == cudaSuccess);
   std::vector<float> output(n, 0.0f);
-  CHECK(out, cudaMemcpy(output.data(), data, n * sizeof(float), cudaMemcpyDeviceToHost) == cudaSuccess);
+  CHECK(out,
+        cudaMemcpy(output.data(), data, n * sizeof(float), cudaMemcpyDeviceToHost) == cudaSuccess);
   CHECK(out, cudaFree(data) == cudaSuccess);
 
   std::size_t wrong = 0, first_wrong = n;
@@ -402,15 +416,18 @@ TEST_F(Interop, RuntimeFirstAdoptedPrimaryRunsDriverKernelsOnCudaMallocMemory) {
   CUBRIDGE_EXPECT_CLEAN_EXIT(run_and_exit(driver_kernel_on_runtime_memory), "");
 }
 
-// --- (5) a cudaStreamCreate stream adopted for driver launches ------------------------------------
+// --- (5) a cudaStreamCreate stream adopted for driver launches
+// ------------------------------------
 
 /// Fills `n` u32 at `out` with `value` by a driver launch of `fill` on `s`, then checks them with
 /// a cubridge copy (the caller has the right context current).
-void driver_fill_on_runtime_stream(outcome& out, const cubridge::kernel& fill, cubridge::stream_ref s,
-                                   unsigned* device_out, std::size_t n, unsigned value) {
-  fill.launch(cubridge::launch_config{.grid = {static_cast<unsigned>((n + 255) / 256)}, .block = {256},
-                                      .stream = s},
-              device_out, value, std::size_t{n});
+void driver_fill_on_runtime_stream(outcome& out, const cubridge::kernel& fill,
+                                   cubridge::stream_ref s, unsigned* device_out, std::size_t n,
+                                   unsigned value) {
+  fill.launch(
+      cubridge::launch_config{
+          .grid = {static_cast<unsigned>((n + 255) / 256)}, .block = {256}, .stream = s},
+      device_out, value, std::size_t{n});
   auto done = cubridge::event::create(s.context());
   done.record(s);
   done.synchronize();
@@ -469,7 +486,8 @@ std::string runtime_stream_in_a_driver_context() {
   CHECK_MSG(out, created == cudaSuccess, cudaGetErrorString(created));
   if (created != cudaSuccess) return out.text();
   const auto s = cubridge::stream_ref::from_native(raw);
-  CHECK_MSG(out, s.context() == ctx.ref(), "a runtime stream made in a driver context belongs to it");
+  CHECK_MSG(out, s.context() == ctx.ref(),
+            "a runtime stream made in a driver context belongs to it");
   const auto background = random_u32(n, 903);
   cubridge::copy<unsigned>(buffer, background);
   driver_fill_on_runtime_stream(out, fill, s, buffer.data(), n, 0xC0FFEEu);

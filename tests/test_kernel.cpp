@@ -127,9 +127,8 @@ TEST_F(Kernel, TemplateKernelByMangledName) {
   std::uniform_real_distribution<float> dist(-10, 10);
   for (auto& v : host) v = dist(rng);
   cubridge::scoped_current guard(*ctx_);
-  CUBRIDGE_ASSERT_CU(cubridge::driver::api().cuMemcpy(data.address(),
-                                                      reinterpret_cast<CUdeviceptr>(host.data()),
-                                                      n * sizeof(float)));
+  CUBRIDGE_ASSERT_CU(cubridge::driver::api().cuMemcpy(
+      data.address(), reinterpret_cast<CUdeviceptr>(host.data()), n * sizeof(float)));
   k.launch({.grid = {4}, .block = {256}, .stream = cubridge::stream_ref::legacy_default()},
            data.span(), 2.0f, n);
   std::vector<float> back(n);
@@ -139,7 +138,8 @@ TEST_F(Kernel, TemplateKernelByMangledName) {
 }
 
 TEST_F(Kernel, ClusterLaunchGoesThroughLaunchKernelEx) {
-  if (ctx_->device().capability().major < 9) GTEST_SKIP() << "clusters need compute capability 9.0+";
+  if (ctx_->device().capability().major < 9)
+    GTEST_SKIP() << "clusters need compute capability 9.0+";
   auto k = module_->get_kernel("fill_u32");
   constexpr std::size_t n = 8 * 128;
   auto out = cubridge::driver_buffer<unsigned>::allocate(*ctx_, n);

@@ -43,7 +43,8 @@ TEST(LaunchConfig, DescribeNamesEveryPart) {
                             .stream = stream_ref::legacy_default()};
   EXPECT_EQ(c.describe(), "grid (4,2,1) block (256,1,1) shared 1024 B on stream 0x0");
   c.cluster = {2, 1, 1};
-  EXPECT_EQ(c.describe(), "grid (4,2,1) block (256,1,1) shared 1024 B cluster (2,1,1) on stream 0x0");
+  EXPECT_EQ(c.describe(),
+            "grid (4,2,1) block (256,1,1) shared 1024 B cluster (2,1,1) on stream 0x0");
   // What a moved-from cubridge::stream holds: described, not thrown on.
   c.stream = stream_ref::from_native(cubridge::detail::moved_from_stream());
   EXPECT_EQ(c.describe(),

@@ -51,7 +51,8 @@ TEST(Library, RefusesGarbageAndMissingKernels) {
   CUBRIDGE_REQUIRE_GPU();
   std::vector<std::byte> garbage(100, std::byte{0x42});
   EXPECT_THROW((void)cubridge::library::load(garbage), cubridge::image_error);
-  auto lib = cubridge::library::load_file(cubridge::testing::test_fatbin_path(), {.name = "filters"});
+  auto lib =
+      cubridge::library::load_file(cubridge::testing::test_fatbin_path(), {.name = "filters"});
   auto ctx = cubridge::context::create(cubridge::device::get(0));
   cubridge::scoped_current guard(ctx);
   try {

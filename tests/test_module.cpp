@@ -7,10 +7,10 @@
 #include "gpu_test.hpp"
 
 #include <cstring>
-#include <string>
-#include <set>
 #include <iostream>
 #include <random>
+#include <set>
+#include <string>
 #include <vector>
 
 namespace {
@@ -72,7 +72,8 @@ TEST_F(Module, RefusesAnImageForAnotherGpuBeforeTheDriverSeesIt) {
   } catch (const cubridge::image_error& e) {
     EXPECT_TRUE(e.is(cubridge::errc::incompatible_image));
     EXPECT_NE(std::string(e.what()).find("sm_80"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("test_kernels.sm_80.cubin"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("test_kernels.sm_80.cubin"), std::string::npos)
+        << e.what();
   }
 }
 
@@ -160,7 +161,8 @@ std::set<std::string> driver_kernels(const cubridge::module& m) {
   EXPECT_EQ(cubridge::driver::api().cuModuleGetFunctionCount(&count, m.get()), CUDA_SUCCESS);
   std::vector<CUfunction> functions(count);
   if (count != 0) {
-    EXPECT_EQ(cubridge::driver::api().cuModuleEnumerateFunctions(functions.data(), count, m.get()), CUDA_SUCCESS);
+    EXPECT_EQ(cubridge::driver::api().cuModuleEnumerateFunctions(functions.data(), count, m.get()),
+              CUDA_SUCCESS);
   }
   std::set<std::string> names;
   for (CUfunction f : functions) {
@@ -181,7 +183,8 @@ TEST_F(Module, ASizeCompressedFatbinLoadsAndItsKernelsAreTheDrivers) {
   std::set<std::string> listed;
   for (const auto& k : info.kernels) listed.insert(k.name);
   const auto loaded = driver_kernels(m);
-  for (const auto& name : listed) EXPECT_TRUE(loaded.contains(name)) << name << " missing from the driver's list";
+  for (const auto& name : listed)
+    EXPECT_TRUE(loaded.contains(name)) << name << " missing from the driver's list";
   std::string all;
   for (const auto& name : loaded) all += name + " ";
   std::cout << "driver lists " << loaded.size() << " kernels: " << all << "\n";
@@ -189,7 +192,8 @@ TEST_F(Module, ASizeCompressedFatbinLoadsAndItsKernelsAreTheDrivers) {
 
 // The post-load check accepts every form of the test kernels (no false refusals).
 TEST_F(Module, TheKernelListCheckAcceptsEveryImageForm) {
-  for (const char* path : {test_cubin_path(), test_fatbin_path(), test_ptx_path(), CUBRIDGE_SIZE_FATBIN}) {
+  for (const char* path :
+       {test_cubin_path(), test_fatbin_path(), test_ptx_path(), CUBRIDGE_SIZE_FATBIN}) {
     SCOPED_TRACE(path);
     auto m = cubridge::module::load_file(*ctx_, path);
     EXPECT_TRUE(driver_kernels(m).contains("fill_u32"));

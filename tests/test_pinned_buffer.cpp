@@ -24,7 +24,9 @@ static_assert(!std::is_copy_assignable_v<pinned_buffer<int>>);
 static_assert(std::is_nothrow_move_constructible_v<pinned_buffer<int>>);
 static_assert(std::is_nothrow_move_assignable_v<pinned_buffer<int>>);
 
-const cubridge::driver::entry_points& cu() { return cubridge::driver::api(); }
+const cubridge::driver::entry_points& cu() {
+  return cubridge::driver::api();
+}
 
 CUdeviceptr as_address(const void* p) {
   return static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(p));
@@ -49,7 +51,9 @@ std::vector<std::uint64_t> random_u64(std::size_t n, unsigned seed) {
   return v;
 }
 
-cubridge::context make_context() { return cubridge::context::create(cubridge::device::get(0)); }
+cubridge::context make_context() {
+  return cubridge::context::create(cubridge::device::get(0));
+}
 
 TEST(PinnedBuffer, AllocatesPageLockedHostMemory) {
   CUBRIDGE_REQUIRE_GPU();
@@ -92,8 +96,10 @@ TEST(PinnedBuffer, RoundTripsThroughDeviceMemory) {
   }
   {
     cubridge::scoped_current guard(ctx);
-    CUBRIDGE_ASSERT_CU(cu().cuMemcpy(device.address(), as_address(source.data()), source.size_bytes()));
-    CUBRIDGE_ASSERT_CU(cu().cuMemcpy(as_address(destination.data()), device.address(), device.size_bytes()));
+    CUBRIDGE_ASSERT_CU(
+        cu().cuMemcpy(device.address(), as_address(source.data()), source.size_bytes()));
+    CUBRIDGE_ASSERT_CU(
+        cu().cuMemcpy(as_address(destination.data()), device.address(), device.size_bytes()));
   }
   for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(destination[i], input[i]) << "at " << i;
 }

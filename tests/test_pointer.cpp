@@ -19,9 +19,13 @@
 
 namespace {
 
-const cubridge::driver::entry_points& cu() { return cubridge::driver::api(); }
+const cubridge::driver::entry_points& cu() {
+  return cubridge::driver::api();
+}
 
-cubridge::context make_context() { return cubridge::context::create(cubridge::device::get(0)); }
+cubridge::context make_context() {
+  return cubridge::context::create(cubridge::device::get(0));
+}
 
 /// "0x7ffd1234" as cubridge writes addresses in messages.
 std::string hex(const void* p) {
@@ -116,7 +120,8 @@ TEST(ContextOf, PlainHostPointerThrowsNamingTheAddress) {
   cubridge::scoped_current guard(ctx);
   int on_stack = 42;
   const auto heap = std::make_unique<double>(1.0);
-  for (const void* p : {static_cast<const void*>(&on_stack), static_cast<const void*>(heap.get())}) {
+  for (const void* p :
+       {static_cast<const void*>(&on_stack), static_cast<const void*>(heap.get())}) {
     try {
       const auto owner = cubridge::context_of(p);
       ADD_FAILURE() << "context_of(" << p << ") returned " << owner.describe();

@@ -58,7 +58,8 @@ TEST(PrimaryContext, AdoptRefusesWhenADriverContextIsCurrent) {
     FAIL() << "no throw";
   } catch (const cubridge::error& e) {
     EXPECT_TRUE(e.is(cubridge::errc::precondition));
-    EXPECT_NE(std::string(e.what()).find("is not the primary context"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("is not the primary context"), std::string::npos)
+        << e.what();
   }
 }
 
@@ -78,7 +79,8 @@ TEST(PrimaryContext, ResetBehindOurBackIsDetected) {
           std::fprintf(stderr, "%s\n", e.what());
         }
         std::exit(0);
-      }, "primary context .* of device 0 retained with id [0-9]+ was");
+      },
+      "primary context .* of device 0 retained with id [0-9]+ was");
 }
 
 }  // namespace

@@ -28,7 +28,8 @@ TEST_F(RollbackRequestTest, RoundTrip) {
   const auto line = body.substr(0, body.find('\n'));
   EXPECT_EQ(line.find("{\"action\":\"rollback\",\"created\":\"2026-11-29T12:00:00Z\","
                       "\"from_version\":7,\"key_id\":\"" +
-                      cubridge::to_hex(keys.public_key.id()) + "\",\"module\":\"filters\","
+                      cubridge::to_hex(keys.public_key.id()) +
+                      "\",\"module\":\"filters\","
                       "\"nonce\":\""),
             0u)
       << line;
@@ -85,31 +86,31 @@ TEST_F(RollbackRequestTest, EveryRefusalHasItsReason) {
                           fields + ",\"extra\":1}"),
                      trusted),
                  bundle_reason::invalid_manifest);
-  EXPECT_REFUSED(cubridge::verify_rollback_request(
-                     sign("{\"action\":\"promote\",\"from_version\":7,\"module\":\"filters\"," +
-                          fields + "}"),
-                     trusted),
-                 bundle_reason::invalid_manifest);
+  EXPECT_REFUSED(
+      cubridge::verify_rollback_request(
+          sign("{\"action\":\"promote\",\"from_version\":7,\"module\":\"filters\"," + fields + "}"),
+          trusted),
+      bundle_reason::invalid_manifest);
   EXPECT_REFUSED(cubridge::verify_rollback_request(
                      sign("{\"action\":\"rollback\",\"from_version\":-7,\"module\":\"filters\"," +
                           fields + "}"),
                      trusted),
                  bundle_reason::invalid_manifest);
+  EXPECT_REFUSED(
+      cubridge::verify_rollback_request(
+          sign("{\"action\":\"rollback\",\"from_version\":7,\"module\":\"a/b\"," + fields + "}"),
+          trusted),
+      bundle_reason::invalid_manifest);
   EXPECT_REFUSED(cubridge::verify_rollback_request(
-                     sign("{\"action\":\"rollback\",\"from_version\":7,\"module\":\"a/b\"," +
-                          fields + "}"),
+                     sign("{\"action\":\"rollback\",\"from_version\":7,\"module\":\"m\","
+                          "\"created\":\"yesterday\",\"key_id\":\"" +
+                          id + "\",\"nonce\":\"00112233445566778899aabbccddeeff\"}"),
                      trusted),
                  bundle_reason::invalid_manifest);
   EXPECT_REFUSED(cubridge::verify_rollback_request(
                      sign("{\"action\":\"rollback\",\"from_version\":7,\"module\":\"m\","
-                          "\"created\":\"yesterday\",\"key_id\":\"" + id +
-                          "\",\"nonce\":\"00112233445566778899aabbccddeeff\"}"),
-                     trusted),
-                 bundle_reason::invalid_manifest);
-  EXPECT_REFUSED(cubridge::verify_rollback_request(
-                     sign("{\"action\":\"rollback\",\"from_version\":7,\"module\":\"m\","
-                          "\"created\":\"2026-11-29T12:00:00Z\",\"key_id\":\"" + id +
-                          "\",\"nonce\":\"short\"}"),
+                          "\"created\":\"2026-11-29T12:00:00Z\",\"key_id\":\"" +
+                          id + "\",\"nonce\":\"short\"}"),
                      trusted),
                  bundle_reason::invalid_manifest);
 
@@ -121,7 +122,8 @@ TEST_F(RollbackRequestTest, EveryRefusalHasItsReason) {
                  bundle_reason::unsigned_bundle);
   auto tampered = body;
   tampered.replace(tampered.find("filters"), 7, "filtert");
-  EXPECT_REFUSED(cubridge::verify_rollback_request(tampered, trusted), bundle_reason::bad_signature);
+  EXPECT_REFUSED(cubridge::verify_rollback_request(tampered, trusted),
+                 bundle_reason::bad_signature);
   // Another request's signature does not verify this one.
   const auto other = cubridge::sign_rollback_request("filters", 8, keys.secret_key, noon);
   EXPECT_REFUSED(cubridge::verify_rollback_request(line + other.substr(other.find('\n')), trusted),
@@ -142,8 +144,11 @@ TEST_F(RollbackRequestTest, NulBytesAndInvalidUtf8AnywhereAreRefused) {
     return l.replace(l.find("filters"), 7, raw);
   };
   for (const std::string& bad :
-       {line + nul, line + nul + ",\"module\":\"other\"}", line + nul + "\xff\xfe",
-        line + "\xff", module("fil\xc0\xaf" "ters"), module("fil\xed\xa0\x80" "ters"),
+       {line + nul, line + nul + ",\"module\":\"other\"}", line + nul + "\xff\xfe", line + "\xff",
+        module("fil\xc0\xaf"
+               "ters"),
+        module("fil\xed\xa0\x80"
+               "ters"),
         module("fil\xe2\x82")}) {
     SCOPED_TRACE(::testing::PrintToString(bad));
     EXPECT_REFUSED(cubridge::verify_rollback_request(sign(bad), trusted),
@@ -153,10 +158,10 @@ TEST_F(RollbackRequestTest, NulBytesAndInvalidUtf8AnywhereAreRefused) {
   EXPECT_REFUSED(cubridge::verify_rollback_request(body.substr(0, body.size() - 1) + nul, trusted),
                  bundle_reason::malformed);
   // Valid UTF-8 in the module name still verifies.
-  EXPECT_EQ(cubridge::verify_rollback_request(sign(module("\xc3\xa9t\xc3\xa9\xf0\x9f\x9a\x80")),
-                                              trusted)
-                .module,
-            "\xc3\xa9t\xc3\xa9\xf0\x9f\x9a\x80");
+  EXPECT_EQ(
+      cubridge::verify_rollback_request(sign(module("\xc3\xa9t\xc3\xa9\xf0\x9f\x9a\x80")), trusted)
+          .module,
+      "\xc3\xa9t\xc3\xa9\xf0\x9f\x9a\x80");
 }
 
 TEST_F(RollbackRequestTest, FromVersionIsExactlyAnUnsignedSixtyFourBitInteger) {
@@ -167,9 +172,9 @@ TEST_F(RollbackRequestTest, FromVersionIsExactlyAnUnsignedSixtyFourBitInteger) {
     l.replace(l.find("\"from_version\":7"), 16, "\"from_version\":" + version);
     return cubridge::detail::sign_rollback_line_unchecked(l, keys.secret_key);
   };
-  EXPECT_EQ(cubridge::verify_rollback_request(with_version("18446744073709551615"), trusted)
-                .from_version,
-            18446744073709551615u);
+  EXPECT_EQ(
+      cubridge::verify_rollback_request(with_version("18446744073709551615"), trusted).from_version,
+      18446744073709551615u);
   EXPECT_EQ(cubridge::verify_rollback_request(
                 cubridge::sign_rollback_request("filters", 18446744073709551615u, keys.secret_key),
                 trusted)
@@ -220,16 +225,17 @@ TEST_F(RollbackRequestTest, WriteFuzzSeeds) {
 
   const auto canonical = sign(line("filters", "7"));
   write_valid("valid.req", canonical);
-  write_valid("valid_max_version.req",
-              [&] {
-                auto b = sign(line("a-b_c.d", "18446744073709551615"));
-                b.pop_back();  // without the final newline
-                return b;
-              }());
+  write_valid("valid_max_version.req", [&] {
+    auto b = sign(line("a-b_c.d", "18446744073709551615"));
+    b.pop_back();  // without the final newline
+    return b;
+  }());
   write_valid("valid_escaped_module.req", sign(line("\\u00e9t\\u00e9 \\\"q\\\"", "2")));
   write_valid("valid_reordered.req",
               sign("{ \"nonce\" : \"ffeeddccbbaa99887766554433221100\", \"module\": \"m\", "
-                   "\"key_id\": \"" + id + "\", \"from_version\": 1, "
+                   "\"key_id\": \"" +
+                   id +
+                   "\", \"from_version\": 1, "
                    "\"created\": \"2000-02-29T23:59:59Z\", \"action\": \"rollback\" }"));
 
   const auto request_line = line("filters", "7");
@@ -258,11 +264,12 @@ TEST_F(RollbackRequestTest, WriteFuzzSeeds) {
   write_refused("nested_field.req", with(",\"x\":{\"y\":[1]}"), bundle_reason::invalid_manifest);
   write_refused("duplicate_field.req", with(",\"module\":\"other\""),
                 bundle_reason::malformed_manifest);
-  write_refused("bad_date.req",
-                sign("{\"action\":\"rollback\",\"created\":\"2026-02-29T12:00:00Z\","
-                     "\"from_version\":7,\"key_id\":\"" + id +
-                     "\",\"module\":\"filters\",\"nonce\":\"00112233445566778899aabbccddeeff\"}"),
-                bundle_reason::invalid_manifest);
+  write_refused(
+      "bad_date.req",
+      sign("{\"action\":\"rollback\",\"created\":\"2026-02-29T12:00:00Z\","
+           "\"from_version\":7,\"key_id\":\"" +
+           id + "\",\"module\":\"filters\",\"nonce\":\"00112233445566778899aabbccddeeff\"}"),
+      bundle_reason::invalid_manifest);
   write_refused("fractional_version.req", sign(line("filters", "7.0")),
                 bundle_reason::invalid_manifest);
   write_refused("nul_after_line.req",

@@ -24,20 +24,24 @@ static_assert(!std::is_copy_constructible_v<shared_device_memory>);
 static_assert(std::is_nothrow_move_constructible_v<shared_device_memory>);
 static_assert(std::is_nothrow_move_assignable_v<shared_device_memory>);
 
-const cubridge::driver::entry_points& cu() { return cubridge::driver::api(); }
+const cubridge::driver::entry_points& cu() {
+  return cubridge::driver::api();
+}
 
 CUdeviceptr as_address(const void* p) {
   return static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(p));
 }
 
-cubridge::context make_context() { return cubridge::context::create(cubridge::device::get(0)); }
+cubridge::context make_context() {
+  return cubridge::context::create(cubridge::device::get(0));
+}
 
 /// Skips the test unless device 0 supports the VMM API.
-#define REQUIRE_VMM()                                                                         \
-  do {                                                                                        \
-    if (cubridge::device::get(0).attribute(                                                   \
-            CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED) == 0)                    \
-      GTEST_SKIP() << "device 0 has no VMM support";                                          \
+#define REQUIRE_VMM()                                                      \
+  do {                                                                     \
+    if (cubridge::device::get(0).attribute(                                \
+            CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED) == 0) \
+      GTEST_SKIP() << "device 0 has no VMM support";                       \
   } while (false)
 
 /// The allocation granularity that shared_device_memory rounds to (minimum, device-pinned).

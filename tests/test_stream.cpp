@@ -33,7 +33,9 @@ static_assert(!std::is_constructible_v<stream_ref, std::nullptr_t>);
 static_assert(!std::is_constructible_v<stream_ref, int>);
 static_assert(stream_ref::from_native(nullptr) == stream_ref::legacy_default());
 
-const cubridge::driver::entry_points& cu() { return cubridge::driver::api(); }
+const cubridge::driver::entry_points& cu() {
+  return cubridge::driver::api();
+}
 
 CUdeviceptr as_address(const void* p) {
   return static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(p));
@@ -45,7 +47,9 @@ CUcontext raw_current() {
   return c;
 }
 
-cubridge::context make_context() { return cubridge::context::create(cubridge::device::get(0)); }
+cubridge::context make_context() {
+  return cubridge::context::create(cubridge::device::get(0));
+}
 
 std::vector<unsigned char> random_bytes(std::size_t n, unsigned seed) {
   std::mt19937 gen(seed);
@@ -137,8 +141,9 @@ TEST(Stream, UsableAsACudaStream) {
   CUBRIDGE_ASSERT_CU(cu().cuMemcpy(buffer.address(), as_address(background.data()), n));
   // Runtime work on the cubridge stream: a memset of the middle, then a runtime copy back.
   ASSERT_EQ(cudaMemsetAsync(buffer.data() + 1000, 0xAB, n - 2000, s.runtime_handle()), cudaSuccess);
-  ASSERT_EQ(cudaMemcpyAsync(output.data(), buffer.data(), n, cudaMemcpyDeviceToHost, s.runtime_handle()),
-            cudaSuccess);
+  ASSERT_EQ(
+      cudaMemcpyAsync(output.data(), buffer.data(), n, cudaMemcpyDeviceToHost, s.runtime_handle()),
+      cudaSuccess);
   ASSERT_EQ(cudaStreamSynchronize(s.runtime_handle()), cudaSuccess);
   EXPECT_TRUE(s.ready());
   for (std::size_t i = 0; i < n; ++i) {
@@ -161,10 +166,13 @@ TEST(Stream, SynchronizeWaitsForDriverWork) {
   std::vector<unsigned> output(n, 0);
   cubridge::scoped_current guard(ctx);
   EXPECT_TRUE(s.ready()) << "a new stream has no work";
-  fill.launch(cubridge::launch_config{.grid = {static_cast<unsigned>(n / 256)}, .block = {256}, .stream = s},
-              buffer.span(), value, std::size_t{n});
-  ASSERT_EQ(cu().cuMemcpyAsync(as_address(output.data()), buffer.address(), buffer.size_bytes(), s.get()),
-            CUDA_SUCCESS);
+  fill.launch(
+      cubridge::launch_config{
+          .grid = {static_cast<unsigned>(n / 256)}, .block = {256}, .stream = s},
+      buffer.span(), value, std::size_t{n});
+  ASSERT_EQ(
+      cu().cuMemcpyAsync(as_address(output.data()), buffer.address(), buffer.size_bytes(), s.get()),
+      CUDA_SUCCESS);
   s.synchronize();
   EXPECT_TRUE(s.ready());
   for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(output[i], value) << "at " << i;

@@ -142,9 +142,17 @@ TEST(SwapStatsClock, CausalityCheckOfTheMap) {
   // the host sees it complete at 140.
   const clock_map exact({.host_ns = 0, .gpu_ns = 1'000'000, .uncertainty_ns = 0});
   const std::vector<launch_entry> launches{
-      {.slot = 0, .returned_id = 1, .promoted_before = 1, .host_start_ns = 100, .host_end_ns = 104,
+      {.slot = 0,
+       .returned_id = 1,
+       .promoted_before = 1,
+       .host_start_ns = 100,
+       .host_end_ns = 104,
        .host_done_ns = 140},
-      {.slot = 1, .returned_id = 1, .promoted_before = 1, .host_start_ns = 200, .host_end_ns = 204,
+      {.slot = 1,
+       .returned_id = 1,
+       .promoted_before = 1,
+       .host_start_ns = 200,
+       .host_end_ns = 204,
        .host_done_ns = 0},  // completion not observed: only the start is checked
       {.slot = 2, .failed = true}};
   const std::vector<gpu_record> log{{1, 1'000'110, 1'000'130}, {1, 1'000'250, 1'000'270}, {}};
@@ -171,9 +179,9 @@ TEST(SwapStatsWindows, OverlapWithMergedWindows) {
   const window_set w({{100, 200}, {150, 300}, {500, 600}});
   EXPECT_EQ(w.size(), 2u);
   EXPECT_TRUE(w.overlaps(250, 260));
-  EXPECT_TRUE(w.overlaps(0, 100));     // touches the start
-  EXPECT_TRUE(w.overlaps(600, 700));   // touches the end
-  EXPECT_TRUE(w.overlaps(50, 1000));   // contains windows
+  EXPECT_TRUE(w.overlaps(0, 100));    // touches the start
+  EXPECT_TRUE(w.overlaps(600, 700));  // touches the end
+  EXPECT_TRUE(w.overlaps(50, 1000));  // contains windows
   EXPECT_FALSE(w.overlaps(301, 499));
   EXPECT_FALSE(w.overlaps(0, 99));
   EXPECT_FALSE(w.overlaps(601, 700));
@@ -206,9 +214,12 @@ struct synthetic {
   version_facts facts{.tag_of = {{1, 1}, {2, 2}}, .unloaded_by_gpu_ns = {}};
   void add(std::uint64_t id, std::uint64_t promoted, std::uint64_t tag, std::uint64_t start) {
     const std::uint64_t slot = log.size();
-    launches.push_back({.slot = slot, .returned_id = id, .promoted_before = promoted,
+    launches.push_back({.slot = slot,
+                        .returned_id = id,
+                        .promoted_before = promoted,
                         .host_start_ns = static_cast<std::int64_t>(start) - 5,
-                        .host_end_ns = static_cast<std::int64_t>(start) - 1, .thread = 0,
+                        .host_end_ns = static_cast<std::int64_t>(start) - 1,
+                        .thread = 0,
                         .failed = false});
     log.push_back({tag, start, start + 20});
   }
@@ -253,7 +264,7 @@ TEST(SwapStatsChecks, UnwrittenSlotIsMissing) {
 
 TEST(SwapStatsChecks, CodeOfAnotherVersionCountsAsRanRetired) {
   auto s = clean_phase();
-  s.log[30].tag = 1;  // launch() said version 2, image v1's code ran
+  s.log[30].tag = 1;     // launch() said version 2, image v1's code ran
   s.add(7, 2, 2, 1990);  // an id the harness never loaded
   const auto c = s.check();
   EXPECT_EQ(c.wrong_code, 2u);
@@ -332,20 +343,20 @@ TEST(SwapStatsReport, TableNamesPhasesChecksAndVerdict) {
   phases[0].log_full = true;
   phases[0].launches_total = 4096;
   const auto table = format_report(phases);
-  for (const char* expected : {"== 4 serving threads", "steady", "hot-swap", "bare-load",
-                               "naive-ptx", "stage", "must be 0", "<-- FAIL",
-                               "reference, not gated", "MET", "x bare cubin load",
-                               "thread 0 slot 1 version 1: began after",
-                               "log full after 4096 launches"})
+  for (const char* expected :
+       {"== 4 serving threads", "steady", "hot-swap", "bare-load", "naive-ptx", "stage",
+        "must be 0", "<-- FAIL", "reference, not gated", "MET", "x bare cubin load",
+        "thread 0 slot 1 version 1: began after", "log full after 4096 launches"})
     EXPECT_NE(table.find(expected), std::string::npos) << expected << "\n" << table;
   EXPECT_EQ(table.find("bare cubin load + unload"), std::string::npos) << "no such phase here";
   // With the load+unload reference: the swap's gap and latency set against the driver's own pair.
   phases.insert(phases.begin() + 3, phase("bare-load+unload", 300, 24));
   phases[3].gated = false;
   const auto with_pair = format_report(phases);
-  EXPECT_NE(with_pair.find("bare cubin load + unload (the driver's cost of a swap): max GPU gap 150 us "
-                           "vs 300 us = 0.50x; p99 launch latency"),
-            std::string::npos)
+  EXPECT_NE(
+      with_pair.find("bare cubin load + unload (the driver's cost of a swap): max GPU gap 150 us "
+                     "vs 300 us = 0.50x; p99 launch latency"),
+      std::string::npos)
       << with_pair;
   EXPECT_EQ(format_number(not_a_number), "-");
   EXPECT_EQ(format_number(12.345), "12.3");

@@ -10,9 +10,9 @@
 
 #include <gtest/gtest.h>
 #include <httplib.h>
-#include <nlohmann/json.hpp>
 #include <openssl/pem.h>
 #include <openssl/x509v3.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -175,7 +175,8 @@ class fake_sink final : public cubridge::module_sink {
   }
 
  private:
-  using version_store = cubridge::version_chain<std::uint64_t, int, int>;  // payload: bundle version
+  using version_store =
+      cubridge::version_chain<std::uint64_t, int, int>;  // payload: bundle version
   struct module {
     // Version 1 is "nothing yet" (bundle version 0), as before the first push.
     std::unique_ptr<version_store> chain = std::make_unique<version_store>(0);
@@ -246,9 +247,9 @@ json body_of(const std::string& response) {
 std::string raw_request(std::uint16_t port, const std::string& method, const std::string& target,
                         const std::string& body = {}) {
   const int fd = connect_loopback(port);
-  const std::string request = method + " " + target + " HTTP/1.1\r\nHost: 127.0.0.1\r\n" +
-                              "Connection: close\r\nContent-Length: " +
-                              std::to_string(body.size()) + "\r\n\r\n" + body;
+  const std::string request =
+      method + " " + target + " HTTP/1.1\r\nHost: 127.0.0.1\r\n" +
+      "Connection: close\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
   EXPECT_EQ(::send(fd, request.data(), request.size(), MSG_NOSIGNAL),
             static_cast<ssize_t>(request.size()));
   auto response = read_until_closed(fd, 10s);
@@ -295,7 +296,7 @@ class UpdateEndpointTest : public ::testing::Test {
     httplib::Client client("127.0.0.1", port());
     client.set_read_timeout(10, 0);
     client.set_tcp_nodelay(true);
-    httplib::Result r = method == "PUT"    ? client.Put(path.c_str(), body, "application/octet-stream")
+    httplib::Result r = method == "PUT" ? client.Put(path.c_str(), body, "application/octet-stream")
                         : method == "POST" ? client.Post(path.c_str(), body, "text/plain")
                                            : client.Get(path.c_str());
     if (!r) return {0, json(httplib::to_string(r.error()))};
@@ -356,8 +357,7 @@ TEST_F(UpdateEndpointTest, BindFailureNamesTheAddress) {
     FAIL() << "binding a port in use succeeded";
   } catch (const cubridge::error& e) {
     EXPECT_TRUE(e.is(cubridge::errc::io));
-    EXPECT_NE(std::string(e.what()).find("127.0.0.1:" + std::to_string(port())),
-              std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("127.0.0.1:" + std::to_string(port())), std::string::npos)
         << e.what();
   }
 }
@@ -527,24 +527,26 @@ TEST_F(UpdateEndpointTest, MalformedBundlesAre400) {
   auto truncated = bundle("filters", 3);
   truncated.resize(truncated.size() - 10);
   expect_refused(push("filters", truncated), 400, "malformed", before);
-  expect_refused(
-      push("filters", cubridge::detail::sign_bundle_unchecked("{\"name\":", cubin, keys.secret_key)),
-      400, "malformed_manifest", before);
+  expect_refused(push("filters", cubridge::detail::sign_bundle_unchecked("{\"name\":", cubin,
+                                                                         keys.secret_key)),
+                 400, "malformed_manifest", before);
   cubridge::bundle_manifest_input in{"filters", 3, "sm_90"};
   auto manifest = cubridge::detail::manifest_json(in, cubin, keys.public_key);
   manifest.insert(1, "\"extra\":1,");
-  expect_refused(push("filters", cubridge::detail::sign_bundle_unchecked(manifest, cubin,
-                                                                         keys.secret_key)),
-                 400, "invalid_manifest", before);
+  expect_refused(
+      push("filters", cubridge::detail::sign_bundle_unchecked(manifest, cubin, keys.secret_key)),
+      400, "invalid_manifest", before);
 }
 
 TEST_F(UpdateEndpointTest, NamesThatAreNotNamesAre400BeforeAnything) {
   start();
   const auto before = sink.state();
   const auto body = as_text(bundle("filters", 3));
-  for (const std::string& target : std::vector<std::string>{"/v1/modules/a/b", "/v1/modules/..", "/v1/modules/%2e%2e", "/v1/modules/a%2Fb",
-        "/v1/modules/..%2Fetc%2Fpasswd", "/v1/modules/a%5Cb", "/v1/modules/a%00b",
-        "/v1/modules/a%0Ab", "/v1/modules/", "/v1/modules/.", "/v1/modules/" + std::string(129, 'n')}) {
+  for (const std::string& target : std::vector<std::string>{
+           "/v1/modules/a/b", "/v1/modules/..", "/v1/modules/%2e%2e", "/v1/modules/a%2Fb",
+           "/v1/modules/..%2Fetc%2Fpasswd", "/v1/modules/a%5Cb", "/v1/modules/a%00b",
+           "/v1/modules/a%0Ab", "/v1/modules/", "/v1/modules/.",
+           "/v1/modules/" + std::string(129, 'n')}) {
     const auto response = raw_request(port(), "PUT", target, body);
     EXPECT_EQ(status_of(response), 400) << target << ": " << response.substr(0, 300);
     EXPECT_EQ(body_of(response).value("error", ""), "bad_name") << target;
@@ -677,8 +679,9 @@ TEST_F(RollbackTest, SignedRollbackGoesBackOnceOnly) {
   EXPECT_EQ(sink.current_version("filters"), 4u);
   expect_refused(rollback("filters", request), 409, "replayed_request", sink.state());
   // A fresh request from a version that no longer serves.
-  expect_refused(rollback("filters", cubridge::sign_rollback_request("filters", 5, keys.secret_key)),
-                 409, "version_mismatch", sink.state());
+  expect_refused(
+      rollback("filters", cubridge::sign_rollback_request("filters", 5, keys.secret_key)), 409,
+      "version_mismatch", sink.state());
 }
 
 TEST_F(RollbackTest, RefusedRequests) {
@@ -686,20 +689,21 @@ TEST_F(RollbackTest, RefusedRequests) {
   auto request = cubridge::sign_rollback_request("filters", 5, keys.secret_key);
   auto unsigned_request = request.substr(0, request.find('\n') + 1) + std::string(128, '0');
   expect_refused(rollback("filters", unsigned_request), 401, "unsigned_bundle", before);
-  expect_refused(rollback("filters", cubridge::sign_rollback_request("filters", 5,
-                                                                     stranger.secret_key)),
-                 403, "unknown_key", before);
+  expect_refused(
+      rollback("filters", cubridge::sign_rollback_request("filters", 5, stranger.secret_key)), 403,
+      "unknown_key", before);
   auto tampered = request;
   tampered.replace(tampered.find("\"from_version\":5"), 16, "\"from_version\":4");
   expect_refused(rollback("filters", tampered), 403, "bad_signature", before);
-  expect_refused(rollback("filters", cubridge::sign_rollback_request(
-                                         "filters", 5, keys.secret_key,
-                                         std::chrono::system_clock::now() - 1h)),
-                 403, "expired_request", before);
+  expect_refused(
+      rollback("filters", cubridge::sign_rollback_request("filters", 5, keys.secret_key,
+                                                          std::chrono::system_clock::now() - 1h)),
+      403, "expired_request", before);
   expect_refused(rollback("filters", "roll it back please"), 400, "malformed", before);
-  expect_refused(rollback("filters", cubridge::detail::sign_rollback_line_unchecked(
-                                         "{\"action\":\"rollback\",\"action\":1}", keys.secret_key)),
-                 400, "malformed_manifest", before);
+  expect_refused(
+      rollback("filters", cubridge::detail::sign_rollback_line_unchecked(
+                              "{\"action\":\"rollback\",\"action\":1}", keys.secret_key)),
+      400, "malformed_manifest", before);
   expect_refused(rollback("other", request), 400, "name_mismatch", before);
   expect_refused(rollback("ghost", cubridge::sign_rollback_request("ghost", 1, keys.secret_key)),
                  404, "unknown_module", before);
@@ -1297,8 +1301,8 @@ TEST_F(UpdateEndpointTest, LoadThousandPushesWithConcurrentQueriesAndRefusals) {
         continue;
       }
       ++queries;
-      const auto status = json::parse(r->body);  // named: a range-for over a temporary's
-      for (const auto& m : status.at("modules"))   // member would outlive the temporary
+      const auto status = json::parse(r->body);   // named: a range-for over a temporary's
+      for (const auto& m : status.at("modules"))  // member would outlive the temporary
         if (m["name"] == "hot") {
           const auto now = m["current_version"].get<std::uint64_t>();
           if (now < last) ++went_back;
@@ -1406,10 +1410,10 @@ TEST_F(UpdateEndpointTest, UnverifiedRequestsWriteNothingIntoTheStatus) {
   // An unknown field named by ~8 KB of hostile text: refused by the schema, before any key or
   // signature is looked at.
   const auto manifest = "{\"" + evil + "\":1}";
-  const auto unsigned_bundle = as_text(cubridge::detail::sign_bundle_unchecked(
-      manifest, cubin, stranger.secret_key));
-  const auto bad_syntax = as_text(cubridge::detail::sign_bundle_unchecked(
-      "{\"name\":\"" + evil, cubin, stranger.secret_key));
+  const auto unsigned_bundle =
+      as_text(cubridge::detail::sign_bundle_unchecked(manifest, cubin, stranger.secret_key));
+  const auto bad_syntax = as_text(
+      cubridge::detail::sign_bundle_unchecked("{\"name\":\"" + evil, cubin, stranger.secret_key));
   const auto bad_rollback = "{\"" + hostile_text(3000) + "\":1}\n" + std::string(128, 'a');
   for (const auto& [method, target, body] :
        std::vector<std::tuple<std::string, std::string, std::string>>{
@@ -1438,8 +1442,8 @@ TEST_F(UpdateEndpointTest, VerifiedRefusalsAreKeptEscapedAndBounded) {
     return std::nullopt;
   };
   ASSERT_EQ(push("filters", bundle("filters", 3)).status, 200);
-  const auto response = raw_request(port(), "PUT", "/v1/modules/filters",
-                                    as_text(bundle("filters", 4)));
+  const auto response =
+      raw_request(port(), "PUT", "/v1/modules/filters", as_text(bundle("filters", 4)));
   EXPECT_EQ(status_of(response), 422);
   const auto detail = body_of(response).value("detail", "");
   EXPECT_LE(detail.size(), 4096u);
@@ -1447,8 +1451,9 @@ TEST_F(UpdateEndpointTest, VerifiedRefusalsAreKeptEscapedAndBounded) {
   EXPECT_NE(detail.find("more bytes)"), std::string::npos) << "the cut is said";
   const auto summary = module_status(port(), "filters")["last_refusal"].get<std::string>();
   EXPECT_LE(summary.size(), 256u);
-  EXPECT_TRUE(summary.starts_with("422 stage_refused: \\x1b[31mred\\x1b[0m \\xc3\\xa9 "
-                                  "back\\\\slash xxx"))
+  EXPECT_TRUE(
+      summary.starts_with("422 stage_refused: \\x1b[31mred\\x1b[0m \\xc3\\xa9 "
+                          "back\\\\slash xxx"))
       << summary;
   EXPECT_TRUE(summary.ends_with("...")) << summary;
   for (const char c : summary)
@@ -1551,8 +1556,7 @@ TEST_F(ReplayStateTest, ARefusedVersionMayComeAgainAfterARestart) {
 }
 
 TEST_F(ReplayStateTest, ARollbackRequestIsHonouredOnceAcrossRestarts) {
-  const auto request =
-      cubridge::sign_rollback_request("filters", 5, keys.secret_key, clock_time);
+  const auto request = cubridge::sign_rollback_request("filters", 5, keys.secret_key, clock_time);
   restart(with_state());
   load_directly("filters", 4);
   load_directly("filters", 5);
@@ -1636,20 +1640,21 @@ TEST_F(ReplayStateTest, ExpiredBundlesAre403) {
   const auto t = clock_time;
   auto options = with_state();
   restart(options);
-  auto r = push("filters", bundle_at("filters", 1, t - std::chrono::hours{2}, t - std::chrono::hours{1}));
+  auto r = push("filters",
+                bundle_at("filters", 1, t - std::chrono::hours{2}, t - std::chrono::hours{1}));
   EXPECT_EQ(r.status, 403) << r.body.dump();
   EXPECT_EQ(r.body.value("error", ""), "expired_bundle");
   EXPECT_NE(r.body.value("detail", "").find("expired at"), std::string::npos) << r.body.dump();
   EXPECT_EQ(push("filters", bundle_at("filters", 1, t - std::chrono::hours{2}, t)).status, 403)
       << "valid strictly before its expiry";
-  EXPECT_EQ(push("filters", bundle_at("filters", 1, t - std::chrono::hours{2},
-                                      t + std::chrono::seconds{1}))
+  EXPECT_EQ(push("filters",
+                 bundle_at("filters", 1, t - std::chrono::hours{2}, t + std::chrono::seconds{1}))
                 .status,
             200);
-  EXPECT_EQ(push("filters", bundle_at("filters", 2, t - std::chrono::hours{24 * 3650},
-                                      std::nullopt))
-                .status,
-            200)
+  EXPECT_EQ(
+      push("filters", bundle_at("filters", 2, t - std::chrono::hours{24 * 3650}, std::nullopt))
+          .status,
+      200)
       << "a bundle without expires never expires by default";
 
   options.require_expiry = true;
@@ -1657,10 +1662,11 @@ TEST_F(ReplayStateTest, ExpiredBundlesAre403) {
   restart(options);
   r = push("filters", bundle_at("filters", 3, t, std::nullopt));
   EXPECT_EQ(r.body.value("error", ""), "expired_bundle") << r.body.dump();
-  r = push("filters", bundle_at("filters", 3, t - std::chrono::hours{2}, t + std::chrono::hours{1}));
+  r = push("filters",
+           bundle_at("filters", 3, t - std::chrono::hours{2}, t + std::chrono::hours{1}));
   EXPECT_EQ(r.body.value("error", ""), "expired_bundle") << r.body.dump();
-  EXPECT_EQ(push("filters", bundle_at("filters", 3, t - std::chrono::minutes{30},
-                                      t + std::chrono::hours{1}))
+  EXPECT_EQ(push("filters",
+                 bundle_at("filters", 3, t - std::chrono::minutes{30}, t + std::chrono::hours{1}))
                 .status,
             200);
 }

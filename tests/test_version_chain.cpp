@@ -39,8 +39,12 @@ struct tracked {
 using token = std::shared_ptr<std::atomic<bool>>;  // "event": true once the GPU work completed
 using chain = cubridge::version_chain<tracked, int, token>;
 
-bool done(const token& t) { return t->load(); }
-token pending_token() { return std::make_shared<std::atomic<bool>>(false); }
+bool done(const token& t) {
+  return t->load();
+}
+token pending_token() {
+  return std::make_shared<std::atomic<bool>>(false);
+}
 
 TEST(VersionChain, PromoteMakesTheNewVersionCurrentAndKeepsTheOldForRollback) {
   auto live = std::make_shared<std::atomic<int>>(0);
@@ -221,8 +225,12 @@ void serve_swap_and_reclaim(bool with_rollbacks) {
   EXPECT_EQ(live->load(), 0) << "every version destroyed with the chain";
 }
 
-TEST(VersionChain, ConcurrentServingSwappingAndReclaiming) { serve_swap_and_reclaim(false); }
-TEST(VersionChain, ConcurrentServingWithRollbacks) { serve_swap_and_reclaim(true); }
+TEST(VersionChain, ConcurrentServingSwappingAndReclaiming) {
+  serve_swap_and_reclaim(false);
+}
+TEST(VersionChain, ConcurrentServingWithRollbacks) {
+  serve_swap_and_reclaim(true);
+}
 
 }  // namespace
 

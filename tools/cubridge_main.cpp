@@ -18,17 +18,21 @@ int main(int argc, char** argv) {
   CLI::App app{"cubridge: CUDA Driver API and Runtime API together"};
   app.require_subcommand(1);
 
-  auto* doctor = app.add_subcommand("doctor", "Devices, driver, runtime, loading mode and JIT cache");
+  auto* doctor =
+      app.add_subcommand("doctor", "Devices, driver, runtime, loading mode and JIT cache");
   bool json = false;
   doctor->add_flag("--json", json, "Print the report as JSON");
 
-  auto* inspect = app.add_subcommand("inspect", "What a cubin, fatbin or PTX file holds (no GPU needed)");
+  auto* inspect =
+      app.add_subcommand("inspect", "What a cubin, fatbin or PTX file holds (no GPU needed)");
   std::string image_path;
   bool inspect_json = false;
   int check_sm = 0;
   inspect->add_option("file", image_path, "The image file")->required();
   inspect->add_flag("--json", inspect_json, "Print the result as JSON");
-  inspect->add_option("--sm", check_sm, "Also say whether it runs on this compute capability (e.g. 90)")
+  inspect
+      ->add_option("--sm", check_sm,
+                   "Also say whether it runs on this compute capability (e.g. 90)")
       ->check(CLI::Range(10, 999));
 
   // `coldstart`, and `coldstart-probe`, the hidden child it runs once per measurement.
@@ -49,7 +53,9 @@ int main(int argc, char** argv) {
       const auto info = cubridge::inspect_image_file(image_path);
       if (inspect_json) {
         auto out = describe_image(info);
-        if (check_sm) out["runs_on_sm_" + std::to_string(check_sm)] = cubridge::can_run_on(info, check_sm / 10, check_sm % 10);
+        if (check_sm)
+          out["runs_on_sm_" + std::to_string(check_sm)] =
+              cubridge::can_run_on(info, check_sm / 10, check_sm % 10);
         std::cout << out.dump(2) << "\n";
       } else {
         std::cout << render_image(info, image_path);

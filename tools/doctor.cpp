@@ -61,13 +61,14 @@ nlohmann::json diagnose() {
     const auto dev = device::get(i);
     const auto cc = dev.capability();
     const auto state = dev.primary_state();
-    devices.push_back({{"ordinal", i},
-                       {"name", dev.name()},
-                       {"compute_capability", std::to_string(cc.major) + "." + std::to_string(cc.minor)},
-                       {"memory_bytes", dev.total_memory()},
-                       {"multiprocessors", dev.multiprocessor_count()},
-                       {"primary_context_active", state.active},
-                       {"primary_context_flags", state.flags}});
+    devices.push_back(
+        {{"ordinal", i},
+         {"name", dev.name()},
+         {"compute_capability", std::to_string(cc.major) + "." + std::to_string(cc.minor)},
+         {"memory_bytes", dev.total_memory()},
+         {"multiprocessors", dev.multiprocessor_count()},
+         {"primary_context_active", state.active},
+         {"primary_context_flags", state.flags}});
   }
   report["devices"] = devices;
   return report;
@@ -88,8 +89,9 @@ std::string render_table(const nlohmann::json& r) {
   out << "runtime           " << rv / 1000 << "." << rv % 1000 / 10 << " (linked statically)\n";
   if (r.contains("devices")) {
     for (const auto& dev : r["devices"]) {
-      out << "device " << dev["ordinal"].get<int>() << "          " << dev["name"].get<std::string>()
-          << ", sm_" << dev["compute_capability"].get<std::string>() << ", "
+      out << "device " << dev["ordinal"].get<int>() << "          "
+          << dev["name"].get<std::string>() << ", sm_"
+          << dev["compute_capability"].get<std::string>() << ", "
           << dev["memory_bytes"].get<std::size_t>() / (1024 * 1024) << " MiB, "
           << dev["multiprocessors"].get<int>() << " SMs, primary context "
           << (dev["primary_context_active"].get<bool>() ? "active" : "inactive") << " (flags "

@@ -53,7 +53,8 @@ std::string render_image(const image_info& info, const std::string& file) {
     }
     out << ")\n";
   }
-  if (!info.kernels_complete) out << "  (some entries are zstd-compressed: their kernels are not listed)\n";
+  if (!info.kernels_complete)
+    out << "  (some entries are zstd-compressed: their kernels are not listed)\n";
   return out.str();
 }
 

@@ -4,9 +4,9 @@
 //   BM_share_view vs BM_copy_through_host (a runtime buffer handed to driver code).
 // bench/report.py turns the JSON output into the ratios the issue asks for.
 #include <cubridge/context.hpp>
+#include <cubridge/device_buffer.hpp>
 #include <cubridge/driver.hpp>
 #include <cubridge/event.hpp>
-#include <cubridge/device_buffer.hpp>
 #include <cubridge/module.hpp>
 #include <cubridge/pinned_buffer.hpp>
 #include <cubridge/scoped_current.hpp>
@@ -43,7 +43,8 @@ void BM_launch_raw(benchmark::State& state) {
   CUfunction fn = f.empty.launch_handle();
   int i = 0;
   for (auto _ : state) {
-    if (cu.cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, f.stream.get(), nullptr, nullptr) != CUDA_SUCCESS)
+    if (cu.cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, f.stream.get(), nullptr, nullptr) !=
+        CUDA_SUCCESS)
       state.SkipWithError("cuLaunchKernel failed");
     if (++i % drain_every == 0) cu.cuStreamSynchronize(f.stream.get());
   }
@@ -154,8 +155,9 @@ void BM_share_view(benchmark::State& state) {
   for (auto _ : state) {
     start.record(f.stream);
     cubridge::device_span<float> view = runtime_memory;  // no copy: the same address
-    f.add.launch({.grid = {static_cast<unsigned>((n + 255) / 256)}, .block = {256}, .stream = f.stream},
-                 view, 1.0f, n);
+    f.add.launch(
+        {.grid = {static_cast<unsigned>((n + 255) / 256)}, .block = {256}, .stream = f.stream},
+        view, 1.0f, n);
     stop.record(f.stream);
     stop.synchronize();
     state.SetIterationTime(stop.elapsed_ms_since(start) / 1e3);
@@ -176,12 +178,17 @@ void BM_copy_through_host(benchmark::State& state) {
   const std::size_t bytes = n * sizeof(float);
   for (auto _ : state) {
     start.record(f.stream);
-    cu.cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(staging.data()), runtime_memory.address(), bytes, f.stream.get());
-    cu.cuMemcpyAsync(driver_memory.address(), reinterpret_cast<CUdeviceptr>(staging.data()), bytes, f.stream.get());
-    f.add.launch({.grid = {static_cast<unsigned>((n + 255) / 256)}, .block = {256}, .stream = f.stream},
-                 driver_memory.span(), 1.0f, n);
-    cu.cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(staging.data()), driver_memory.address(), bytes, f.stream.get());
-    cu.cuMemcpyAsync(runtime_memory.address(), reinterpret_cast<CUdeviceptr>(staging.data()), bytes, f.stream.get());
+    cu.cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(staging.data()), runtime_memory.address(), bytes,
+                     f.stream.get());
+    cu.cuMemcpyAsync(driver_memory.address(), reinterpret_cast<CUdeviceptr>(staging.data()), bytes,
+                     f.stream.get());
+    f.add.launch(
+        {.grid = {static_cast<unsigned>((n + 255) / 256)}, .block = {256}, .stream = f.stream},
+        driver_memory.span(), 1.0f, n);
+    cu.cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(staging.data()), driver_memory.address(), bytes,
+                     f.stream.get());
+    cu.cuMemcpyAsync(runtime_memory.address(), reinterpret_cast<CUdeviceptr>(staging.data()), bytes,
+                     f.stream.get());
     stop.record(f.stream);
     stop.synchronize();
     state.SetIterationTime(stop.elapsed_ms_since(start) / 1e3);
@@ -200,7 +207,11 @@ BENCHMARK(BM_launch_typed_args)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_push_pop_raw)->Unit(benchmark::kNanosecond);
 BENCHMARK(BM_scoped_current)->Unit(benchmark::kNanosecond);
 BENCHMARK(BM_share_view)->Arg(MiB)->Arg(1024 * MiB)->UseManualTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_copy_through_host)->Arg(MiB)->Arg(1024 * MiB)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_copy_through_host)
+    ->Arg(MiB)
+    ->Arg(1024 * MiB)
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 

@@ -65,7 +65,8 @@ clock_map::clock_map(const clock_sample& before, const clock_sample& after) : cl
   uncertainty_ns_ = std::max(before.uncertainty_ns, after.uncertainty_ns);
   if (after.host_ns == before.host_ns) return;
   const auto offset1 = static_cast<std::int64_t>(after.gpu_ns) - after.host_ns;
-  slope_ = static_cast<double>(offset1 - offset0_) / static_cast<double>(after.host_ns - before.host_ns);
+  slope_ =
+      static_cast<double>(offset1 - offset0_) / static_cast<double>(after.host_ns - before.host_ns);
 }
 
 std::int64_t clock_map::gpu_from_host(std::int64_t host_ns) const {
@@ -97,7 +98,8 @@ clock_check check_clock(std::span<const launch_entry> launches, std::span<const 
       const auto end = clocks.host_from_gpu(r.end_ns);
       const double lag = static_cast<double>(e.host_done_ns - end) / 1e3;
       if (end > e.host_done_ns + tolerance_ns) ++c.end_after_done;
-      if (std::isnan(c.min_end_to_done_us) || lag < c.min_end_to_done_us) c.min_end_to_done_us = lag;
+      if (std::isnan(c.min_end_to_done_us) || lag < c.min_end_to_done_us)
+        c.min_end_to_done_us = lag;
     }
   }
   return c;
@@ -123,7 +125,8 @@ bool window_set::overlaps(std::int64_t begin, std::int64_t end) const {
   return it != merged_.end() && it->first <= end;
 }
 
-std::unordered_map<std::uint64_t, std::int64_t> unload_bounds(std::span<const chain_sample> samples) {
+std::unordered_map<std::uint64_t, std::int64_t> unload_bounds(
+    std::span<const chain_sample> samples) {
   std::unordered_map<std::uint64_t, std::int64_t> bounds;
   std::uint64_t covered = 0;  // every id <= covered has a bound
   for (const auto& s : samples) {
@@ -169,9 +172,10 @@ check_counts check_launches(std::span<const launch_entry> launches, std::span<co
     if (bound != facts.unloaded_by_gpu_ns.end() &&
         static_cast<std::int64_t>(r.start_ns) > bound->second) {
       ++c.ran_after_unload;
-      example(e, "started on the GPU " +
-                     std::to_string((static_cast<std::int64_t>(r.start_ns) - bound->second) / 1000) +
-                     " us after its version was unloaded");
+      example(e,
+              "started on the GPU " +
+                  std::to_string((static_cast<std::int64_t>(r.start_ns) - bound->second) / 1000) +
+                  " us after its version was unloaded");
     }
     if (e.returned_id < e.promoted_before) {
       ++c.stale_after_promote;
@@ -239,21 +243,21 @@ std::string format_report(std::span<const phase_result> phases, double limit) {
   out << "== " << threads << " serving thread" << (threads == 1 ? "" : "s") << "\n";
   constexpr std::size_t name_w = 12, col_w = 26, num_w = 10;
   out << pad("phase", name_w, true) << pad("window s", num_w) << pad("launches", num_w)
-      << pad("launch/s", num_w) << pad("GPU gap us p50/p99/max", col_w)
-      << pad("idle %", 8) << pad("latency us p50/p99/max", col_w) << "\n";
+      << pad("launch/s", num_w) << pad("GPU gap us p50/p99/max", col_w) << pad("idle %", 8)
+      << pad("latency us p50/p99/max", col_w) << "\n";
   for (const auto& p : phases) {
     out << pad(p.name, name_w, true) << pad(format_number(p.window_s), num_w)
         << pad(std::to_string(p.launches_in_window), num_w)
         << pad(format_number(p.launches_per_s), num_w) << pad(triple(p.gap_us), col_w)
-        << pad(format_number(p.idle_fraction * 100), 8) << pad(triple(p.latency_us), col_w)
-        << "\n";
+        << pad(format_number(p.idle_fraction * 100), 8) << pad(triple(p.latency_us), col_w) << "\n";
   }
-  out << "  during swapper operations only (gap: holes overlapping one; latency: launches overlapping one):\n";
+  out << "  during swapper operations only (gap: holes overlapping one; latency: launches "
+         "overlapping one):\n";
   for (const auto& p : phases) {
     if (p.ops.empty()) continue;
     out << "  " << pad(p.name, name_w, true) << " gap us " << triple(p.gap_in_ops_us) << " ("
-        << p.gap_in_ops_us.count << " holes)   latency us " << triple(p.latency_in_ops_us)
-        << " (" << p.latency_in_ops_us.count << " launches)\n";
+        << p.gap_in_ops_us.count << " holes)   latency us " << triple(p.latency_in_ops_us) << " ("
+        << p.latency_in_ops_us.count << " launches)\n";
   }
   out << "  swapper operations, us p50 / p99 / max (count):\n";
   for (const auto& p : phases) {
@@ -272,8 +276,8 @@ std::string format_report(std::span<const phase_result> phases, double limit) {
   for (const auto& p : phases) {
     const auto& c = p.checks;
     out << "  " << pad(p.name, name_w, true) << " " << c.failed << " | " << c.missing_record
-        << " | " << c.ran_retired() << " [" << c.wrong_code << " + " << c.ran_after_unload
-        << "] | " << c.stale_after_promote << " | " << p.cycles_failed
+        << " | " << c.ran_retired() << " [" << c.wrong_code << " + " << c.ran_after_unload << "] | "
+        << c.stale_after_promote << " | " << p.cycles_failed
         << (p.gated ? "" : "   (reference, not gated)")
         << ((c.must_be_zero_total() + p.cycles_failed) && p.gated ? "   <-- FAIL" : "") << "\n";
     for (const auto& e : c.examples) out << "      " << e << "\n";
@@ -312,8 +316,8 @@ std::string format_report(std::span<const phase_result> phases, double limit) {
         << format_number(swap->gap_us.max) << " us vs " << format_number(pair->gap_us.max)
         << " us = " << format_number(swap->gap_us.max / pair->gap_us.max)
         << "x; p99 launch latency " << format_number(swap->latency_us.p99) << " us vs "
-        << format_number(pair->latency_us.p99) << " us = "
-        << format_number(swap->latency_us.p99 / pair->latency_us.p99) << "x\n";
+        << format_number(pair->latency_us.p99)
+        << " us = " << format_number(swap->latency_us.p99 / pair->latency_us.p99) << "x\n";
   if (const auto* naive = find_phase(phases, "naive-ptx"); naive && swap)
     out << "  reference: naive PTX load + unload max GPU gap " << format_number(naive->gap_us.max)
         << " us, p99 latency " << format_number(naive->latency_us.p99) << " us\n";

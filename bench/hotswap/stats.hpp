@@ -22,7 +22,8 @@ inline constexpr double not_a_number = std::numeric_limits<double>::quiet_NaN();
 
 /// The p-th percentile (p in [0, 100]) of values sorted ascending, by linear interpolation
 /// between the closest ranks (Hyndman & Fan type 7, NumPy's default "linear"):
-///   rank = p / 100 * (n - 1);  value = v[floor(rank)] + frac(rank) * (v[floor(rank) + 1] - v[floor(rank)])
+///   rank = p / 100 * (n - 1);  value = v[floor(rank)] + frac(rank) * (v[floor(rank) + 1] -
+///   v[floor(rank)])
 /// so p0 is the minimum, p100 the maximum, p50 of an even count the mean of the middle two.
 /// NaN for no values; p is clamped to [0, 100].
 [[nodiscard]] double percentile_sorted(std::span<const double> sorted, double p);
@@ -55,14 +56,15 @@ static_assert(sizeof(gpu_record) == 24, "must match struct record in serve_kerne
 
 /// One launch as a serving thread saw it (host steady_clock nanoseconds).
 struct launch_entry {
-  std::uint64_t slot = 0;             ///< its slot in the device log
-  std::uint64_t returned_id = 0;      ///< version id launch() returned (0 if it threw)
-  std::uint64_t promoted_before = 0;  ///< id of the last promote that had returned before the launch began
-  std::int64_t host_start_ns = 0;     ///< steady_clock just before the launch call
-  std::int64_t host_end_ns = 0;       ///< steady_clock just after it returned (or threw)
-  std::int64_t host_done_ns = 0;      ///< when the host saw its work complete (0: not observed)
+  std::uint64_t slot = 0;         ///< its slot in the device log
+  std::uint64_t returned_id = 0;  ///< version id launch() returned (0 if it threw)
+  std::uint64_t promoted_before =
+      0;  ///< id of the last promote that had returned before the launch began
+  std::int64_t host_start_ns = 0;  ///< steady_clock just before the launch call
+  std::int64_t host_end_ns = 0;    ///< steady_clock just after it returned (or threw)
+  std::int64_t host_done_ns = 0;   ///< when the host saw its work complete (0: not observed)
   std::uint32_t thread = 0;
-  bool failed = false;                ///< the launch call threw (or the driver refused it)
+  bool failed = false;  ///< the launch call threw (or the driver refused it)
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -81,10 +83,10 @@ struct kernel_span {
 /// when a long kernel covers shorter ones (the gap is measured from the latest end, not from the
 /// previous kernel's end). Values include the zeros, so with many streams p50 is typically 0.
 struct gap_report {
-  std::vector<double> gaps_ns;                 ///< one per kernel after the first, >= 0
-  std::vector<kernel_span> holes;              ///< the positive gaps: [covered, next start]
-  double idle_ns = 0;                          ///< sum of the holes
-  double span_ns = 0;                          ///< first start to latest end
+  std::vector<double> gaps_ns;     ///< one per kernel after the first, >= 0
+  std::vector<kernel_span> holes;  ///< the positive gaps: [covered, next start]
+  double idle_ns = 0;              ///< sum of the holes
+  double span_ns = 0;              ///< first start to latest end
 };
 [[nodiscard]] gap_report analyze_gaps(std::vector<kernel_span> kernels);
 
@@ -135,7 +137,9 @@ struct clock_check {
   /// for an exact map, so a negative value bounds its error from below.
   double min_launch_to_start_us = not_a_number;
   double min_end_to_done_us = not_a_number;
-  [[nodiscard]] std::uint64_t violations() const noexcept { return start_before_launch + end_after_done; }
+  [[nodiscard]] std::uint64_t violations() const noexcept {
+    return start_before_launch + end_after_done;
+  }
 };
 [[nodiscard]] clock_check check_clock(std::span<const launch_entry> launches,
                                       std::span<const gpu_record> log, const clock_map& clocks,
@@ -190,9 +194,10 @@ struct version_facts {
 /// Counts of the must-be-zero checks over one phase's launches.
 struct check_counts {
   std::uint64_t launches = 0;
-  std::uint64_t failed = 0;               ///< the launch call threw / the driver refused it
-  std::uint64_t missing_record = 0;       ///< launch returned, but its kernel never wrote its slot
-  std::uint64_t wrong_code = 0;           ///< the kernel's tag is not the tag of the version launch() returned
+  std::uint64_t failed = 0;          ///< the launch call threw / the driver refused it
+  std::uint64_t missing_record = 0;  ///< launch returned, but its kernel never wrote its slot
+  std::uint64_t wrong_code =
+      0;  ///< the kernel's tag is not the tag of the version launch() returned
   std::uint64_t ran_after_unload = 0;     ///< a kernel of version R started after R was unloaded
   std::uint64_t stale_after_promote = 0;  ///< launch began after promote(P) returned, ran R < P
   std::vector<std::string> examples;      ///< the first few violations, described
@@ -206,12 +211,12 @@ struct check_counts {
 };
 
 /// Runs the checks: every non-failed launch must have a record in `log` (indexed by slot) whose
-/// tag is facts.tag_of[returned_id], whose start is not after facts.unloaded_by_gpu_ns[returned_id],
-/// and returned_id >= promoted_before. An id missing from tag_of counts as wrong_code.
+/// tag is facts.tag_of[returned_id], whose start is not after
+/// facts.unloaded_by_gpu_ns[returned_id], and returned_id >= promoted_before. An id missing from
+/// tag_of counts as wrong_code.
 [[nodiscard]] check_counts check_launches(std::span<const launch_entry> launches,
                                           std::span<const gpu_record> log,
-                                          const version_facts& facts,
-                                          std::size_t max_examples = 5);
+                                          const version_facts& facts, std::size_t max_examples = 5);
 
 // ---------------------------------------------------------------------------------------------
 // Results, verdict, table
@@ -225,15 +230,15 @@ struct op_timing {
 
 /// Everything measured in one phase of one thread count.
 struct phase_result {
-  std::string name;            ///< "steady", "hot-swap", "bare-load", "naive-ptx"
+  std::string name;  ///< "steady", "hot-swap", "bare-load", "naive-ptx"
   int threads = 0;
-  bool gated = true;           ///< its must-be-zero counts decide the exit status
-  double window_s = 0;         ///< length of the measured window (swapper running / steady sleep)
+  bool gated = true;    ///< its must-be-zero counts decide the exit status
+  double window_s = 0;  ///< length of the measured window (swapper running / steady sleep)
   std::uint64_t launches_total = 0;
   std::uint64_t launches_in_window = 0;
-  double launches_per_s = 0;   ///< in the window, all threads
-  check_counts checks;         ///< over all launches of the phase
-  summary gap_us;              ///< GPU idle gaps of kernels launched in the window
+  double launches_per_s = 0;  ///< in the window, all threads
+  check_counts checks;        ///< over all launches of the phase
+  summary gap_us;             ///< GPU idle gaps of kernels launched in the window
   std::uint64_t gaps_positive = 0;
   double idle_fraction = 0;    ///< idle / span of that timeline
   summary gap_in_ops_us;       ///< only the holes overlapping a swapper operation (mapped clock)

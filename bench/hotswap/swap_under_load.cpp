@@ -107,7 +107,9 @@ std::int64_t now_ns() {
       .count();
 }
 
-double us_between(std::int64_t from, std::int64_t to) { return static_cast<double>(to - from) / 1e3; }
+double us_between(std::int64_t from, std::int64_t to) {
+  return static_cast<double>(to - from) / 1e3;
+}
 
 void check(CUresult r, const char* what) {
   if (r == CUDA_SUCCESS) return;
@@ -200,7 +202,8 @@ std::optional<int> parse(int argc, char** argv, options& o) {
         std::size_t start = 0;
         while (start <= v.size()) {
           const auto comma = v.find(',', start);
-          const auto item = v.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+          const auto item =
+              v.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
           const int n = std::stoi(item, &used);
           if (used != item.size() || n < 1 || n > 256) throw std::invalid_argument(item);
           o.threads.push_back(n);
@@ -289,8 +292,8 @@ struct clock_probe {
 
   /// Best (narrowest) of `samples`; the caller has the context current and the GPU otherwise idle.
   hotswap::clock_sample calibrate(int samples = 32) {
-    hotswap::clock_sample best{.host_ns = 0, .gpu_ns = 0,
-                               .uncertainty_ns = std::numeric_limits<std::int64_t>::max()};
+    hotswap::clock_sample best{
+        .host_ns = 0, .gpu_ns = 0, .uncertainty_ns = std::numeric_limits<std::int64_t>::max()};
     for (int i = 0; i < samples + 2; ++i) {
       const auto t0 = now_ns();
       stamp.launch({.stream = stream}, out.data());
@@ -302,7 +305,8 @@ struct clock_probe {
             "cuMemcpy (clock probe)");
       if (i < 2) continue;  // warm-up
       const auto half = (t1 - t0 + 1) / 2;
-      if (half < best.uncertainty_ns) best = {.host_ns = t0 + (t1 - t0) / 2, .gpu_ns = gpu, .uncertainty_ns = half};
+      if (half < best.uncertainty_ns)
+        best = {.host_ns = t0 + (t1 - t0) / 2, .gpu_ns = gpu, .uncertainty_ns = half};
     }
     return best;
   }
@@ -336,9 +340,10 @@ struct swapper_output {
   std::int64_t end_ns = 0;
   std::vector<std::pair<std::int64_t, std::int64_t>> windows;  // host, one per operation cycle
   std::deque<hotswap::op_timing> ops;  // a deque: op() hands out references that must stay valid
-  std::vector<hotswap::chain_sample> samples;                  // hot-swap only
+  std::vector<hotswap::chain_sample> samples;                        // hot-swap only
   std::unordered_map<std::uint64_t, std::int64_t> unloaded_host_ns;  // naive: id -> unload returned
-  std::unordered_map<std::uint64_t, std::int64_t> promoted_host_ns;  // hot-swap: id -> promote returned
+  std::unordered_map<std::uint64_t, std::int64_t>
+      promoted_host_ns;  // hot-swap: id -> promote returned
   std::uint64_t cycles_requested = 0;
   std::uint64_t cycles_done = 0;
   std::uint64_t cycles_failed = 0;
@@ -363,16 +368,16 @@ struct bench {
   const options& opt;
   const images& im;
   cubridge::context& ctx;
-  cubridge::driver_buffer<gpu_record>& log;       // device, opt.log_slots
-  std::vector<launch_entry>& entries;             // host, indexed by slot, opt.log_slots
+  cubridge::driver_buffer<gpu_record>& log;  // device, opt.log_slots
+  std::vector<launch_entry>& entries;        // host, indexed by slot, opt.log_slots
   clock_probe& probe;
   int threads;
   std::vector<cubridge::stream> streams;
   std::vector<std::vector<cubridge::event>> rings;  // per server, opt.depth events
   phase_shared shared;
 
-  bench(const options& o, const images& i, cubridge::context& c, cubridge::driver_buffer<gpu_record>& l,
-        std::vector<launch_entry>& e, clock_probe& p, int n)
+  bench(const options& o, const images& i, cubridge::context& c,
+        cubridge::driver_buffer<gpu_record>& l, std::vector<launch_entry>& e, clock_probe& p, int n)
       : opt(o), im(i), ctx(c), log(l), entries(e), probe(p), threads(n) {
     for (int s = 0; s < n; ++s) {
       streams.push_back(cubridge::stream::create(ctx));
@@ -410,8 +415,14 @@ struct bench {
           shared.log_full.store(true);
           break;
         }
-        launch_entry e{.slot = slot, .returned_id = 0, .promoted_before = 0, .host_start_ns = 0,
-                       .host_end_ns = 0, .host_done_ns = 0, .thread = index, .failed = false};
+        launch_entry e{.slot = slot,
+                       .returned_id = 0,
+                       .promoted_before = 0,
+                       .host_start_ns = 0,
+                       .host_end_ns = 0,
+                       .host_done_ns = 0,
+                       .thread = index,
+                       .failed = false};
         e.promoted_before = shared.promoted.load(std::memory_order_acquire);
         const auto t0 = now_ns();
         try {
@@ -457,7 +468,9 @@ struct bench {
     std::vector<server_errors> errors(static_cast<std::size_t>(threads));
     std::vector<std::thread> servers;
     for (int s = 0; s < threads; ++s)
-      servers.emplace_back([&, s] { serve(static_cast<std::uint32_t>(s), launch, errors[static_cast<std::size_t>(s)]); });
+      servers.emplace_back([&, s] {
+        serve(static_cast<std::uint32_t>(s), launch, errors[static_cast<std::size_t>(s)]);
+      });
     shared.go.store(true, std::memory_order_release);
     const auto warm_deadline = now_ns() + 10'000'000'000ll;
     while (shared.warmed.load() < threads && !shared.stop.load() && now_ns() < warm_deadline)
@@ -581,7 +594,8 @@ struct bench {
       holes.emplace_back(us_between(out.begin_ns, begin), length);
     }
     r.gap_in_ops_us = hotswap::summarize(std::move(in_ops));
-    std::sort(holes.begin(), holes.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+    std::sort(holes.begin(), holes.end(),
+              [](const auto& a, const auto& b) { return a.second > b.second; });
     if (holes.size() > 10) holes.resize(10);
     r.largest_holes_us = std::move(holes);
 
@@ -626,19 +640,26 @@ struct naive_state {
 // ------------------------------------------------------------------------------------------
 // JSON
 
-json finite_or_null(double x) { return std::isfinite(x) ? json(x) : json(nullptr); }
+json finite_or_null(double x) {
+  return std::isfinite(x) ? json(x) : json(nullptr);
+}
 
 json to_json(const hotswap::summary& s) {
-  return {{"count", s.count}, {"min", finite_or_null(s.min)}, {"p50", finite_or_null(s.p50)},
-          {"p99", finite_or_null(s.p99)}, {"max", finite_or_null(s.max)},
+  return {{"count", s.count},
+          {"min", finite_or_null(s.min)},
+          {"p50", finite_or_null(s.p50)},
+          {"p99", finite_or_null(s.p99)},
+          {"max", finite_or_null(s.max)},
           {"mean", finite_or_null(s.mean)}};
 }
 
 json to_json(const hotswap::phase_result& p) {
   json ops = json::object();
-  for (const auto& op : p.ops) ops[op.name] = {{"us", to_json(op.us)}, {"samples_us", op.samples_us}};
+  for (const auto& op : p.ops)
+    ops[op.name] = {{"us", to_json(op.us)}, {"samples_us", op.samples_us}};
   json holes = json::array();
-  for (const auto& [at, length] : p.largest_holes_us) holes.push_back({{"at_us", at}, {"us", length}});
+  for (const auto& [at, length] : p.largest_holes_us)
+    holes.push_back({{"at_us", at}, {"us", length}});
   json extra = json::object();
   for (const auto& [k, v] : p.extra) extra[k] = v;
   const auto& c = p.checks;
@@ -929,8 +950,8 @@ std::vector<hotswap::phase_result> run_threads(const options& opt, const images&
             auto& fresh = naive.generations.emplace_back();
             fresh.id = naive.current->id + 1;
             const auto t0 = now_ns();
-            auto rc = cu.cuModuleLoadDataEx(&fresh.module, im.ptx[static_cast<std::size_t>(next)].data(),
-                                            0, nullptr, nullptr);
+            auto rc = cu.cuModuleLoadDataEx(
+                &fresh.module, im.ptx[static_cast<std::size_t>(next)].data(), 0, nullptr, nullptr);
             const auto t1 = now_ns();
             if (rc != CUDA_SUCCESS) {
               out.error("cuModuleLoadData (PTX) failed: " + std::to_string(rc));
@@ -1020,7 +1041,8 @@ int main(int argc, char** argv) {
     auto ctx = cubridge::context::create(dev);
     cubridge::scoped_current current(ctx);
     auto log = cubridge::driver_buffer<gpu_record>::allocate(ctx, opt.log_slots);
-    check(cubridge::driver::api().cuMemsetD8(log.address(), 0, log.size_bytes()), "cuMemsetD8 (log)");
+    check(cubridge::driver::api().cuMemsetD8(log.address(), 0, log.size_bytes()),
+          "cuMemsetD8 (log)");
     std::vector<launch_entry> entries(opt.log_slots);  // touched now, not while serving
     clock_probe probe(ctx, im.cubins[0]);
 
@@ -1035,22 +1057,31 @@ int main(int argc, char** argv) {
         {"jit_cache", opt.jit_cache},
         {"images", im.dir.string()},
         {"config",
-         {{"threads", opt.threads}, {"cycles", opt.cycles}, {"bare_cycles", opt.bare_cycles},
-          {"naive_cycles", opt.naive ? opt.naive_cycles : 0}, {"steady_ms", opt.steady_ms},
-          {"spin_us", opt.spin_us}, {"depth", opt.depth}, {"blocks", opt.blocks},
-          {"block_threads", opt.block_threads}, {"log_slots", opt.log_slots},
-          {"swap_pause_us", opt.swap_pause_us}, {"max_phase_s", opt.max_phase_s},
-          {"slack_us", opt.slack_us}, {"target_limit", target_limit}}},
+         {{"threads", opt.threads},
+          {"cycles", opt.cycles},
+          {"bare_cycles", opt.bare_cycles},
+          {"naive_cycles", opt.naive ? opt.naive_cycles : 0},
+          {"steady_ms", opt.steady_ms},
+          {"spin_us", opt.spin_us},
+          {"depth", opt.depth},
+          {"blocks", opt.blocks},
+          {"block_threads", opt.block_threads},
+          {"log_slots", opt.log_slots},
+          {"swap_pause_us", opt.swap_pause_us},
+          {"max_phase_s", opt.max_phase_s},
+          {"slack_us", opt.slack_us},
+          {"target_limit", target_limit}}},
         {"percentile_rule", "linear interpolation between closest ranks (NumPy 'linear')"},
         {"runs", json::array()},
     };
-    std::printf("swap_under_load on %s, driver %d, %s module loading, JIT cache %s; kernels %.0f us, "
-                "depth %u per stream; %llu hot swaps, %llu bare loads, %llu naive PTX swaps\n\n",
-                dev.name().c_str(), cubridge::driver::version(), lazy ? "lazy" : "eager",
-                opt.jit_cache ? "on" : "off", opt.spin_us, opt.depth,
-                static_cast<unsigned long long>(opt.cycles),
-                static_cast<unsigned long long>(opt.bare_cycles),
-                static_cast<unsigned long long>(opt.naive ? opt.naive_cycles : 0));
+    std::printf(
+        "swap_under_load on %s, driver %d, %s module loading, JIT cache %s; kernels %.0f us, "
+        "depth %u per stream; %llu hot swaps, %llu bare loads, %llu naive PTX swaps\n\n",
+        dev.name().c_str(), cubridge::driver::version(), lazy ? "lazy" : "eager",
+        opt.jit_cache ? "on" : "off", opt.spin_us, opt.depth,
+        static_cast<unsigned long long>(opt.cycles),
+        static_cast<unsigned long long>(opt.bare_cycles),
+        static_cast<unsigned long long>(opt.naive ? opt.naive_cycles : 0));
     std::fflush(stdout);
 
     bool failed = false;
@@ -1072,7 +1103,8 @@ int main(int argc, char** argv) {
       }
       if (steady && swap && bare) {
         const auto v = hotswap::judge(*steady, *swap, *bare, target_limit);
-        run["verdict"] = {{"gap_ratio", finite_or_null(v.gap_ratio)}, {"gap_met", v.gap_met},
+        run["verdict"] = {{"gap_ratio", finite_or_null(v.gap_ratio)},
+                          {"gap_met", v.gap_met},
                           {"latency_ratio", finite_or_null(v.latency_ratio)},
                           {"latency_met", v.latency_met},
                           {"limit", target_limit}};

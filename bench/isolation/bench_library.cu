@@ -30,7 +30,8 @@ CUBRIDGE_SANDBOX_EXPORT int bench_noop(cubridge_sandbox_args* args) {
 // In place, on the host's buffer mapped in the worker.
 CUBRIDGE_SANDBOX_EXPORT int bench_add_one(cubridge_sandbox_args* args) {
   if (args->buffer_count < 1) return cudaErrorInvalidValue;
-  return add_one_on(static_cast<float*>(args->buffers[0].data), args->buffers[0].size_bytes / sizeof(float));
+  return add_one_on(static_cast<float*>(args->buffers[0].data),
+                    args->buffers[0].size_bytes / sizeof(float));
 }
 
 // Without shared device memory: the data comes through host memory (a POSIX shared-memory object
@@ -51,10 +52,14 @@ CUBRIDGE_SANDBOX_EXPORT int bench_add_one_staged(cubridge_sandbox_args* args) {
     host = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     close(fd);
     if (host == MAP_FAILED) return cudaErrorInvalidValue;
-    if (const cudaError_t e = cudaHostRegister(host, bytes, cudaHostRegisterDefault); e != cudaSuccess) return e;
+    if (const cudaError_t e = cudaHostRegister(host, bytes, cudaHostRegisterDefault);
+        e != cudaSuccess)
+      return e;
     if (const cudaError_t e = cudaMalloc(&device, bytes); e != cudaSuccess) return e;
   }
-  if (const cudaError_t e = cudaMemcpy(device, host, bytes, cudaMemcpyHostToDevice); e != cudaSuccess) return e;
+  if (const cudaError_t e = cudaMemcpy(device, host, bytes, cudaMemcpyHostToDevice);
+      e != cudaSuccess)
+    return e;
   if (const int e = add_one_on(device, bytes / sizeof(float)); e != 0) return e;
   return cudaMemcpy(host, device, bytes, cudaMemcpyDeviceToHost);
 }

@@ -94,7 +94,8 @@ int main(int argc, char** argv) {
   }
   if (argc == 3 && std::strcmp(argv[1], "--child") == 0) return child(argv[2]);
   int samples = 15;
-  if (argc == 3 && std::strcmp(argv[1], "--samples") == 0) samples = std::max(1, std::atoi(argv[2]));
+  if (argc == 3 && std::strcmp(argv[1], "--samples") == 0)
+    samples = std::max(1, std::atoi(argv[2]));
 
   std::vector<double> cold, prewarmed, launched, steady;
   for (int i = 0; i < samples; ++i) {  // alternate, so drift hits all alike
@@ -111,16 +112,23 @@ int main(int argc, char** argv) {
     for (int i = 0; i < 100; ++i) (void)timed_launch(fill, out);  // warm-up
     for (int i = 0; i < 200; ++i) steady.push_back(timed_launch(fill, out));
   }
-  if (std::count(cold.begin(), cold.end(), -1.0) || std::count(prewarmed.begin(), prewarmed.end(), -1.0) ||
+  if (std::count(cold.begin(), cold.end(), -1.0) ||
+      std::count(prewarmed.begin(), prewarmed.end(), -1.0) ||
       std::count(launched.begin(), launched.end(), -1.0)) {
     std::fprintf(stderr, "bench_prewarm: a child failed\n");
     return 1;
   }
   const double c = median(cold), p = median(prewarmed), l = median(launched), s = median(steady);
-  std::printf("launch + synchronize, median of %d fresh processes (steady: of 200 launches)\n", samples);
-  std::printf("  first launch, no prewarm                         %10.1f us  %6.2fx steady\n", c, c / s);
-  std::printf("  first launch after prewarm, kernels loaded       %10.1f us  %6.2fx steady\n", p, p / s);
-  std::printf("  first launch after prewarm with a warm-up launch %10.1f us  %6.2fx steady  (target <= 2x)\n", l, l / s);
+  std::printf("launch + synchronize, median of %d fresh processes (steady: of 200 launches)\n",
+              samples);
+  std::printf("  first launch, no prewarm                         %10.1f us  %6.2fx steady\n", c,
+              c / s);
+  std::printf("  first launch after prewarm, kernels loaded       %10.1f us  %6.2fx steady\n", p,
+              p / s);
+  std::printf(
+      "  first launch after prewarm with a warm-up launch %10.1f us  %6.2fx steady  (target <= "
+      "2x)\n",
+      l, l / s);
   std::printf("  steady launch                                    %10.1f us\n", s);
   return 0;
 }

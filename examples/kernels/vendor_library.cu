@@ -11,7 +11,9 @@ __global__ static void add_one(float* data, size_t n) {
   if (i < n) data[i] += 1.0f;
 }
 
-__global__ static void buggy(float* data) { data[1ull << 40] = 0.0f; }
+__global__ static void buggy(float* data) {
+  data[1ull << 40] = 0.0f;
+}
 
 // Adds 1 to every float of buffers[0].
 CUBRIDGE_SANDBOX_EXPORT int vendor_add_one(cubridge_sandbox_args* args) {
@@ -23,7 +25,9 @@ CUBRIDGE_SANDBOX_EXPORT int vendor_add_one(cubridge_sandbox_args* args) {
 }
 
 // "Cleans up" the way too many libraries do: resets the device.
-CUBRIDGE_SANDBOX_EXPORT int vendor_finish(cubridge_sandbox_args*) { return cudaDeviceReset(); }
+CUBRIDGE_SANDBOX_EXPORT int vendor_finish(cubridge_sandbox_args*) {
+  return cudaDeviceReset();
+}
 
 // Writes far past its buffer: CUDA_ERROR_ILLEGAL_ADDRESS, which poisons the whole process.
 CUBRIDGE_SANDBOX_EXPORT int vendor_buggy(cubridge_sandbox_args* args) {

@@ -2,8 +2,8 @@
 // A non-owning view of a CUDA context, whatever made it (cuCtxCreate, the runtime's primary
 // context, a green context, a third-party library).
 
-#include <cubridge/error.hpp>
 #include <cubridge/device.hpp>
+#include <cubridge/error.hpp>
 
 #include <cuda.h>
 

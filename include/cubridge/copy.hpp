@@ -27,11 +27,14 @@ void copy(std::span<T> destination, device_span<const std::type_identity_t<T>> s
 template <class T>
 void copy(device_span<T> destination, device_span<const std::type_identity_t<T>> source);
 template <class T>
-void copy_async(device_span<T> destination, std::span<const std::type_identity_t<T>> source, stream_ref stream);
+void copy_async(device_span<T> destination, std::span<const std::type_identity_t<T>> source,
+                stream_ref stream);
 template <class T>
-void copy_async(std::span<T> destination, device_span<const std::type_identity_t<T>> source, stream_ref stream);
+void copy_async(std::span<T> destination, device_span<const std::type_identity_t<T>> source,
+                stream_ref stream);
 template <class T>
-void copy_async(device_span<T> destination, device_span<const std::type_identity_t<T>> source, stream_ref stream);
+void copy_async(device_span<T> destination, device_span<const std::type_identity_t<T>> source,
+                stream_ref stream);
 
 namespace detail {
 void check_copy_fits(std::size_t destination_bytes, std::size_t source_bytes);
@@ -53,17 +56,20 @@ void copy(device_span<T> destination, device_span<const std::type_identity_t<T>>
   copy_bytes(destination.data(), source.data(), source.size_bytes());
 }
 template <class T>
-void copy_async(device_span<T> destination, std::span<const std::type_identity_t<T>> source, stream_ref stream) {
+void copy_async(device_span<T> destination, std::span<const std::type_identity_t<T>> source,
+                stream_ref stream) {
   detail::check_copy_fits(destination.size_bytes(), source.size_bytes());
   copy_bytes_async(destination.data(), source.data(), source.size_bytes(), stream);
 }
 template <class T>
-void copy_async(std::span<T> destination, device_span<const std::type_identity_t<T>> source, stream_ref stream) {
+void copy_async(std::span<T> destination, device_span<const std::type_identity_t<T>> source,
+                stream_ref stream) {
   detail::check_copy_fits(destination.size_bytes(), source.size_bytes());
   copy_bytes_async(destination.data(), source.data(), source.size_bytes(), stream);
 }
 template <class T>
-void copy_async(device_span<T> destination, device_span<const std::type_identity_t<T>> source, stream_ref stream) {
+void copy_async(device_span<T> destination, device_span<const std::type_identity_t<T>> source,
+                stream_ref stream) {
   detail::check_copy_fits(destination.size_bytes(), source.size_bytes());
   copy_bytes_async(destination.data(), source.data(), source.size_bytes(), stream);
 }

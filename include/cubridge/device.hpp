@@ -1,8 +1,8 @@
 #pragma once
 // A CUDA device, as the driver numbers it.
 
-#include <cubridge/error.hpp>
 #include <cuda.h>
+#include <cubridge/error.hpp>
 
 #include <array>
 #include <cstddef>

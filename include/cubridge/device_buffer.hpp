@@ -3,15 +3,15 @@
 // Which API is part of the type: driver_buffer<T> (cuMemAlloc / cuMemFree) and runtime_buffer<T>
 // (cudaMalloc / cudaFree). Both view as device_span<T>, usable by either API.
 
-#include <cubridge/error.hpp>
 #include <cubridge/context_ref.hpp>
 #include <cubridge/detail/owned_array.hpp>
 #include <cubridge/device_span.hpp>
+#include <cubridge/error.hpp>
 
 #include <cstddef>
 #include <cstdint>
-#include <string>
 #include <memory>
+#include <string>
 #include <type_traits>
 #include <utility>
 
@@ -46,15 +46,15 @@ class device_buffer : public detail::owned_array<T, detail::device_free<Api>> {
   /// the byte count and the context; errc::precondition if the byte count overflows.
   [[nodiscard]] static device_buffer allocate(context_arg ctx, std::size_t size) {
     CUBRIDGE_EXPECTS(size <= SIZE_MAX / sizeof(T), "allocation of " + std::to_string(size) +
-                                                      " elements of " + std::to_string(sizeof(T)) +
-                                                      " bytes overflows");
+                                                       " elements of " + std::to_string(sizeof(T)) +
+                                                       " bytes overflows");
     void* p = detail::allocate_device(Api, ctx.ref(), size * sizeof(T));
     return device_buffer(std::move(ctx), static_cast<T*>(p), size);
   }
 
   [[nodiscard]] CUdeviceptr address() const noexcept { return span().address(); }
   [[nodiscard]] device_span<T> span() const noexcept { return {this->data(), this->size()}; }
-  operator device_span<T>() const noexcept { return span(); }  // NOLINT
+  operator device_span<T>() const noexcept { return span(); }        // NOLINT
   operator device_span<const T>() const noexcept { return span(); }  // NOLINT
   static constexpr allocator_api api = Api;
 

@@ -22,7 +22,7 @@ class device_span {
   }
   /// A span of const T converts from a span of T.
   template <class U>
-    requires std::is_convertible_v<U (*)[], T (*)[]>
+  requires std::is_convertible_v<U (*)[], T (*)[]>
   constexpr device_span(device_span<U> other) noexcept  // NOLINT(google-explicit-constructor)
       : data_(other.data()), size_(other.size()) {}
 
@@ -36,7 +36,8 @@ class device_span {
   [[nodiscard]] constexpr bool empty() const noexcept { return size_ == 0; }
   /// Elements [offset, offset + count). No bounds check beyond a debug assertion's worth: it is
   /// a view, like std::span.
-  [[nodiscard]] constexpr device_span subspan(std::size_t offset, std::size_t count) const noexcept {
+  [[nodiscard]] constexpr device_span subspan(std::size_t offset,
+                                              std::size_t count) const noexcept {
     return device_span(data_ + offset, count);
   }
   /// Device pointer for runtime code and kernels.

@@ -3,8 +3,8 @@
 // resolved once and cached. Nothing in cubridge links -lcuda, so its tools start (and say so
 // plainly) on machines without a GPU.
 
-#include <cubridge/error.hpp>
 #include <cuda.h>
+#include <cubridge/error.hpp>
 
 #include <string>
 
@@ -13,6 +13,8 @@ namespace cubridge::driver {
 // Every driver entry point cubridge calls. The names expand through cuda.h's version macros
 // (cuCtxCreate -> cuCtxCreate_v4), so each pointer has the signature of the CUDA 13 ABI, and
 // cuGetProcAddress is asked for the same ABI version (CUDA_VERSION).
+// (kept by hand, one group of related entry points per line: clang-format would refill it)
+// clang-format off
 #define CUBRIDGE_DRIVER_ENTRY_POINTS(X)                                                         \
   X(cuInit) X(cuDriverGetVersion) X(cuGetErrorName) X(cuGetErrorString)                         \
   X(cuDeviceGet) X(cuDeviceGetCount) X(cuDeviceGetName) X(cuDeviceGetAttribute)                 \
@@ -43,6 +45,7 @@ namespace cubridge::driver {
   X(cuGraphCreate) X(cuGraphDestroy) X(cuGraphInstantiateWithFlags) X(cuGraphExecDestroy)     \
   X(cuMemExportToShareableHandle) X(cuMemImportFromShareableHandle) X(cuMemsetD32)           \
   X(cuMemHostRegister) X(cuMemHostUnregister)
+// clang-format on
 
 /// Cached pointers to the driver's entry points, one member per name above.
 struct entry_points {

@@ -19,17 +19,17 @@ enum class error_source {
 
 /// Codes for failures that cubridge detects itself (error_source::cubridge).
 enum class errc {
-  no_driver = 1,          ///< libcuda.so.1 could not be loaded or lacks an entry point
-  bad_image,              ///< bytes that are not a valid cubin, fatbin or PTX image
-  incompatible_image,     ///< a valid image with no code for the target device
-  bad_launch_arguments,   ///< argument count or sizes do not match the kernel
-  context_reset,          ///< a context was destroyed or reset behind the program's back
-  precondition,           ///< a caller broke a documented precondition
-  io,                     ///< reading a file failed
-  version_rejected,       ///< a new module version failed validation; the current one serves on
-  bad_bundle,             ///< a signed module bundle was refused (see bundle_error::reason)
-  guest_damage,           ///< a guest call broke the host's state (see guest_error::findings)
-  sandbox_failure,        ///< a sandboxed call failed in its worker (see sandbox_error::reason)
+  no_driver = 1,         ///< libcuda.so.1 could not be loaded or lacks an entry point
+  bad_image,             ///< bytes that are not a valid cubin, fatbin or PTX image
+  incompatible_image,    ///< a valid image with no code for the target device
+  bad_launch_arguments,  ///< argument count or sizes do not match the kernel
+  context_reset,         ///< a context was destroyed or reset behind the program's back
+  precondition,          ///< a caller broke a documented precondition
+  io,                    ///< reading a file failed
+  version_rejected,      ///< a new module version failed validation; the current one serves on
+  bad_bundle,            ///< a signed module bundle was refused (see bundle_error::reason)
+  guest_damage,          ///< a guest call broke the host's state (see guest_error::findings)
+  sandbox_failure,       ///< a sandboxed call failed in its worker (see sandbox_error::reason)
 };
 
 /// Name of an errc value, e.g. "CUBRIDGE_BAD_IMAGE".
@@ -110,9 +110,9 @@ namespace detail {
 }  // namespace cubridge
 
 /// Precondition check: throws cubridge::error (errc::precondition) naming the broken condition.
-#define CUBRIDGE_EXPECTS(condition, involved)                                             \
-  do {                                                                                    \
-    if (!(condition)) [[unlikely]]                                                        \
-      ::cubridge::detail::throw_errc(::cubridge::errc::precondition, "precondition (" #condition ")", \
-                                     (involved));                                         \
+#define CUBRIDGE_EXPECTS(condition, involved)                                      \
+  do {                                                                             \
+    if (!(condition)) [[unlikely]]                                                 \
+      ::cubridge::detail::throw_errc(::cubridge::errc::precondition,               \
+                                     "precondition (" #condition ")", (involved)); \
   } while (false)

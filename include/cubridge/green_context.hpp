@@ -25,7 +25,7 @@ class green_context {
   [[nodiscard]] CUcontext get() const noexcept;
   [[nodiscard]] context_ref ref() const noexcept { return context_ref::from_native(get()); }
   operator context_ref() const noexcept { return ref(); }  // NOLINT(google-explicit-constructor)
-  operator context_arg() const noexcept;                     // NOLINT(google-explicit-constructor)
+  operator context_arg() const noexcept;                   // NOLINT(google-explicit-constructor)
   /// Number of SMs the context got.
   [[nodiscard]] unsigned sm_count() const noexcept;
 

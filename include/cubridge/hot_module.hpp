@@ -99,7 +99,7 @@ class staged_version {
         owner_name_(std::move(owner_name)) {}
   hot_version version_;
   std::vector<std::string> carry_globals_;
-  std::string source_;      // stage_options::source_name, for messages
+  std::string source_;  // stage_options::source_name, for messages
   version_origin origin_;
   std::uint64_t owner_;     // the serial of the hot module that staged it; 0 once moved from
   std::string owner_name_;  // "module 'filters' in context 0x..."

@@ -34,7 +34,7 @@ class hot_reloader {
  public:
   struct options {
     std::chrono::milliseconds debounce{200};
-    compile_options compile;       ///< for .cu files; architecture is set from the device
+    compile_options compile;         ///< for .cu files; architecture is set from the device
     compile_cache* cache = nullptr;  ///< optional; must outlive the reloader
     /// Smoke test etc.; source_name is set to the file, bundle_version to 0 and key_id to
     /// empty (a dropped file is no signed bundle): the chain records the version's origin as

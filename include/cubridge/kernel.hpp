@@ -2,8 +2,8 @@
 // A kernel found in a module or library, with its real parameter list from the driver, and the
 // typed launch that checks arguments against it before anything reaches the GPU.
 
-#include <cubridge/error.hpp>
 #include <cubridge/device_span.hpp>
+#include <cubridge/error.hpp>
 #include <cubridge/launch_config.hpp>
 
 #include <cuda.h>
@@ -96,7 +96,8 @@ class kernel {
 
   /// Launches with `args`, checked against parameters(): a wrong count or size throws
   /// launch_argument_error naming the kernel, the parameter index and both sizes, and nothing is
-  /// launched. device_span<T> and device_buffer<T> arguments pass as T*. @throws error if the driver refuses.
+  /// launched. device_span<T> and device_buffer<T> arguments pass as T*. @throws error if the
+  /// driver refuses.
   template <class... Args>
   void launch(const launch_config& config, const Args&... args) const {
     static_assert((std::is_trivially_copyable_v<detail::kernel_argument_t<Args>> && ...),

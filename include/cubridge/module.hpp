@@ -5,9 +5,9 @@
 // which stalls the whole process for the compile (FACTS.md): serving processes should hand the
 // driver machine code only.
 
-#include <cubridge/error.hpp>
 #include <cubridge/context_ref.hpp>
 #include <cubridge/device_span.hpp>
+#include <cubridge/error.hpp>
 #include <cubridge/kernel.hpp>
 
 #include <cuda.h>

@@ -7,8 +7,8 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <string>
 #include <span>
+#include <string>
 #include <type_traits>
 #include <utility>
 
@@ -33,8 +33,8 @@ class pinned_buffer : public detail::owned_array<T, detail::pinned_free> {
   /// @throws error naming the byte count and the context; errc::precondition on overflow.
   [[nodiscard]] static pinned_buffer allocate(context_arg ctx, std::size_t size) {
     CUBRIDGE_EXPECTS(size <= SIZE_MAX / sizeof(T), "allocation of " + std::to_string(size) +
-                                                      " elements of " + std::to_string(sizeof(T)) +
-                                                      " bytes overflows");
+                                                       " elements of " + std::to_string(sizeof(T)) +
+                                                       " bytes overflows");
     void* p = detail::allocate_pinned(ctx.ref(), size * sizeof(T));
     return pinned_buffer(std::move(ctx), static_cast<T*>(p), size);
   }

@@ -31,7 +31,7 @@ class primary_context {
   [[nodiscard]] CUcontext get() const noexcept;
   [[nodiscard]] context_ref ref() const noexcept { return context_ref::from_native(get()); }
   operator context_ref() const noexcept { return ref(); }  // NOLINT(google-explicit-constructor)
-  operator context_arg() const noexcept;                     // NOLINT(google-explicit-constructor)
+  operator context_arg() const noexcept;                   // NOLINT(google-explicit-constructor)
   [[nodiscard]] cubridge::device device() const noexcept;
   /// The id the context had when it was retained.
   [[nodiscard]] unsigned long long retained_id() const noexcept;

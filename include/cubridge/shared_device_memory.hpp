@@ -4,9 +4,9 @@
 // documented way to use one buffer from several contexts (FACTS.md: a buffer mapped while A was
 // current was written in B and stayed valid after B was destroyed).
 
-#include <cubridge/error.hpp>
 #include <cubridge/device.hpp>
 #include <cubridge/device_span.hpp>
+#include <cubridge/error.hpp>
 #include <cubridge/unique_fd.hpp>
 
 #include <cstddef>
@@ -15,8 +15,8 @@ namespace cubridge {
 
 /// Whether an allocation can be handed to another process.
 enum class memory_export {
-  none,     ///< this process only
-  posix_fd, ///< exportable as a POSIX file descriptor (CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+  none,      ///< this process only
+  posix_fd,  ///< exportable as a POSIX file descriptor (CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
 };
 
 /// Owning, move-only VMM allocation of at least `bytes` (rounded up to the device's allocation
@@ -28,8 +28,8 @@ class shared_device_memory {
   ///         CUDA_ERROR_NOT_SUPPORTED on a device without VMM).
   ///         With memory_export::posix_fd the allocation can later be exported with
   ///         export_fd() (CUDA_ERROR_NOT_SUPPORTED where the device cannot).
-  [[nodiscard]] static shared_device_memory allocate(device dev, std::size_t bytes,
-                                                     memory_export exportable = memory_export::none);
+  [[nodiscard]] static shared_device_memory allocate(
+      device dev, std::size_t bytes, memory_export exportable = memory_export::none);
 
   shared_device_memory(shared_device_memory&& other) noexcept;
   shared_device_memory& operator=(shared_device_memory&& other) noexcept;

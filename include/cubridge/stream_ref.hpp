@@ -36,7 +36,9 @@ class stream_ref {
   }
   /// The legacy default stream (handle 0): one per context, shared by every thread, and
   /// synchronising with the context's blocking streams.
-  [[nodiscard]] static constexpr stream_ref legacy_default() noexcept { return stream_ref(CUstream{}); }
+  [[nodiscard]] static constexpr stream_ref legacy_default() noexcept {
+    return stream_ref(CUstream{});
+  }
   stream_ref(std::nullptr_t) = delete;
   stream_ref(int) = delete;
 

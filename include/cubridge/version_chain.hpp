@@ -63,7 +63,7 @@ struct held_version {
 
 /// The versions of a chain at one instant.
 struct held_versions {
-  held_version serving;                        ///< the current version
+  held_version serving;                         ///< the current version
   std::optional<held_version> rollback_target;  ///< what rollback() would make current
   std::vector<held_version> retired;  ///< replaced, not yet destroyed (pinned or GPU work left)
 };
@@ -76,7 +76,10 @@ class version_chain {
   /// One version: an id that grows with every promote, the payload and where it came from.
   struct version {
     version(std::uint64_t id_, Payload payload_, version_origin origin_)
-        : id(id_), serial(next_serial()), payload(std::move(payload_)), origin(std::move(origin_)) {}
+        : id(id_),
+          serial(next_serial()),
+          payload(std::move(payload_)),
+          origin(std::move(origin_)) {}
     const std::uint64_t id;
     /// Unique in the process, never reused (unlike the address): a key for per-thread caches.
     const std::uint64_t serial;
@@ -140,7 +143,7 @@ class version_chain {
   struct stats {
     std::uint64_t current_id = 0;
     std::uint64_t promotions = 0;
-    std::size_t retired = 0;    ///< waiting for leases or GPU work, or being destroyed
+    std::size_t retired = 0;  ///< waiting for leases or GPU work, or being destroyed
     std::uint64_t reclaimed = 0;
   };
 
@@ -162,9 +165,7 @@ class version_chain {
 
   /// Makes `payload` the current version; returns its id. The replaced version becomes the
   /// rollback target; the previous rollback target is retired.
-  std::uint64_t promote(Payload payload) {
-    return promote(std::move(payload), version_origin{});
-  }
+  std::uint64_t promote(Payload payload) { return promote(std::move(payload), version_origin{}); }
   /// As promote(payload), for a version that came from `origin`.
   std::uint64_t promote(Payload payload, version_origin origin) {
     return promote(std::move(payload), std::move(origin), [](const version&, const version&) {});

@@ -42,5 +42,9 @@ extern "C" __global__ void big_params(blob5000 b, int* out) {
 }
 
 // A device function that is not a kernel; must not be reported.
-__device__ __noinline__ int helper(int x) { return x * 3; }
-extern "C" __global__ void calls_helper(int* out) { out[threadIdx.x] = helper(threadIdx.x); }
+__device__ __noinline__ int helper(int x) {
+  return x * 3;
+}
+extern "C" __global__ void calls_helper(int* out) {
+  out[threadIdx.x] = helper(threadIdx.x);
+}

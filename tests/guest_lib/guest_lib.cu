@@ -6,9 +6,9 @@
 
 #include <cuda_runtime.h>
 
+#include <unistd.h>
 #include <cstdlib>
 #include <thread>
-#include <unistd.h>
 
 namespace {
 
@@ -17,7 +17,9 @@ __global__ void add_one_kernel(unsigned* data, size_t n) {
   if (i < n) data[i] += 1;
 }
 
-__global__ void write_to(unsigned* where) { *where = 0xdead; }
+__global__ void write_to(unsigned* where) {
+  *where = 0xdead;
+}
 
 }  // namespace
 
@@ -29,7 +31,9 @@ CUBRIDGE_SANDBOX_EXPORT int guest_init(cubridge_sandbox_args*) {
 }
 
 // (a) resets the device from the caller's thread, as libraries do "to clean up".
-CUBRIDGE_SANDBOX_EXPORT int guest_reset(cubridge_sandbox_args*) { return cudaDeviceReset(); }
+CUBRIDGE_SANDBOX_EXPORT int guest_reset(cubridge_sandbox_args*) {
+  return cudaDeviceReset();
+}
 
 // (b) resets from a thread of its own, where no context of the caller's is current.
 CUBRIDGE_SANDBOX_EXPORT int guest_reset_from_own_thread(cubridge_sandbox_args*) {
@@ -51,7 +55,9 @@ CUBRIDGE_SANDBOX_EXPORT int guest_write_invalid_address(cubridge_sandbox_args*) 
 }
 
 // (d)
-CUBRIDGE_SANDBOX_EXPORT int guest_abort(cubridge_sandbox_args*) { std::abort(); }
+CUBRIDGE_SANDBOX_EXPORT int guest_abort(cubridge_sandbox_args*) {
+  std::abort();
+}
 
 // (e)
 CUBRIDGE_SANDBOX_EXPORT int guest_hang(cubridge_sandbox_args*) {

@@ -13,8 +13,12 @@
 static int reset_count;
 static int sync_count;
 
-FAKE_EXPORT int fake_reset_count(void) { return __atomic_load_n(&reset_count, __ATOMIC_SEQ_CST); }
-FAKE_EXPORT int fake_sync_count(void) { return __atomic_load_n(&sync_count, __ATOMIC_SEQ_CST); }
+FAKE_EXPORT int fake_reset_count(void) {
+  return __atomic_load_n(&reset_count, __ATOMIC_SEQ_CST);
+}
+FAKE_EXPORT int fake_sync_count(void) {
+  return __atomic_load_n(&sync_count, __ATOMIC_SEQ_CST);
+}
 
 FAKE_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev) {
   (void)dev;
@@ -26,28 +30,29 @@ FAKE_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
   __atomic_add_fetch(&reset_count, 1, __ATOMIC_SEQ_CST);
   return CUDA_SUCCESS;
 }
-FAKE_EXPORT CUresult cuCtxGetCurrent(CUcontext *ctx) {
+FAKE_EXPORT CUresult cuCtxGetCurrent(CUcontext* ctx) {
   static char fake_context;
-  const char *env = getenv("FAKE_CUDA_CURRENT_CONTEXT");
-  *ctx = env != NULL && strcmp(env, "1") == 0 ? (CUcontext)(void *)&fake_context : NULL;
+  const char* env = getenv("FAKE_CUDA_CURRENT_CONTEXT");
+  *ctx = env != NULL && strcmp(env, "1") == 0 ? (CUcontext)(void*)&fake_context : NULL;
   return CUDA_SUCCESS;
 }
 FAKE_EXPORT CUresult cuCtxSynchronize(void) {
   __atomic_add_fetch(&sync_count, 1, __ATOMIC_SEQ_CST);
   return CUDA_SUCCESS;
 }
-FAKE_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cuda_version,
-                                         cuuint64_t flags, CUdriverProcAddressQueryResult *status) {
+FAKE_EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int cuda_version,
+                                         cuuint64_t flags, CUdriverProcAddressQueryResult* status) {
   (void)flags;
-  void *p = NULL;
+  void* p = NULL;
   if (strcmp(symbol, "cuDevicePrimaryCtxReset") == 0)
-    p = cuda_version >= 11000 ? (void *)&cuDevicePrimaryCtxReset_v2 : (void *)&cuDevicePrimaryCtxReset;
+    p = cuda_version >= 11000 ? (void*)&cuDevicePrimaryCtxReset_v2
+                              : (void*)&cuDevicePrimaryCtxReset;
   else if (strcmp(symbol, "cuCtxGetCurrent") == 0)
-    p = (void *)&cuCtxGetCurrent;
+    p = (void*)&cuCtxGetCurrent;
   else if (strcmp(symbol, "cuCtxSynchronize") == 0)
-    p = (void *)&cuCtxSynchronize;
+    p = (void*)&cuCtxSynchronize;
   else if (strcmp(symbol, "cuGetProcAddress") == 0 && cuda_version >= 12000)
-    p = (void *)&cuGetProcAddress_v2;
+    p = (void*)&cuGetProcAddress_v2;
   *pfn = p;
   if (status != NULL)
     *status = p != NULL ? CU_GET_PROC_ADDRESS_SUCCESS : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;

@@ -19,32 +19,34 @@ static int keep(CUresult r) {
   last_result = (int)r;
   return last_result;
 }
-typedef CUresult (*get_proc_fn)(const char *, void **, int, cuuint64_t,
-                                CUdriverProcAddressQueryResult *);
+typedef CUresult (*get_proc_fn)(const char*, void**, int, cuuint64_t,
+                                CUdriverProcAddressQueryResult*);
 
-THIRD_PARTY_EXPORT int reset_direct(void) { return keep(cuDevicePrimaryCtxReset(0)); }
+THIRD_PARTY_EXPORT int reset_direct(void) {
+  return keep(cuDevicePrimaryCtxReset(0));
+}
 
 THIRD_PARTY_EXPORT int reset_via_dlsym(void) {
-  void *driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  void* driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
   if (driver == NULL) return -1;
   reset_fn reset = (reset_fn)dlsym(driver, "cuDevicePrimaryCtxReset_v2");
   return reset != NULL ? keep(reset(0)) : -2;
 }
 
 THIRD_PARTY_EXPORT int reset_via_proc_address(void) {
-  void *driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  void* driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
   if (driver == NULL) return -1;
   get_proc_fn get_proc = (get_proc_fn)dlsym(driver, "cuGetProcAddress_v2");
   if (get_proc == NULL) return -2;
-  void *p = NULL;
+  void* p = NULL;
   CUdriverProcAddressQueryResult status;
   CUresult r = get_proc("cuDevicePrimaryCtxReset", &p, 7000, CU_GET_PROC_ADDRESS_DEFAULT, &status);
   if (r != CUDA_SUCCESS || p == NULL) return -3;
   return keep(((reset_fn)p)(0));
 }
 
-static void *thread_main(void *arg) {
-  *(int *)arg = reset_via_proc_address();
+static void* thread_main(void* arg) {
+  *(int*)arg = reset_via_proc_address();
   return NULL;
 }
 
@@ -56,8 +58,8 @@ THIRD_PARTY_EXPORT int reset_from_own_thread(void) {
   return result;
 }
 
-static void *direct_thread_main(void *arg) {
-  *(int *)arg = reset_direct();
+static void* direct_thread_main(void* arg) {
+  *(int*)arg = reset_direct();
   return NULL;
 }
 

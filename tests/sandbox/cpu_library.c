@@ -9,7 +9,8 @@
 
 /* Copies the request into the reply; returns the request's size. */
 CUBRIDGE_SANDBOX_EXPORT int echo(cubridge_sandbox_args* args) {
-  size_t n = args->request_bytes < args->reply_capacity ? args->request_bytes : args->reply_capacity;
+  size_t n =
+      args->request_bytes < args->reply_capacity ? args->request_bytes : args->reply_capacity;
   memcpy(args->reply, args->request, n);
   args->reply_bytes = n;
   return (int)args->request_bytes;

@@ -19,8 +19,10 @@ int main(int argc, char** argv) {
   int sm = 90;
   int i = 1;
   for (; i < argc && std::strcmp(argv[i], "--") != 0; ++i) {
-    if (!std::strcmp(argv[i], "--trust") && i + 1 < argc) trust = argv[++i];
-    else if (!std::strcmp(argv[i], "--gpu") && i + 1 < argc) sm = std::atoi(argv[++i]);
+    if (!std::strcmp(argv[i], "--trust") && i + 1 < argc)
+      trust = argv[++i];
+    else if (!std::strcmp(argv[i], "--gpu") && i + 1 < argc)
+      sm = std::atoi(argv[++i]);
   }
   if (trust.empty() || i + 1 >= argc) {
     std::fprintf(stderr, "usage: update_test_server --trust K.pub [--gpu 90] -- COMMAND...\n");
@@ -35,7 +37,8 @@ int main(int argc, char** argv) {
     std::vector<std::string> words;
     for (int j = i + 1; j < argc; ++j) {
       std::string w = argv[j];
-      for (std::size_t at; (at = w.find("{URL}")) != std::string::npos;) w.replace(at, 5, endpoint.url());
+      for (std::size_t at; (at = w.find("{URL}")) != std::string::npos;)
+        w.replace(at, 5, endpoint.url());
       words.push_back(std::move(w));
     }
     std::vector<char*> child_argv;

@@ -375,7 +375,8 @@ std::string parse_driver_release(std::string_view version_line) {
     if (start == std::string_view::npos) break;
     const auto end = std::min(version_line.find(' ', start), version_line.size());
     const auto word = version_line.substr(start, end - start);
-    const bool version_like = word.find('.') != std::string_view::npos && std::isdigit(static_cast<unsigned char>(word.front())) &&
+    const bool version_like = word.find('.') != std::string_view::npos &&
+                              std::isdigit(static_cast<unsigned char>(word.front())) &&
                               word.find_first_not_of("0123456789.") == std::string_view::npos;
     if (version_like) return std::string(word);
     at = end;

@@ -8,7 +8,7 @@
 
 typedef int CUresult;
 typedef int CUdevice;
-typedef struct CUctx_st *CUcontext;
+typedef struct CUctx_st* CUcontext;
 typedef uint64_t cuuint64_t;
 typedef int CUdriverProcAddressQueryResult;
 enum { CUDA_SUCCESS = 0, CUDA_ERROR_NOT_FOUND = 500 };

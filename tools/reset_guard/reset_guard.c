@@ -13,9 +13,9 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
-#include <stdarg.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,51 +25,54 @@
 
 #include "driver_abi.h"
 
-
 typedef CUresult (*reset_fn)(CUdevice);
-typedef CUresult (*get_proc_v1_fn)(const char *, void **, int, cuuint64_t);
-typedef CUresult (*get_proc_v2_fn)(const char *, void **, int, cuuint64_t,
-                                   CUdriverProcAddressQueryResult *);
-typedef CUresult (*ctx_get_current_fn)(CUcontext *);
+typedef CUresult (*get_proc_v1_fn)(const char*, void**, int, cuuint64_t);
+typedef CUresult (*get_proc_v2_fn)(const char*, void**, int, cuuint64_t,
+                                   CUdriverProcAddressQueryResult*);
+typedef CUresult (*ctx_get_current_fn)(CUcontext*);
 typedef CUresult (*ctx_synchronize_fn)(void);
-typedef void *(*dlsym_fn)(void *, const char *);
+typedef void* (*dlsym_fn)(void*, const char*);
 
 #define GUARD_EXPORT __attribute__((visibility("default"), noinline))
 
 GUARD_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev);
 GUARD_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev);
-GUARD_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cuda_version,
+GUARD_EXPORT CUresult cuGetProcAddress(const char* symbol, void** pfn, int cuda_version,
                                        cuuint64_t flags);
-GUARD_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cuda_version,
-                                          cuuint64_t flags,
-                                          CUdriverProcAddressQueryResult *status);
-GUARD_EXPORT void *dlsym(void *handle, const char *symbol);
+GUARD_EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int cuda_version,
+                                          cuuint64_t flags, CUdriverProcAddressQueryResult* status);
+GUARD_EXPORT void* dlsym(void* handle, const char* symbol);
 
 // ---------------------------------------------------------------------------------------------
 // State: the real driver entry points behind each wrapper (set when first seen), read atomically.
 enum slot { SLOT_RESET_V1, SLOT_RESET_V2, SLOT_GET_PROC_V1, SLOT_GET_PROC_V2, SLOT_COUNT };
-static const char *const slot_names[SLOT_COUNT] = {
-    "cuDevicePrimaryCtxReset", "cuDevicePrimaryCtxReset_v2", "cuGetProcAddress",
-    "cuGetProcAddress_v2"};
-static void *real_slots[SLOT_COUNT];  // written with __atomic_store_n only
+static const char* const slot_names[SLOT_COUNT] = {"cuDevicePrimaryCtxReset",
+                                                   "cuDevicePrimaryCtxReset_v2", "cuGetProcAddress",
+                                                   "cuGetProcAddress_v2"};
+static void* real_slots[SLOT_COUNT];  // written with __atomic_store_n only
 
-static void *slot_wrapper(enum slot s) {
+static void* slot_wrapper(enum slot s) {
   switch (s) {
-    case SLOT_RESET_V1: return (void *)&cuDevicePrimaryCtxReset;
-    case SLOT_RESET_V2: return (void *)&cuDevicePrimaryCtxReset_v2;
-    case SLOT_GET_PROC_V1: return (void *)&cuGetProcAddress;
-    case SLOT_GET_PROC_V2: return (void *)&cuGetProcAddress_v2;
-    default: return NULL;
+    case SLOT_RESET_V1:
+      return (void*)&cuDevicePrimaryCtxReset;
+    case SLOT_RESET_V2:
+      return (void*)&cuDevicePrimaryCtxReset_v2;
+    case SLOT_GET_PROC_V1:
+      return (void*)&cuGetProcAddress;
+    case SLOT_GET_PROC_V2:
+      return (void*)&cuGetProcAddress_v2;
+    default:
+      return NULL;
   }
 }
 
-static int is_wrapper(void *p) {
+static int is_wrapper(void* p) {
   for (int s = 0; s < SLOT_COUNT; ++s)
     if (p == slot_wrapper((enum slot)s)) return 1;
   return 0;
 }
 
-static void remember_real(enum slot s, void *real) {
+static void remember_real(enum slot s, void* real) {
   if (real != NULL && !is_wrapper(real)) __atomic_store_n(&real_slots[s], real, __ATOMIC_RELEASE);
 }
 
@@ -78,7 +81,7 @@ static void remember_real(enum slot s, void *real) {
 static dlsym_fn real_dlsym_ptr;
 static pthread_once_t real_dlsym_once = PTHREAD_ONCE_INIT;
 static void find_real_dlsym(void) {
-  void *p = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
+  void* p = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
   if (p == NULL) p = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
   real_dlsym_ptr = (dlsym_fn)p;
 }
@@ -95,7 +98,7 @@ static int policy_unknown;  // CUBRIDGE_RESET_POLICY had a value we do not know:
 static int log_fd = STDERR_FILENO;
 static pthread_once_t config_once = PTHREAD_ONCE_INIT;
 static void read_config(void) {
-  const char *p = getenv("CUBRIDGE_RESET_POLICY");
+  const char* p = getenv("CUBRIDGE_RESET_POLICY");
   if (p == NULL || *p == '\0' || strcmp(p, "deny") == 0) {
     policy_value = POLICY_DENY;
   } else if (strcmp(p, "log") == 0) {
@@ -106,7 +109,7 @@ static void read_config(void) {
     policy_value = POLICY_DENY;
     policy_unknown = 1;
   }
-  const char *file = getenv("CUBRIDGE_RESET_LOG");
+  const char* file = getenv("CUBRIDGE_RESET_LOG");
   if (file != NULL && *file != '\0') {
     int fd = open(file, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (fd >= 0) log_fd = fd;  // else: stay on stderr
@@ -118,7 +121,7 @@ static enum policy current_policy(void) {
 }
 
 // One line, one write(): lines from concurrent threads do not interleave (O_APPEND for files).
-__attribute__((format(printf, 1, 2))) static void log_line(const char *format, ...) {
+__attribute__((format(printf, 1, 2))) static void log_line(const char* format, ...) {
   char line[1024];
   va_list args;
   va_start(args, format);
@@ -140,9 +143,9 @@ __attribute__((format(printf, 1, 2))) static void log_line(const char *format, .
 // ---------------------------------------------------------------------------------------------
 // The driver library, for the real entry points when no wrapper has seen them yet, and for
 // cuCtxGetCurrent/cuCtxSynchronize (deny). Never loads libcuda unless a reset is to be forwarded.
-static void *driver_handle(int may_load) {
-  static void *handle;  // set once; a racing second dlopen only bumps a reference count
-  void *h = __atomic_load_n(&handle, __ATOMIC_ACQUIRE);
+static void* driver_handle(int may_load) {
+  static void* handle;  // set once; a racing second dlopen only bumps a reference count
+  void* h = __atomic_load_n(&handle, __ATOMIC_ACQUIRE);
   if (h != NULL) return h;
   h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
   if (h == NULL && may_load) h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
@@ -150,14 +153,14 @@ static void *driver_handle(int may_load) {
   return h;
 }
 
-static void *real_entry(enum slot s, int may_load) {
-  void *p = __atomic_load_n(&real_slots[s], __ATOMIC_ACQUIRE);
+static void* real_entry(enum slot s, int may_load) {
+  void* p = __atomic_load_n(&real_slots[s], __ATOMIC_ACQUIRE);
   if (p != NULL) return p;
   dlsym_fn next = real_dlsym();
   if (next == NULL) return NULL;
   p = next(RTLD_NEXT, slot_names[s]);  // the definition after the guard: the driver's
   if (p == NULL || is_wrapper(p)) {
-    void *h = driver_handle(may_load);
+    void* h = driver_handle(may_load);
     p = h != NULL ? next(h, slot_names[s]) : NULL;
   }
   if (p == NULL || is_wrapper(p)) return NULL;
@@ -167,21 +170,21 @@ static void *real_entry(enum slot s, int may_load) {
 
 // ---------------------------------------------------------------------------------------------
 // The reset itself.
-static void describe_caller(const void *ret, char *out, size_t size) {
+static void describe_caller(const void* ret, char* out, size_t size) {
   Dl_info info;
   if (ret != NULL && dladdr(ret, &info) != 0 && info.dli_fname != NULL) {
     if (info.dli_sname != NULL)
       snprintf(out, size, "%s (%s+0x%lx)", info.dli_fname, info.dli_sname,
-               (unsigned long)((const char *)ret - (const char *)info.dli_saddr));
+               (unsigned long)((const char*)ret - (const char*)info.dli_saddr));
     else
       snprintf(out, size, "%s (+0x%lx)", info.dli_fname,
-               (unsigned long)((const char *)ret - (const char *)info.dli_fbase));
+               (unsigned long)((const char*)ret - (const char*)info.dli_fbase));
   } else {
     snprintf(out, size, "unknown (%p)", ret);
   }
 }
 
-static CUresult guarded_reset(enum slot s, CUdevice dev, const void *caller) {
+static CUresult guarded_reset(enum slot s, CUdevice dev, const void* caller) {
   enum policy policy = current_policy();
   long tid = (long)syscall(SYS_gettid);
   char who[512];
@@ -190,8 +193,8 @@ static CUresult guarded_reset(enum slot s, CUdevice dev, const void *caller) {
     // Do what a reset would have waited for, without destroying anything: synchronize the
     // context current on this thread, if any. Without a current context there is nothing this
     // thread could synchronize (no context is created just for that).
-    const char *sync = "no current context, nothing synchronized";
-    void *h = driver_handle(0);
+    const char* sync = "no current context, nothing synchronized";
+    void* h = driver_handle(0);
     dlsym_fn next = real_dlsym();
     if (h != NULL && next != NULL) {
       ctx_get_current_fn get_current = (ctx_get_current_fn)next(h, "cuCtxGetCurrent");
@@ -204,17 +207,20 @@ static CUresult guarded_reset(enum slot s, CUdevice dev, const void *caller) {
                                  : "current context synchronized with an error (ignored)";
       }
     }
-    log_line("cubridge-reset-guard: policy=deny%s call=%s device=%d tid=%ld caller=%s: "
-             "reset skipped, %s, returning CUDA_SUCCESS",
-             policy_unknown ? " (unknown CUBRIDGE_RESET_POLICY)" : "", slot_names[s], dev, tid,
-             who, sync);
+    log_line(
+        "cubridge-reset-guard: policy=deny%s call=%s device=%d tid=%ld caller=%s: "
+        "reset skipped, %s, returning CUDA_SUCCESS",
+        policy_unknown ? " (unknown CUBRIDGE_RESET_POLICY)" : "", slot_names[s], dev, tid, who,
+        sync);
     return CUDA_SUCCESS;
   }
   reset_fn real = (reset_fn)real_entry(s, 1);
-  if (real == NULL) real = (reset_fn)real_entry(s == SLOT_RESET_V1 ? SLOT_RESET_V2 : SLOT_RESET_V1, 1);
+  if (real == NULL)
+    real = (reset_fn)real_entry(s == SLOT_RESET_V1 ? SLOT_RESET_V2 : SLOT_RESET_V1, 1);
   if (policy == POLICY_LOG)
-    log_line("cubridge-reset-guard: policy=log call=%s device=%d tid=%ld caller=%s: %s", slot_names[s],
-             dev, tid, who, real != NULL ? "resetting" : "driver not found, CUDA_ERROR_NOT_FOUND");
+    log_line("cubridge-reset-guard: policy=log call=%s device=%d tid=%ld caller=%s: %s",
+             slot_names[s], dev, tid, who,
+             real != NULL ? "resetting" : "driver not found, CUDA_ERROR_NOT_FOUND");
   return real != NULL ? real(dev) : CUDA_ERROR_NOT_FOUND;
 }
 
@@ -229,7 +235,7 @@ CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
 // ---------------------------------------------------------------------------------------------
 // cuGetProcAddress: whatever the real one hands out for a reset (or for cuGetProcAddress itself)
 // is kept, and the guard's wrapper is handed out instead.
-static void substitute(const char *symbol, void **pfn, int cuda_version) {
+static void substitute(const char* symbol, void** pfn, int cuda_version) {
   if (symbol == NULL || pfn == NULL || *pfn == NULL || is_wrapper(*pfn)) return;
   enum slot s;
   if (strcmp(symbol, "cuDevicePrimaryCtxReset") == 0)
@@ -246,7 +252,7 @@ static void substitute(const char *symbol, void **pfn, int cuda_version) {
   *pfn = slot_wrapper(s);
 }
 
-CUresult cuGetProcAddress(const char *symbol, void **pfn, int cuda_version, cuuint64_t flags) {
+CUresult cuGetProcAddress(const char* symbol, void** pfn, int cuda_version, cuuint64_t flags) {
   get_proc_v1_fn real = (get_proc_v1_fn)real_entry(SLOT_GET_PROC_V1, 0);
   if (real == NULL) return CUDA_ERROR_NOT_FOUND;
   CUresult r = real(symbol, pfn, cuda_version, flags);
@@ -254,8 +260,8 @@ CUresult cuGetProcAddress(const char *symbol, void **pfn, int cuda_version, cuui
   return r;
 }
 
-CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cuda_version, cuuint64_t flags,
-                             CUdriverProcAddressQueryResult *status) {
+CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int cuda_version, cuuint64_t flags,
+                             CUdriverProcAddressQueryResult* status) {
   get_proc_v2_fn real = (get_proc_v2_fn)real_entry(SLOT_GET_PROC_V2, 0);
   if (real == NULL) return CUDA_ERROR_NOT_FOUND;
   CUresult r = real(symbol, pfn, cuda_version, flags, status);
@@ -271,18 +277,18 @@ CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cuda_version, c
 // real dlsym for every other name, intercepted_dlsym (same signature) for the four names the guard
 // replaces.
 // The slot that `symbol` names exactly, or -1.
-static int slot_of(const char *symbol) {
+static int slot_of(const char* symbol) {
   for (int s = 0; s < SLOT_COUNT; ++s)
     if (strcmp(symbol, slot_names[s]) == 0) return s;
   return -1;
 }
 
-static void *intercepted_dlsym(void *handle, const char *symbol) {
+static void* intercepted_dlsym(void* handle, const char* symbol) {
   dlsym_fn next = real_dlsym();
   if (next == NULL) return NULL;
   // RTLD_NEXT from the guard: the definition after the guard, i.e. the driver's (the guard is
   // preloaded, and only it and the driver define these names).
-  void *p = next(handle, symbol);
+  void* p = next(handle, symbol);
   if (p == NULL || is_wrapper(p)) return p;
   const int s = slot_of(symbol);
   if (s < 0) return p;
@@ -292,7 +298,7 @@ static void *intercepted_dlsym(void *handle, const char *symbol) {
 
 // Called by the trampoline: which function the caller's dlsym call continues in.
 __attribute__((used, visibility("hidden"))) dlsym_fn cubridge_reset_guard_dlsym_target(
-    void *handle, const char *symbol) {
+    void* handle, const char* symbol) {
   (void)handle;
   if (symbol != NULL && slot_of(symbol) >= 0) return intercepted_dlsym;
   dlsym_fn next = real_dlsym();
@@ -300,7 +306,7 @@ __attribute__((used, visibility("hidden"))) dlsym_fn cubridge_reset_guard_dlsym_
 }
 
 #if defined(__x86_64__)
-__attribute__((naked)) void *dlsym(void *handle, const char *symbol) {
+__attribute__((naked)) void* dlsym(void* handle, const char* symbol) {
   (void)handle;
   (void)symbol;
   __asm__ volatile(
@@ -317,7 +323,7 @@ __attribute__((naked)) void *dlsym(void *handle, const char *symbol) {
       "jmp *%rax\n\t");
 }
 #elif defined(__aarch64__)
-__attribute__((naked)) void *dlsym(void *handle, const char *symbol) {
+__attribute__((naked)) void* dlsym(void* handle, const char* symbol) {
   (void)handle;
   (void)symbol;
   __asm__ volatile(
@@ -332,7 +338,7 @@ __attribute__((naked)) void *dlsym(void *handle, const char *symbol) {
 }
 #else
 // Elsewhere a plain call: RTLD_NEXT lookups of other code then start after the guard (README).
-void *dlsym(void *handle, const char *symbol) {
+void* dlsym(void* handle, const char* symbol) {
   return cubridge_reset_guard_dlsym_target(handle, symbol)(handle, symbol);
 }
 #endif

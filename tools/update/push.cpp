@@ -12,8 +12,8 @@
 #include <cubridge/rollback_request.hpp>
 
 #include <httplib.h>
-#include <nlohmann/json.hpp>
 #include <openssl/x509.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <iostream>
@@ -171,7 +171,9 @@ json find_module(const json& status, const std::string& name) {
   return nullptr;
 }
 
-std::string module_path(const std::string& name) { return "/v1/modules/" + percent_encode(name); }
+std::string module_path(const std::string& name) {
+  return "/v1/modules/" + percent_encode(name);
+}
 
 }  // namespace
 
@@ -225,8 +227,8 @@ int update_commands::push() const {
                   << " signs it first: give --key and --version (or push a .bundle)\n";
         return exit_usage;
       }
-      signing_request request{file,     a.key,        a.name, a.version,
-                              a.target, std::nullopt, a.allow_readable_key};
+      signing_request request{
+          file, a.key, a.name, a.version, a.target, std::nullopt, a.allow_readable_key};
       if (!a.expires.empty())
         request.expires = parse_expires(a.expires, std::chrono::system_clock::now());
       const auto key = read_signing_key(request.key, request.allow_readable_key);
@@ -270,8 +272,7 @@ int update_commands::push() const {
     if (code != 200 || !says_true(answer, "promoted")) return report_refusal(code, answer);
     std::cout << "promoted '" << text_field(answer, "module", printable(name)) << "' v"
               << number_field(answer, "version", m.version) << " (was v"
-              << number_field(answer, "previous_version", 0) << ") at " << endpoint.url()
-              << "\n";
+              << number_field(answer, "previous_version", 0) << ") at " << endpoint.url() << "\n";
     return exit_ok;
   } catch (const unreachable& e) {
     std::cerr << "cubridge: " << e.what() << "\n";

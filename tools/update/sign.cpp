@@ -17,7 +17,9 @@
 namespace cubridge::tool {
 namespace {
 
-file_identity identity_of(const struct ::stat& st) { return {st.st_dev, st.st_ino}; }
+file_identity identity_of(const struct ::stat& st) {
+  return {st.st_dev, st.st_ino};
+}
 
 std::string mode_text(mode_t mode) {
   char text[8];
@@ -116,11 +118,12 @@ bundle_manifest peek_manifest(std::span<const std::byte> bundle) {
   if (bundle.size() < 14 || std::memcmp(bundle.data(), "CUBRIDGEB", 9) != 0)
     refuse(bundle_reason::bad_magic, "not a cubridge bundle (no CUBRIDGEB header)");
   std::uint32_t length = 0;
-  for (int i = 3; i >= 0; --i) length = (length << 8) | std::to_integer<std::uint32_t>(bundle[10 + i]);
+  for (int i = 3; i >= 0; --i)
+    length = (length << 8) | std::to_integer<std::uint32_t>(bundle[10 + i]);
   if (length > bundle.size() - 14) refuse(bundle_reason::malformed, "truncated in the manifest");
-  const auto json = nlohmann::json::parse(reinterpret_cast<const char*>(bundle.data()) + 14,
-                                          reinterpret_cast<const char*>(bundle.data()) + 14 + length,
-                                          nullptr, false);
+  const auto json = nlohmann::json::parse(
+      reinterpret_cast<const char*>(bundle.data()) + 14,
+      reinterpret_cast<const char*>(bundle.data()) + 14 + length, nullptr, false);
   if (!json.is_object() || !json.contains("name") || !json["name"].is_string() ||
       !json.contains("version") || !json["version"].is_number_unsigned())
     refuse(bundle_reason::malformed_manifest, "manifest has no name and version");
@@ -132,25 +135,30 @@ bundle_manifest peek_manifest(std::span<const std::byte> bundle) {
 }
 
 int update_commands::sign() const {
-  signing_request request{sign_args_.file, sign_args_.key, sign_args_.name, sign_args_.version,
-                          sign_args_.target, std::nullopt, sign_args_.allow_readable_key};
+  signing_request request{sign_args_.file,
+                          sign_args_.key,
+                          sign_args_.name,
+                          sign_args_.version,
+                          sign_args_.target,
+                          std::nullopt,
+                          sign_args_.allow_readable_key};
   if (!sign_args_.expires.empty())
     request.expires = parse_expires(sign_args_.expires, std::chrono::system_clock::now());
   const auto key = read_signing_key(request.key, request.allow_readable_key);
   const auto payload = read_input(request.file, max_input_bytes, "payload");
   bundle_manifest m;
-  const auto bundle = sign_payload(request, payload.bytes, request.file.extension() == ".cu",
-                                   key.key, &m);
-  const std::filesystem::path out =
-      sign_args_.out.empty() ? m.name + "-v" + std::to_string(m.version) + ".bundle"
-                             : sign_args_.out;
+  const auto bundle =
+      sign_payload(request, payload.bytes, request.file.extension() == ".cu", key.key, &m);
+  const std::filesystem::path out = sign_args_.out.empty()
+                                        ? m.name + "-v" + std::to_string(m.version) + ".bundle"
+                                        : sign_args_.out;
   refuse_overwriting(out, key.identity, request.key, "secret key file");
   refuse_overwriting(out, payload.identity, request.file, "payload");
   // A fresh file renamed into place: never written through a link, never half written.
   detail::write_file_atomically(out, bundle, 0644, true, "bundle");
   std::cout << out.string() << ": module '" << m.name << "' v" << m.version << ", "
-            << to_string(m.kind) << " for " << m.target << ", " << m.payload_size
-            << " bytes, key " << to_hex(m.key_id);
+            << to_string(m.kind) << " for " << m.target << ", " << m.payload_size << " bytes, key "
+            << to_hex(m.key_id);
   if (!m.expires.empty()) std::cout << ", expires " << m.expires;
   std::cout << "\n";
   return exit_ok;

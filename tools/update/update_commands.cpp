@@ -35,8 +35,8 @@ update_commands::update_commands(CLI::App& app) {
   sign_->add_option("--expires", sign_args_.expires, expires_help);
   sign_->add_flag("--allow-readable-key", sign_args_.allow_readable_key, readable_key_help);
 
-  push_ = app.add_subcommand(
-      "push", "Push a module to a service's update endpoint, or roll one back");
+  push_ =
+      app.add_subcommand("push", "Push a module to a service's update endpoint, or roll one back");
   push_->add_option("url", push_args_.url, "The endpoint, e.g. http://127.0.0.1:7070")->required();
   push_->add_option("file", push_args_.file,
                     "A .bundle (sent as is), or a .cu, cubin or fatbin (signed first)");

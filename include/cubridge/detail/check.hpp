@@ -25,21 +25,21 @@ std::string driver_error_name(CUresult result);
 
 // CUBRIDGE_CU(fn, (args...), involved-expr): calls driver::api().fn(args...) and throws
 // cubridge::error naming fn, the CUresult and `involved` (evaluated only on failure).
-#define CUBRIDGE_CU(fn, args, involved)                                                      \
-  do {                                                                                      \
-    const CUresult cubridge_result_ = ::cubridge::driver::api().fn args;                    \
-    if (cubridge_result_ != CUDA_SUCCESS) [[unlikely]]                                      \
-      ::cubridge::detail::throw_driver_error(cubridge_result_, #fn, (involved),             \
-                                             std::source_location::current());              \
+#define CUBRIDGE_CU(fn, args, involved)                                         \
+  do {                                                                          \
+    const CUresult cubridge_result_ = ::cubridge::driver::api().fn args;        \
+    if (cubridge_result_ != CUDA_SUCCESS) [[unlikely]]                          \
+      ::cubridge::detail::throw_driver_error(cubridge_result_, #fn, (involved), \
+                                             std::source_location::current());  \
   } while (false)
 
 // CUBRIDGE_CUDART(call-expr, involved-expr): checks a Runtime API call.
-#define CUBRIDGE_CUDART(call, involved)                                                      \
-  do {                                                                                      \
-    const cudaError_t cubridge_result_ = (call);                                            \
-    if (cubridge_result_ != cudaSuccess) [[unlikely]]                                       \
-      ::cubridge::detail::throw_runtime_error(cubridge_result_, #call, (involved),          \
-                                              std::source_location::current());             \
+#define CUBRIDGE_CUDART(call, involved)                                            \
+  do {                                                                             \
+    const cudaError_t cubridge_result_ = (call);                                   \
+    if (cubridge_result_ != cudaSuccess) [[unlikely]]                              \
+      ::cubridge::detail::throw_runtime_error(cubridge_result_, #call, (involved), \
+                                              std::source_location::current());    \
   } while (false)
 
 namespace cubridge::detail {

@@ -39,7 +39,6 @@ void random_bytes(std::span<std::byte> out);
 
 /// Whether `signature` is `key`'s signature of `domain` followed by `message`.
 [[nodiscard]] bool verify_detached(std::string_view domain, std::string_view message,
-                                   std::span<const std::byte, 64> signature,
-                                   const public_key& key);
+                                   std::span<const std::byte, 64> signature, const public_key& key);
 
 }  // namespace cubridge::detail

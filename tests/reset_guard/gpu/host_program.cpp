@@ -28,7 +28,8 @@ int main(int argc, char** argv) {
   for (std::size_t i = 0; i < n; ++i) pattern[i] = static_cast<unsigned>(i * 2654435761u);
   auto buffer = cubridge::driver_buffer<unsigned>::allocate(primary, n);
   const auto& cu = cubridge::driver::api();
-  if (cu.cuMemcpy(buffer.address(), reinterpret_cast<CUdeviceptr>(pattern.data()), n * 4) != CUDA_SUCCESS)
+  if (cu.cuMemcpy(buffer.address(), reinterpret_cast<CUdeviceptr>(pattern.data()), n * 4) !=
+      CUDA_SUCCESS)
     return 2;
 
   void* library = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
@@ -45,7 +46,8 @@ int main(int argc, char** argv) {
   std::printf("library reset returned %d\n", reset());
 
   std::vector<unsigned> back(n);
-  const CUresult copy = cu.cuMemcpy(reinterpret_cast<CUdeviceptr>(back.data()), buffer.address(), n * 4);
+  const CUresult copy =
+      cu.cuMemcpy(reinterpret_cast<CUdeviceptr>(back.data()), buffer.address(), n * 4);
   const bool reset_seen = primary.was_reset();
   const bool intact = copy == CUDA_SUCCESS && back == pattern && !reset_seen;
   std::printf("host buffer %s (copy %s), primary context %s\n", intact ? "intact" : "DESTROYED",
