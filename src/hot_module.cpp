@@ -58,7 +58,7 @@ std::vector<std::string> interface_of(std::span<const std::byte> image, const st
     detail::throw_errc(errc::precondition, "hot_module::load",
                        "module '" + name +
                            "': the first version exports no kernel that the "
-                           "image inspector can see (a fatbin whose entries are all compressed?)");
+                           "image inspector can see (an image of no kernels, or only LTO IR?)");
   return names;
 }
 

@@ -11,8 +11,8 @@
 //   0x2000 LZ4, 0x8000 zstd, 0x100000 arch-specific "a", 0x200000 family-specific "f".
 //
 // Compression, as CUDA 13.0's nvcc -fatbin writes it (headers of the four fixtures
-// image_kernels.mode_*.fatbin read with tests/test_image.cpp; cuobjdump -lelf -lptx lists the
-// same entries for each mode):
+// image_kernels.mode_*.fatbin read with tests/test_image.cpp, from the entries' flags; not
+// cross-checked with cuobjdump):
 //   --compress-mode=default (or none given): the PTX entry zstd (0x8000), the cubin not;
 //   --compress-mode=speed: the PTX entry LZ4 (0x2000), the cubin not;
 //   --compress-mode=size: both the PTX and the cubin entry zstd;

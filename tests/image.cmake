@@ -36,7 +36,7 @@ cubridge_image_fixture(FATBIN_MULTI image_kernels.multi.fatbin -fatbin --no-comp
   -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90a,code=sm_90a
   -gencode arch=compute_100f,code=sm_100f -gencode arch=compute_90,code=compute_90)
 # The four --compress-mode values, each for one sm_90 cubin and its compute_90 PTX. What each
-# compresses (entry flags, as cuobjdump -lelf -lptx lists the same two entries for all four):
+# compresses, read from each fixture's entry flags (cuobjdump was not at hand to cross-check):
 #   size: cubin and PTX zstd; speed: PTX LZ4, cubin stored; default: PTX zstd, cubin stored;
 #   none: nothing compressed.
 foreach(mode size speed default none)
