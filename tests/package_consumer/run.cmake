@@ -1,25 +1,103 @@
-# Installs cubridge from the build tree into a fresh prefix, then configures, builds and runs a
-# consumer project that finds it with find_package(cubridge).
+# The installed package is complete and relocatable: installs cubridge from the build tree into
+# one prefix, checks the exported targets hold no path of the build machine, MOVES the install
+# tree elsewhere (the first prefix gone), then configures and builds a consumer project against
+# the moved copy with find_package(cubridge): one program per layer, each linking only that
+# layer's target, and a .cu file compiled by nvcc as C++20. Runs every program (none needs a
+# GPU; where there is one, the CUDA program launches a kernel).
+#   -DBUILD_DIR=<cubridge build tree> -DSOURCE_DIR=<cubridge source tree> -DWORK_DIR=<scratch>
+foreach(variable BUILD_DIR SOURCE_DIR WORK_DIR)
+  if(NOT ${variable})
+    message(FATAL_ERROR "run.cmake needs -D${variable}=...")
+  endif()
+endforeach()
+# The consumer is built with the compilers and generator of the library's build.
+load_cache(${BUILD_DIR} READ_WITH_PREFIX cubridge_ CMAKE_GENERATOR CMAKE_MAKE_PROGRAM
+           CMAKE_CXX_COMPILER CMAKE_CUDA_COMPILER CMAKE_BUILD_TYPE)
+
 file(REMOVE_RECURSE ${WORK_DIR})
-execute_process(COMMAND ${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${WORK_DIR}/prefix
+set(staged ${WORK_DIR}/staged/prefix)
+set(moved ${WORK_DIR}/elsewhere/cubridge)
+execute_process(COMMAND ${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${staged}
                 RESULT_VARIABLE r)
 if(r)
   message(FATAL_ERROR "install failed: ${r}")
 endif()
+file(MAKE_DIRECTORY ${WORK_DIR}/elsewhere)
+file(RENAME ${staged} ${moved})
+file(REMOVE_RECURSE ${WORK_DIR}/staged)
+
+# Every layer installed, with its exported target.
+set(package_dir ${moved}/lib/cmake/cubridge)
+foreach(library cubridge cubridge_compile cubridge_bundle cubridge_update)
+  if(NOT EXISTS ${moved}/lib/lib${library}.a)
+    message(FATAL_ERROR "lib/lib${library}.a is not installed")
+  endif()
+endforeach()
+file(GLOB target_files ${package_dir}/cubridge-targets*.cmake)
+if(NOT target_files)
+  message(FATAL_ERROR "no cubridge-targets*.cmake installed in ${package_dir}")
+endif()
+set(exported "")
+foreach(file ${target_files})
+  file(READ ${file} text)
+  string(APPEND exported "${text}")
+endforeach()
+foreach(target cubridge::cubridge cubridge::compile cubridge::bundle cubridge::update)
+  if(NOT exported MATCHES "add_library\\(${target} STATIC IMPORTED\\)")
+    message(FATAL_ERROR "the package does not export ${target}")
+  endif()
+endforeach()
+
+# No path of the build machine in the exported targets: only ${_IMPORT_PREFIX}/... and target
+# names (the private dependencies are found again by cubridge-config.cmake).
+foreach(forbidden "/usr/lib" "/usr/local/cuda" "${BUILD_DIR}" "${SOURCE_DIR}" "${staged}")
+  string(FIND "${exported}" "${forbidden}" at)
+  if(NOT at EQUAL -1)
+    string(SUBSTRING "${exported}" ${at} 120 excerpt)
+    message(FATAL_ERROR "the exported targets name '${forbidden}': ...${excerpt}...")
+  endif()
+endforeach()
+# Any absolute path at all inside a property value (a quoted string or list item starting '/').
+if(exported MATCHES "[\";]/[A-Za-z0-9_.-][^\";]*")
+  message(FATAL_ERROR "the exported targets hold an absolute path: ${CMAKE_MATCH_0}")
+endif()
+
 execute_process(COMMAND ${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/package_consumer/project
-                -B ${WORK_DIR}/build -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix RESULT_VARIABLE r)
+                -B ${WORK_DIR}/build -G "${cubridge_CMAKE_GENERATOR}"
+                "-DCMAKE_MAKE_PROGRAM=${cubridge_CMAKE_MAKE_PROGRAM}"
+                "-DCMAKE_CXX_COMPILER=${cubridge_CMAKE_CXX_COMPILER}"
+                "-DCMAKE_CUDA_COMPILER=${cubridge_CMAKE_CUDA_COMPILER}"
+                "-DCMAKE_BUILD_TYPE=${cubridge_CMAKE_BUILD_TYPE}"
+                -DCMAKE_PREFIX_PATH=${moved} -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF
+                RESULT_VARIABLE r)
 if(r)
   message(FATAL_ERROR "configuring the consumer failed: ${r}")
+endif()
+load_cache(${WORK_DIR}/build READ_WITH_PREFIX consumer_ cubridge_DIR)
+file(REAL_PATH "${consumer_cubridge_DIR}" found_dir)
+file(REAL_PATH "${package_dir}" expected_dir)
+if(NOT found_dir STREQUAL expected_dir)
+  message(FATAL_ERROR "the consumer found cubridge in '${consumer_cubridge_DIR}', not in the moved "
+                      "copy '${package_dir}'")
 endif()
 execute_process(COMMAND ${CMAKE_COMMAND} --build ${WORK_DIR}/build RESULT_VARIABLE r)
 if(r)
   message(FATAL_ERROR "building the consumer failed: ${r}")
 endif()
-execute_process(COMMAND ${WORK_DIR}/build/consumer RESULT_VARIABLE r OUTPUT_VARIABLE out)
-message(STATUS "consumer said: ${out}")
-if(r)
-  message(FATAL_ERROR "the consumer failed: ${r}")
-endif()
-if(NOT out MATCHES "cubridge consumer: (driver [0-9]+|no GPU: .+)")
-  message(FATAL_ERROR "unexpected consumer output: ${out}")
-endif()
+
+function(run_consumer program expected)
+  execute_process(COMMAND ${WORK_DIR}/build/${program} RESULT_VARIABLE r OUTPUT_VARIABLE out
+                  ERROR_VARIABLE err)
+  message(STATUS "${program} said: ${out}${err}")
+  if(r)
+    message(FATAL_ERROR "${program} failed: ${r}")
+  endif()
+  if(NOT out MATCHES "${expected}")
+    message(FATAL_ERROR "unexpected output of ${program}: ${out}")
+  endif()
+endfunction()
+run_consumer(consumer_core "cubridge consumer core: (driver [0-9]+|no GPU: .+)")
+run_consumer(consumer_compile "cubridge consumer compile: nvrtc [0-9]+\\.[0-9]+ nvJitLink [0-9]+")
+run_consumer(consumer_bundle "cubridge consumer bundle: signed and verified [0-9]+ bytes")
+run_consumer(consumer_update "cubridge consumer update: endpoint listened at http://127\\.0\\.0\\.1:[0-9]+")
+run_consumer(consumer_cuda "cubridge consumer cuda: (kernel wrote 7|no GPU: .+)")
