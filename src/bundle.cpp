@@ -1,13 +1,18 @@
 // Signed module bundles; the format is specified in docs/bundle-format.md.
 #include <cubridge/bundle.hpp>
+#include <cubridge/detail/enum_names.hpp>
 #include <cubridge/detail/file_io.hpp>
+#include <cubridge/detail/hex.hpp>
 #include <cubridge/detail/signing.hpp>
 #include <cubridge/image.hpp>
+
+#include "ensure_sodium.hpp"
 
 #include <sodium.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -39,12 +44,7 @@ static_assert(crypto_sign_PUBLICKEYBYTES == 32 && crypto_sign_SEEDBYTES == 32);
   throw bundle_error(reason, std::move(call), std::move(involved), where);
 }
 
-void ensure_sodium() {
-  // sodium_init is thread-safe and idempotent; the static makes later calls free.
-  static const int result = sodium_init();
-  if (result < 0)
-    detail::throw_errc(errc::precondition, "sodium_init", "libsodium failed to initialise");
-}
+using detail::ensure_sodium;
 
 const unsigned char* as_uchar(const std::byte* p) {
   return reinterpret_cast<const unsigned char*>(p);
@@ -53,46 +53,10 @@ unsigned char* as_uchar(std::byte* p) {
   return reinterpret_cast<unsigned char*>(p);
 }
 
-std::string hex(std::span<const std::byte> bytes) {
-  static constexpr char digits[] = "0123456789abcdef";
-  std::string out;
-  out.reserve(bytes.size() * 2);
-  for (std::byte b : bytes) {
-    out += digits[std::to_integer<unsigned>(b) >> 4];
-    out += digits[std::to_integer<unsigned>(b) & 0xF];
-  }
-  return out;
-}
-
-int hex_digit(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
-
-// Parses exactly out.size() * 2 hex digits; false on anything else.
-bool parse_hex(std::string_view text, std::span<std::byte> out) {
-  if (text.size() != out.size() * 2) return false;
-  for (std::size_t i = 0; i < out.size(); ++i) {
-    const int hi = hex_digit(text[2 * i]);
-    const int lo = hex_digit(text[2 * i + 1]);
-    if (hi < 0 || lo < 0) return false;
-    out[i] = static_cast<std::byte>(hi * 16 + lo);
-  }
-  return true;
-}
-
-bool is_lower_hex(std::string_view text, std::size_t length) {
-  return text.size() == length && std::all_of(text.begin(), text.end(), [](char c) {
-           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
-         });
-}
-
 std::string sha256_hex(std::span<const std::byte> payload) {
   std::array<std::byte, crypto_hash_sha256_BYTES> digest{};
   crypto_hash_sha256(as_uchar(digest.data()), as_uchar(payload.data()), payload.size());
-  return hex(digest);
+  return detail::to_hex(digest);
 }
 
 // What a signature covers: the domain-separation string, then the message bytes.
@@ -134,11 +98,34 @@ int parse_target(std::string_view target) {
   return value;
 }
 
+// The manifest's spelling of each kind, the one to_string(payload_kind) returns.
+constexpr std::array<detail::enum_name<payload_kind>, 3> payload_kind_names{{
+    {payload_kind::cubin, "cubin"},
+    {payload_kind::fatbin, "fatbin"},
+    {payload_kind::cuda_source, "cuda_source"},
+}};
+static_assert(detail::lists_values_in_order(payload_kind_names));
+
+constexpr std::array<detail::enum_name<bundle_reason>, 14> bundle_reason_names{{
+    {bundle_reason::too_large, "too_large"},
+    {bundle_reason::bad_magic, "bad_magic"},
+    {bundle_reason::unsupported_version, "unsupported_version"},
+    {bundle_reason::malformed, "malformed"},
+    {bundle_reason::malformed_manifest, "malformed_manifest"},
+    {bundle_reason::invalid_manifest, "invalid_manifest"},
+    {bundle_reason::unknown_key, "unknown_key"},
+    {bundle_reason::unsigned_bundle, "unsigned_bundle"},
+    {bundle_reason::bad_signature, "bad_signature"},
+    {bundle_reason::expired, "expired"},
+    {bundle_reason::payload_mismatch, "payload_mismatch"},
+    {bundle_reason::payload_kind_mismatch, "payload_kind_mismatch"},
+    {bundle_reason::target_mismatch, "target_mismatch"},
+    {bundle_reason::bad_key, "bad_key"},
+}};
+static_assert(detail::lists_values_in_order(bundle_reason_names));
+
 std::optional<payload_kind> parse_kind(std::string_view text) {
-  if (text == "cubin") return payload_kind::cubin;
-  if (text == "fatbin") return payload_kind::fatbin;
-  if (text == "cuda_source") return payload_kind::cuda_source;
-  return std::nullopt;
+  return detail::value_of(payload_kind_names, text);
 }
 
 std::string format_time_text(std::chrono::sys_seconds t) {
@@ -353,7 +340,7 @@ bundle_manifest read_manifest(std::string_view bytes) {
     refuse(bundle_reason::invalid_manifest, call, "kind is not cubin, fatbin or cuda_source");
   m.kind = *kind;
   m.payload_sha256 = text("payload_sha256");
-  if (!is_lower_hex(m.payload_sha256, 64))
+  if (!detail::is_lower_hex(m.payload_sha256, 64))
     refuse(bundle_reason::invalid_manifest, call, "payload_sha256 is not 64 lower-case hex digits");
   m.payload_size = number("payload_size");
   m.created = text("created");
@@ -372,7 +359,7 @@ bundle_manifest read_manifest(std::string_view bytes) {
              "expires " + m.expires + " is not after created " + m.created);
   }
   const auto& id = text("key_id");
-  if (!is_lower_hex(id, 16) || !parse_hex(id, m.key_id))
+  if (!detail::is_lower_hex(id, 16) || !detail::parse_hex(id, m.key_id))
     refuse(bundle_reason::invalid_manifest, call, "key_id is not 16 lower-case hex digits");
   return m;
 }
@@ -400,49 +387,11 @@ std::string printable(std::string_view name) {
 // --- names and errors -------------------------------------------------------------------------
 
 std::string_view to_string(bundle_reason reason) noexcept {
-  switch (reason) {
-    case bundle_reason::too_large:
-      return "too_large";
-    case bundle_reason::bad_magic:
-      return "bad_magic";
-    case bundle_reason::unsupported_version:
-      return "unsupported_version";
-    case bundle_reason::malformed:
-      return "malformed";
-    case bundle_reason::malformed_manifest:
-      return "malformed_manifest";
-    case bundle_reason::invalid_manifest:
-      return "invalid_manifest";
-    case bundle_reason::unknown_key:
-      return "unknown_key";
-    case bundle_reason::unsigned_bundle:
-      return "unsigned_bundle";
-    case bundle_reason::bad_signature:
-      return "bad_signature";
-    case bundle_reason::expired:
-      return "expired";
-    case bundle_reason::payload_mismatch:
-      return "payload_mismatch";
-    case bundle_reason::payload_kind_mismatch:
-      return "payload_kind_mismatch";
-    case bundle_reason::target_mismatch:
-      return "target_mismatch";
-    case bundle_reason::bad_key:
-      return "bad_key";
-  }
-  return "unknown";
+  return detail::name_of(bundle_reason_names, reason, "unknown");
 }
 
 std::string_view to_string(payload_kind kind) noexcept {
-  switch (kind) {
-    case payload_kind::cubin:
-      return "cubin";
-    case payload_kind::fatbin:
-      return "fatbin";
-    case payload_kind::cuda_source:
-      return "cuda_source";
-  }
-  return "unknown";
+  return detail::name_of(payload_kind_names, kind, "unknown");
 }
 
 bundle_error::bundle_error(bundle_reason reason, std::string call, std::string involved,
@@ -460,7 +409,7 @@ std::string check_module_name(std::string_view name) {
 // --- keys -------------------------------------------------------------------------------------
 
 std::string to_hex(const key_id& id) {
-  return hex(id);
+  return detail::to_hex(id);
 }
 
 key_id public_key::id() const {
@@ -510,10 +459,10 @@ keypair generate_keypair() {
 }
 
 std::string to_text(const public_key& key) {
-  return std::string(public_key_prefix) + hex(key.bytes) + "\n";
+  return std::string(public_key_prefix) + detail::to_hex(key.bytes) + "\n";
 }
 std::string to_text(const secret_key& key) {
-  return std::string(secret_key_prefix) + hex(key.seed()) + "\n";
+  return std::string(secret_key_prefix) + detail::to_hex(key.seed()) + "\n";
 }
 
 namespace {
@@ -521,7 +470,7 @@ std::array<std::byte, 32> key_bytes_from_text(std::string_view text, std::string
                                               const char* call) {
   if (text.ends_with('\n')) text.remove_suffix(1);
   std::array<std::byte, 32> bytes{};
-  if (!text.starts_with(prefix) || !parse_hex(text.substr(prefix.size()), bytes))
+  if (!text.starts_with(prefix) || !detail::parse_hex(text.substr(prefix.size()), bytes))
     refuse(bundle_reason::bad_key, call, "expected \"" + std::string(prefix) + "<64 hex digits>\"");
   return bytes;
 }
@@ -664,14 +613,6 @@ std::vector<std::byte> sign_bundle_unchecked(std::string_view manifest,
   const auto signature = sign_detached(signature_domain, manifest, key);
   out.insert(out.end(), signature.begin(), signature.end());
   return out;
-}
-
-std::string to_hex(std::span<const std::byte> bytes) {
-  return hex(bytes);
-}
-
-bool parse_lower_hex(std::string_view text, std::span<std::byte> out) {
-  return is_lower_hex(text, out.size() * 2) && parse_hex(text, out);
 }
 
 void random_bytes(std::span<std::byte> out) {

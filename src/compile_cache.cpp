@@ -2,7 +2,11 @@
 // entry format with its keyed tag, atomic writes, verified reads and eviction.
 // compile_cache.hpp documents the behaviour, docs/compile-cache.md the trust model.
 #include <cubridge/compile_cache.hpp>
+#include <cubridge/detail/file_io.hpp>
+#include <cubridge/detail/hex.hpp>
 #include <cubridge/unique_fd.hpp>
+
+#include "ensure_sodium.hpp"
 
 #include <sodium.h>
 
@@ -51,6 +55,8 @@ constexpr std::size_t entry_header_bytes = 8 + 4 + 4 + 8 + hash_bytes + hash_byt
 constexpr std::size_t entry_tagged_header_bytes = entry_header_bytes - hash_bytes;
 // An entry larger than this is not read (a corrupt length, or not ours).
 constexpr std::uint64_t max_entry_bytes = std::uint64_t{1} << 31;
+/// The largest file the include scan reads (compile_cache.hpp): far above any real header.
+constexpr std::uint64_t max_included_file_bytes = std::uint64_t{256} << 20;
 constexpr std::string_view entry_suffix = ".entry";
 // ".tmp-cubridge-<64 hex>-<pid>-<counter>-<16 hex>": the only temporary files cleanup removes.
 constexpr std::string_view temp_prefix = ".tmp-cubridge-";
@@ -64,10 +70,7 @@ static_assert(mac_key_bytes == 32);
 using hash_value = std::array<unsigned char, hash_bytes>;
 using mac_key = std::array<unsigned char, mac_key_bytes>;
 
-void ensure_sodium() {
-  static const bool ready = sodium_init() >= 0;
-  if (!ready) detail::throw_errc(errc::precondition, "sodium_init", "libsodium failed to start");
-}
+using detail::ensure_sodium;
 
 /// BLAKE2b-256 over a sequence of tagged, length-prefixed fields: unambiguous, so two different
 /// inputs never serialise to the same bytes.
@@ -116,16 +119,7 @@ hash_value entry_tag(const mac_key& secret, const unsigned char* header,
   return out;
 }
 
-std::string to_hex(const hash_value& value) {
-  static constexpr char digits[] = "0123456789abcdef";
-  std::string hex;
-  hex.reserve(value.size() * 2);
-  for (unsigned char byte : value) {
-    hex += digits[byte >> 4];
-    hex += digits[byte & 15];
-  }
-  return hex;
-}
+using detail::to_hex;
 
 std::string version_text(library_version v) {
   return std::to_string(v.major) + "." + std::to_string(v.minor);
@@ -169,11 +163,7 @@ std::string make_temp_name(std::string_view tag_hex) {
   ensure_sodium();
   std::array<unsigned char, 8> random{};
   randombytes_buf(random.data(), random.size());
-  std::string suffix;
-  for (unsigned char byte : random) {
-    suffix += "0123456789abcdef"[byte >> 4];
-    suffix += "0123456789abcdef"[byte & 15];
-  }
+  const std::string suffix = detail::to_hex(random);
   return std::string(temp_prefix) + std::string(tag_hex) + "-" + std::to_string(::getpid()) + "-" +
          std::to_string(counter.fetch_add(1)) + "-" + suffix;
 }
@@ -435,27 +425,12 @@ std::vector<include_directive> find_includes(std::string_view text) {
   return found;
 }
 
+/// The content of an included file: a regular file of at most max_included_file_bytes, opened
+/// without blocking (detail::read_regular_file), so a file swapped for a FIFO after the scan
+/// checked it is refused instead of hanging the lookup.
 std::string read_whole_file(const fs::path& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0)
-    detail::throw_errc(errc::io, "open",
-                       "reading included file '" + path.string() + "': " + std::strerror(errno));
-  std::string content;
-  char buffer[65536];
-  for (;;) {
-    const ssize_t n = ::read(fd, buffer, sizeof buffer);
-    if (n == 0) break;
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      const int saved = errno;
-      ::close(fd);
-      detail::throw_errc(errc::io, "read",
-                         "reading included file '" + path.string() + "': " + std::strerror(saved));
-    }
-    content.append(buffer, static_cast<std::size_t>(n));
-  }
-  ::close(fd);
-  return content;
+  const auto bytes = detail::read_regular_file(path, max_included_file_bytes, "included file");
+  return {reinterpret_cast<const char*>(bytes.data()), bytes.size()};
 }
 
 fs::path directory_of(std::string_view name) {

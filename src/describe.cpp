@@ -1,11 +1,9 @@
 #include <cubridge/detail/describe.hpp>
 
-#include <cstdio>
+#include <cubridge/detail/hex.hpp>
 
 namespace cubridge::detail {
 std::string hex(std::uintptr_t value) {
-  char buffer[2 + 16 + 1];
-  std::snprintf(buffer, sizeof buffer, "0x%llx", static_cast<unsigned long long>(value));
-  return buffer;
+  return hex_number(value);
 }
 }  // namespace cubridge::detail

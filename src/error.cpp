@@ -1,9 +1,11 @@
 #include <cubridge/detail/check.hpp>
+#include <cubridge/detail/enum_names.hpp>
 #include <cubridge/driver.hpp>
 #include <cubridge/error.hpp>
 
 #include <cuda_runtime_api.h>
 
+#include <array>
 #include <string>
 
 namespace cubridge {
@@ -50,31 +52,21 @@ std::string_view describe(errc code) noexcept {
 }  // namespace
 
 std::string_view to_string(errc code) noexcept {
-  switch (code) {
-    case errc::no_driver:
-      return "CUBRIDGE_NO_DRIVER";
-    case errc::bad_image:
-      return "CUBRIDGE_BAD_IMAGE";
-    case errc::incompatible_image:
-      return "CUBRIDGE_INCOMPATIBLE_IMAGE";
-    case errc::bad_launch_arguments:
-      return "CUBRIDGE_BAD_LAUNCH_ARGUMENTS";
-    case errc::context_reset:
-      return "CUBRIDGE_CONTEXT_RESET";
-    case errc::precondition:
-      return "CUBRIDGE_PRECONDITION";
-    case errc::io:
-      return "CUBRIDGE_IO";
-    case errc::version_rejected:
-      return "CUBRIDGE_VERSION_REJECTED";
-    case errc::bad_bundle:
-      return "CUBRIDGE_BAD_BUNDLE";
-    case errc::guest_damage:
-      return "CUBRIDGE_GUEST_DAMAGE";
-    case errc::sandbox_failure:
-      return "CUBRIDGE_SANDBOX_FAILURE";
-  }
-  return "CUBRIDGE_UNKNOWN";
+  static constexpr std::array<detail::enum_name<errc>, 11> names{{
+      {errc::no_driver, "CUBRIDGE_NO_DRIVER"},
+      {errc::bad_image, "CUBRIDGE_BAD_IMAGE"},
+      {errc::incompatible_image, "CUBRIDGE_INCOMPATIBLE_IMAGE"},
+      {errc::bad_launch_arguments, "CUBRIDGE_BAD_LAUNCH_ARGUMENTS"},
+      {errc::context_reset, "CUBRIDGE_CONTEXT_RESET"},
+      {errc::precondition, "CUBRIDGE_PRECONDITION"},
+      {errc::io, "CUBRIDGE_IO"},
+      {errc::version_rejected, "CUBRIDGE_VERSION_REJECTED"},
+      {errc::bad_bundle, "CUBRIDGE_BAD_BUNDLE"},
+      {errc::guest_damage, "CUBRIDGE_GUEST_DAMAGE"},
+      {errc::sandbox_failure, "CUBRIDGE_SANDBOX_FAILURE"},
+  }};
+  static_assert(detail::lists_values_in_order(names, 1));  // errc starts at 1
+  return detail::name_of(names, code, "CUBRIDGE_UNKNOWN");
 }
 
 error::error(error_source source, int code, std::string code_name, std::string description,

@@ -4,11 +4,14 @@
 // starts with the format facts it relies on.
 
 #include "cubridge/image.hpp"
+#include "cubridge/detail/enum_names.hpp"
 #include "cubridge/detail/file_io.hpp"
+#include "cubridge/detail/hex.hpp"
 #include "cubridge/detail/loaded_kernels.hpp"
 #include "image_internal.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <limits>
 #include <optional>
@@ -20,23 +23,14 @@ namespace cubridge {
 namespace image_internal {
 
 std::string hex(std::uint64_t v) {
-  static constexpr char digits[] = "0123456789abcdef";
-  std::string s;
-  do {
-    s.insert(s.begin(), digits[v & 0xf]);
-    v >>= 4;
-  } while (v != 0);
-  return "0x" + s;
+  return detail::hex_number(v);
 }
 
 std::string first_bytes(byte_span d) {
   std::string s;
-  static constexpr char digits[] = "0123456789abcdef";
   for (std::size_t i = 0; i < d.size() && i < 8; ++i) {
-    auto b = std::to_integer<unsigned>(d[i]);
     if (i != 0) s += ' ';
-    s += digits[b >> 4];
-    s += digits[b & 0xf];
+    detail::append_hex(s, std::to_integer<unsigned char>(d[i]));
   }
   if (d.size() > 8) s += " ...";
   return s;
@@ -134,17 +128,14 @@ image_info single_target(image_kind kind, parsed_code code, const source& s) {
 }  // namespace
 
 std::string_view to_string(image_kind kind) noexcept {
-  switch (kind) {
-    case image_kind::cubin:
-      return "cubin";
-    case image_kind::fatbin:
-      return "fatbin";
-    case image_kind::ptx:
-      return "ptx";
-    case image_kind::lto_ir:
-      return "lto_ir";
-  }
-  return "unknown";
+  static constexpr std::array<detail::enum_name<image_kind>, 4> names{{
+      {image_kind::cubin, "cubin"},
+      {image_kind::fatbin, "fatbin"},
+      {image_kind::ptx, "ptx"},
+      {image_kind::lto_ir, "lto_ir"},
+  }};
+  static_assert(detail::lists_values_in_order(names));
+  return detail::name_of(names, kind, "unknown");
 }
 
 const image_kernel* image_info::find_kernel(std::string_view name) const noexcept {

@@ -1,21 +1,23 @@
+#include <cubridge/detail/enum_names.hpp>
 #include <cubridge/module_sink.hpp>
+
+#include <array>
 
 namespace cubridge {
 
+namespace {
+constexpr std::array<detail::enum_name<sink_outcome>, 5> sink_outcome_names{{
+    {sink_outcome::done, "done"},
+    {sink_outcome::unknown_module, "unknown_module"},
+    {sink_outcome::rejected, "rejected"},
+    {sink_outcome::no_previous_version, "no_previous_version"},
+    {sink_outcome::failed, "failed"},
+}};
+static_assert(detail::lists_values_in_order(sink_outcome_names));
+}  // namespace
+
 std::string_view to_string(sink_outcome outcome) noexcept {
-  switch (outcome) {
-    case sink_outcome::done:
-      return "done";
-    case sink_outcome::unknown_module:
-      return "unknown_module";
-    case sink_outcome::rejected:
-      return "rejected";
-    case sink_outcome::no_previous_version:
-      return "no_previous_version";
-    case sink_outcome::failed:
-      return "failed";
-  }
-  return "unknown";
+  return detail::name_of(sink_outcome_names, outcome, "unknown");
 }
 
 }  // namespace cubridge

@@ -1,6 +1,7 @@
 // The persisted replay state of the update endpoint; see update_state.hpp and
 // docs/update-endpoint.md ("Replay state").
 #include <cubridge/bundle.hpp>
+#include <cubridge/detail/enum_names.hpp>
 #include <cubridge/detail/file_io.hpp>
 #include <cubridge/detail/signing.hpp>
 #include <cubridge/update_state.hpp>
@@ -159,17 +160,14 @@ void write_atomically(const std::filesystem::path& path, std::string_view text) 
 }  // namespace
 
 std::string_view to_string(update_state_reason reason) noexcept {
-  switch (reason) {
-    case update_state_reason::unreadable:
-      return "unreadable";
-    case update_state_reason::too_large:
-      return "too_large";
-    case update_state_reason::corrupt:
-      return "corrupt";
-    case update_state_reason::write_failed:
-      return "write_failed";
-  }
-  return "unknown";
+  static constexpr std::array<detail::enum_name<update_state_reason>, 4> names{{
+      {update_state_reason::unreadable, "unreadable"},
+      {update_state_reason::too_large, "too_large"},
+      {update_state_reason::corrupt, "corrupt"},
+      {update_state_reason::write_failed, "write_failed"},
+  }};
+  static_assert(detail::lists_values_in_order(names));
+  return detail::name_of(names, reason, "unknown");
 }
 
 update_state_error::update_state_error(update_state_reason reason, std::string call,

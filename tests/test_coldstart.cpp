@@ -802,6 +802,24 @@ TEST(coldstart_tool, the_probe_without_a_driver_reports_json_and_exits_69) {
   EXPECT_EQ(r.phases[0].phase, "process_start");
 }
 
+TEST(coldstart_tool, the_probe_refuses_a_fifo_as_its_image_instead_of_hanging) {
+  // The image is read (detail::read_regular_file) before the driver is loaded, so this runs
+  // with or without one. The old std::ifstream blocked in open() until the deadline.
+  cubridge::testing::temp_dir dir;
+  const auto fifo = dir.path / "k.cubin";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const auto run = cs::run_child(
+      {CUBRIDGE_TOOL_PATH,
+       {"coldstart-probe", "--scenario", "cubin", "--loading", "lazy", "--cubin", fifo.string()},
+       cs::environment_with({}, {}),
+       60s});
+  ASSERT_EQ(run.how, cs::child_outcome::end::exited) << run.describe();
+  EXPECT_EQ(run.exit_code, 1);
+  const auto r = cs::interpret_child(run, cs::loading_mode::lazy, cs::scenario::cubin, 1);
+  EXPECT_FALSE(r.ok);
+  EXPECT_EQ(r.error, "'" + fifo.string() + "' is a FIFO, not a regular file");
+}
+
 TEST(coldstart_tool, bad_runs_or_loading_is_a_usage_error) {
   const auto runs = run_tool({"coldstart", "--runs", "0"});
   EXPECT_EQ(runs.exit_code, 64);
@@ -835,6 +853,19 @@ TEST(coldstart_tool, renders_an_earlier_json_file) {
   EXPECT_EQ(bad.exit_code, 1);
   EXPECT_NE(bad.stderr_tail.find("is not a coldstart JSON file"), std::string::npos)
       << bad.stderr_tail;
+
+  // Read through detail::read_regular_file: a FIFO is refused at once (std::ifstream blocked in
+  // open() until a writer came; CLI11's ExistingFile check lets a FIFO through).
+  const auto fifo = dir.path / "fifo.json";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const auto from_fifo = cs::run_child({CUBRIDGE_TOOL_PATH,
+                                        {"coldstart", "--from", fifo.string()},
+                                        cs::environment_with({}, {}),
+                                        60s});
+  ASSERT_EQ(from_fifo.how, cs::child_outcome::end::exited) << from_fifo.describe();
+  EXPECT_EQ(from_fifo.exit_code, 1);
+  EXPECT_EQ(from_fifo.stderr_tail,
+            "cubridge coldstart: '" + fifo.string() + "' is a FIFO, not a regular file\n");
 }
 
 TEST(coldstart_tool, measures_every_scenario_and_mode_in_fresh_children) {

@@ -306,6 +306,29 @@ void corrupt_and_expect_rebuild(const std::function<void(const fs::path&)>& dama
   EXPECT_EQ(served.cubin, good.cubin);
 }
 
+TEST(CompileCache, IncludedFileOverTheLimitIsRefusedNamingIt) {
+  // The scan reads included files through detail::read_regular_file: one over 256 MiB (sparse
+  // here, so it costs no disk) is an errc::io error naming it, not read into memory and hashed.
+  temp_dir dir;
+  auto cache = cubridge::compile_cache::open(dir.path / "cache");
+  fs::create_directories(dir.path / "inc");
+  const fs::path huge = dir.path / "inc" / "huge.cuh";
+  { std::ofstream(huge).put('\n'); }
+  fs::resize_file(huge, (std::uintmax_t{256} << 20) + 1);
+  const cubridge::cuda_source src{.name = "k.cu", .text = "#include \"huge.cuh\"\n"};
+  const cubridge::compile_options options{.include_paths = {dir.path / "inc"}};
+  try {
+    (void)cache.key_for(src, options);
+    ADD_FAILURE() << "an included file over the limit was read";
+  } catch (const cubridge::error& e) {
+    EXPECT_TRUE(e.is(cubridge::errc::io)) << e.what();
+    const std::string what = e.what();
+    EXPECT_NE(what.find("read included file"), std::string::npos) << what;
+    EXPECT_NE(what.find(huge.string()), std::string::npos) << what;
+    EXPECT_NE(what.find("256 MiB"), std::string::npos) << what;
+  }
+}
+
 TEST(CompileCache, FlippedPayloadByteIsDroppedAndRebuilt) {
   corrupt_and_expect_rebuild([](const fs::path& entry) {
     std::string bytes = read_text(entry);

@@ -23,6 +23,9 @@
 // change with the NVRTC version, which is in the key); environment variables. The scan does
 // not evaluate `#if`, so it may hash files the compile does not read (a wasted miss at worst,
 // never a wrong hit). Sources with computed includes should give their headers in memory.
+// Each included file found is read only if it is a regular file of at most 256 MiB, opened
+// without blocking: a bigger one, or one that turned into a FIFO or a device after the scan
+// saw it, is an errc::io error naming the path ("read included file"), never a hang.
 //
 // Trust model (docs/compile-cache.md): the cache is private to one user. The directory must be
 // owned by the effective user and not writable by group or others, and every directory above it
@@ -114,7 +117,7 @@ class compile_cache {
   /// The cached result of nvrtc_compile(source, options), compiling and storing it on a miss.
   /// A failure to store is counted (stats().store_failures), not thrown.
   /// Throws as nvrtc_compile for the compile, and cubridge::error (errc::io) when an included
-  /// file exists but cannot be read while building the key.
+  /// file exists but cannot be read while building the key (see the scan's limits above).
   [[nodiscard]] compiled_image get_or_compile(const cuda_source& source,
                                               const compile_options& options = {});
 

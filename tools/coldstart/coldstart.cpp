@@ -6,6 +6,9 @@
 #include "render_svg.hpp"
 #include "render_table.hpp"
 
+#include <cubridge/detail/file_io.hpp>
+#include <cubridge/error.hpp>
+
 #include <nlohmann/json.hpp>
 
 #include <stdlib.h>
@@ -13,6 +16,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
@@ -144,11 +149,18 @@ class progress {
   std::string prefix_;
 };
 
+/// The report `--from` names: a regular file of at most 64 MiB (detail::read_regular_file), so
+/// a FIFO or a device is refused at once instead of blocking the command.
 report load_report(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw command_error("cannot read " + path, exit_failure);
+  std::vector<std::byte> bytes;
   try {
-    return nlohmann::json::parse(in).get<report>();
+    bytes = cubridge::detail::read_regular_file(path, std::uint64_t{64} << 20, "coldstart report");
+  } catch (const cubridge::error& e) {
+    throw command_error(e.involved(), exit_failure);
+  }
+  const auto* first = reinterpret_cast<const char*>(bytes.data());
+  try {
+    return nlohmann::json::parse(first, first + bytes.size()).get<report>();
   } catch (const std::exception& e) {
     throw command_error(path + " is not a coldstart JSON file: " + e.what(), exit_failure);
   }

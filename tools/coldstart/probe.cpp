@@ -22,6 +22,7 @@
 #include "kernel_source.hpp"
 #include "phase_timings.hpp"
 
+#include <cubridge/detail/file_io.hpp>
 #include <cubridge/driver.hpp>
 #include <cubridge/error.hpp>
 
@@ -34,9 +35,9 @@
 #include <algorithm>
 #include <cctype>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
-#include <iterator>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -91,10 +92,18 @@ int abi_version(std::string_view name) {
   return CUDA_VERSION;
 }
 
+/// The cubin or PTX the parent wrote, through detail::read_regular_file: a FIFO or a device at
+/// the path is refused ("'<path>' is a FIFO, not a regular file") instead of hanging the probe
+/// until its deadline.
 std::vector<char> read_file(const std::string& path, bool nul_terminate) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw probe_failure("cannot read " + path, false);
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<std::byte> raw;
+  try {
+    raw = cubridge::detail::read_regular_file(path, std::uint64_t{2} << 30, "image");
+  } catch (const cubridge::error& e) {
+    throw probe_failure(e.involved(), false);
+  }
+  const auto* first = reinterpret_cast<const char*>(raw.data());
+  std::vector<char> bytes(first, first + raw.size());
   if (nul_terminate && (bytes.empty() || bytes.back() != '\0')) bytes.push_back('\0');
   return bytes;
 }

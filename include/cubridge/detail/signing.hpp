@@ -1,9 +1,10 @@
 #pragma once
-// Ed25519 detached signatures with a domain-separation string, and the lower-case hex the signed
-// formats spell bytes in: one implementation for bundles (bundle.cpp, which defines these over
-// libsodium) and signed rollback requests (rollback_request.cpp).
+// Ed25519 detached signatures with a domain-separation string: one implementation for bundles
+// (bundle.cpp, which defines these over libsodium) and signed rollback requests
+// (rollback_request.cpp). The lower-case hex the signed formats spell bytes in is detail/hex.hpp.
 
 #include <cubridge/bundle.hpp>
+#include <cubridge/detail/hex.hpp>  // to_hex and parse_lower_hex, which the signed formats use
 
 #include <array>
 #include <cstddef>
@@ -12,12 +13,6 @@
 #include <string_view>
 
 namespace cubridge::detail {
-
-/// `bytes` as lower-case hex, two digits a byte.
-[[nodiscard]] std::string to_hex(std::span<const std::byte> bytes);
-
-/// Parses exactly out.size() * 2 lower-case hex digits into `out`; false on anything else.
-[[nodiscard]] bool parse_lower_hex(std::string_view text, std::span<std::byte> out);
 
 /// What is wrong with `text` as the bytes of a signed JSON document, or an empty string: a NUL
 /// byte anywhere (nlohmann's lexer ends the input at a NUL, so bytes after one would be signed

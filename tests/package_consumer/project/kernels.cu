@@ -29,8 +29,9 @@ int main() {
   const auto stream = cubridge::stream_ref::legacy_default();
   fill<<<1, size, 0, stream.runtime_handle()>>>(span, span.size(), 7u);
   unsigned first = 0;
-  const bool ok = cudaMemcpy(&first, span.data(), sizeof first, cudaMemcpyDeviceToHost) == cudaSuccess
-                  && first == 7u;
+  const bool ok =
+      cudaMemcpy(&first, span.data(), sizeof first, cudaMemcpyDeviceToHost) == cudaSuccess &&
+      first == 7u;
   cudaFree(raw);
   std::printf("cubridge consumer cuda: kernel %s\n", ok ? "wrote 7" : "FAILED");
   return ok ? 0 : 1;
