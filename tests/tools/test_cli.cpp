@@ -5,6 +5,7 @@
 //
 // CUBRIDGE_TEST_TOOL in the environment runs another cubridge binary (an older build, to see
 // these tests fail there).
+#include "self_signed_certificate.hpp"
 #include "temp_dir.hpp"
 #include "tools/memory_sink.hpp"
 #include "update/arguments.hpp"
@@ -225,36 +226,7 @@ struct real_endpoint {
   }
 };
 
-// A self-signed certificate for 127.0.0.1, written as PEM files.
-void write_self_signed(const fs::path& cert, const fs::path& key) {
-  EVP_PKEY* pkey = EVP_EC_gen("P-256");
-  ASSERT_NE(pkey, nullptr);
-  X509* x = X509_new();
-  X509_set_version(x, 2);
-  ASN1_INTEGER_set(X509_get_serialNumber(x), 1);
-  X509_gmtime_adj(X509_getm_notBefore(x), -60);
-  X509_gmtime_adj(X509_getm_notAfter(x), 3600);
-  X509_set_pubkey(x, pkey);
-  X509_NAME* name = X509_get_subject_name(x);
-  X509_NAME_add_entry_by_txt(name, "CN", MBSTRING_ASC,
-                             reinterpret_cast<const unsigned char*>("127.0.0.1"), -1, -1, 0);
-  X509_set_issuer_name(x, name);
-  X509V3_CTX ctx;
-  X509V3_set_ctx_nodb(&ctx);
-  X509V3_set_ctx(&ctx, x, x, nullptr, nullptr, 0);
-  X509_EXTENSION* san = X509V3_EXT_conf_nid(nullptr, &ctx, NID_subject_alt_name, "IP:127.0.0.1");
-  X509_add_ext(x, san, -1);
-  X509_EXTENSION_free(san);
-  ASSERT_GT(X509_sign(x, pkey, EVP_sha256()), 0);
-  FILE* f = std::fopen(cert.c_str(), "w");
-  PEM_write_X509(f, x);
-  std::fclose(f);
-  f = std::fopen(key.c_str(), "w");
-  PEM_write_PrivateKey(f, pkey, nullptr, nullptr, 0, nullptr, nullptr);
-  std::fclose(f);
-  X509_free(x);
-  EVP_PKEY_free(pkey);
-}
+using cubridge::test::write_self_signed;
 
 // --- the fixture ------------------------------------------------------------------------------
 
