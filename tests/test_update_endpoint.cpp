@@ -274,6 +274,18 @@ class UpdateEndpointTest : public ::testing::Test {
   std::unique_ptr<cubridge::update_endpoint> endpoint;
   std::uint64_t next_valid = 100;  // versions for "still serving" pushes
 
+  // Starts the endpoint with a fresh self-signed certificate for 127.0.0.1 written into `dir`;
+  // returns the certificate's path (for the client to trust).
+  std::filesystem::path start_with_tls(const cubridge::testing::temp_dir& dir) {
+    const auto cert = dir.path / "cert.pem", key = dir.path / "key.pem";
+    cubridge::test::write_self_signed(cert, key);
+    cubridge::update_endpoint_options options;
+    options.tls_certificate = cert;
+    options.tls_private_key = key;
+    start(options);
+    return cert;
+  }
+
   void start(cubridge::update_endpoint_options options = {}) {
     options.keys.add(keys.public_key);
     endpoint = std::make_unique<cubridge::update_endpoint>(sink, std::move(options));
@@ -1157,16 +1169,9 @@ TEST_F(UpdateEndpointTest, AClientThatSendsNothingIsCutOff) {
 
 // --- TLS --------------------------------------------------------------------------------------
 
-using cubridge::test::write_self_signed;
-
 TEST_F(UpdateEndpointTest, ServesHttpsWithACertificate) {
   cubridge::testing::temp_dir dir;
-  const auto cert = dir.path / "cert.pem", key = dir.path / "key.pem";
-  write_self_signed(cert, key);
-  cubridge::update_endpoint_options options;
-  options.tls_certificate = cert;
-  options.tls_private_key = key;
-  start(options);
+  const auto cert = start_with_tls(dir);
   EXPECT_EQ(endpoint->url(), "https://127.0.0.1:" + std::to_string(port()));
   httplib::SSLClient client("127.0.0.1", port());
   client.set_ca_cert_path(cert.c_str());
@@ -1185,12 +1190,7 @@ TEST_F(UpdateEndpointTest, ServesHttpsWithACertificate) {
 // poll round), then more requests on the same connection.
 TEST_F(UpdateEndpointTest, HttpsTakesLargeBodiesAndKeepsTheConnection) {
   cubridge::testing::temp_dir dir;
-  const auto cert = dir.path / "cert.pem", key = dir.path / "key.pem";
-  write_self_signed(cert, key);
-  cubridge::update_endpoint_options options;
-  options.tls_certificate = cert;
-  options.tls_private_key = key;
-  start(options);
+  const auto cert = start_with_tls(dir);
   httplib::SSLClient client("127.0.0.1", port());
   client.set_ca_cert_path(cert.c_str());
   client.enable_server_certificate_verification(true);
