@@ -1,10 +1,10 @@
 // Driver first: cubridge creates a context; cuBLAS (a runtime-based library) works in it on
 // driver-allocated memory, with no copy, and the device's primary context is never touched.
-#include <cubridge/context.hpp>
-#include <cubridge/device_buffer.hpp>
-#include <cubridge/driver.hpp>
-#include <cubridge/scoped_current.hpp>
-#include <cubridge/stream.hpp>
+#include <cubridge/core/context.hpp>
+#include <cubridge/core/device_buffer.hpp>
+#include <cubridge/core/driver.hpp>
+#include <cubridge/core/scoped_current.hpp>
+#include <cubridge/core/stream.hpp>
 
 #include <cublas_v2.h>
 

@@ -1,12 +1,12 @@
 // A guest context: a vendor library that calls cudaDeviceReset() runs in a context of its own,
 // works on the host's buffer in place (VMM memory, shared by every context of the device), and
 // the host's primary context and its buffers survive. cubridge checks the host after the call.
-#include <cubridge/driver.hpp>
-#include <cubridge/guest_context.hpp>
-#include <cubridge/primary_context.hpp>
-#include <cubridge/sandbox_entry.hpp>
-#include <cubridge/scoped_current.hpp>
-#include <cubridge/shared_device_memory.hpp>
+#include <cubridge/core/driver.hpp>
+#include <cubridge/core/primary_context.hpp>
+#include <cubridge/core/scoped_current.hpp>
+#include <cubridge/core/shared_device_memory.hpp>
+#include <cubridge/isolation/guest_context.hpp>
+#include <cubridge/isolation/sandbox_entry.hpp>
 
 #include <cuda_runtime_api.h>
 

@@ -4,14 +4,14 @@
 //   hot_swap_service WATCH_DIR FIRST.cubin [--demo NEXT.cubin]
 // With --demo it copies NEXT.cubin into WATCH_DIR itself after a moment, and exits 0 once the new
 // version has answered (how the examples run as tests).
-#include <cubridge/context.hpp>
-#include <cubridge/copy.hpp>
-#include <cubridge/device_buffer.hpp>
-#include <cubridge/directory_watcher.hpp>
-#include <cubridge/driver.hpp>
-#include <cubridge/hot_module.hpp>
-#include <cubridge/scoped_current.hpp>
-#include <cubridge/stream.hpp>
+#include <cubridge/core/context.hpp>
+#include <cubridge/core/copy.hpp>
+#include <cubridge/core/device_buffer.hpp>
+#include <cubridge/core/driver.hpp>
+#include <cubridge/core/scoped_current.hpp>
+#include <cubridge/core/stream.hpp>
+#include <cubridge/swap/directory_watcher.hpp>
+#include <cubridge/swap/hot_module.hpp>
 
 #include <atomic>
 #include <chrono>

@@ -3,11 +3,11 @@
 //   CUBRIDGE_RESET_POLICY=deny LD_PRELOAD=libcubridge_reset_guard.so reset_guarded_library
 // and the guard turns the reset into a synchronize: the host's buffer survives. Without the guard
 // the same run shows the damage (the primary context and the buffer are gone).
-#include <cubridge/device_buffer.hpp>
-#include <cubridge/driver.hpp>
-#include <cubridge/primary_context.hpp>
-#include <cubridge/sandbox_entry.hpp>
-#include <cubridge/scoped_current.hpp>
+#include <cubridge/core/device_buffer.hpp>
+#include <cubridge/core/driver.hpp>
+#include <cubridge/core/primary_context.hpp>
+#include <cubridge/core/scoped_current.hpp>
+#include <cubridge/isolation/sandbox_entry.hpp>
 
 #include <cstdio>
 #include <cstdlib>

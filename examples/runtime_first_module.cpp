@@ -1,9 +1,9 @@
 // Runtime first: the program (or a library it uses) already runs on the CUDA runtime; cubridge
 // adopts the runtime's primary context and runs a driver-loaded kernel on cudaMalloc memory.
-#include <cubridge/device_span.hpp>
-#include <cubridge/driver.hpp>
-#include <cubridge/module.hpp>
-#include <cubridge/primary_context.hpp>
+#include <cubridge/core/device_span.hpp>
+#include <cubridge/core/driver.hpp>
+#include <cubridge/core/module.hpp>
+#include <cubridge/core/primary_context.hpp>
 
 #include <cuda_runtime_api.h>
 

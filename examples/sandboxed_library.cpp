@@ -2,11 +2,11 @@
 // place (VMM memory exported as a file descriptor). When its buggy function faults, only the
 // worker dies: the host gets a sandbox_error, a fresh worker, and keeps its own GPU state.
 //   sandboxed_library VENDOR_LIBRARY.so [WORKER]
-#include <cubridge/driver.hpp>
-#include <cubridge/primary_context.hpp>
-#include <cubridge/sandbox.hpp>
-#include <cubridge/scoped_current.hpp>
-#include <cubridge/shared_device_memory.hpp>
+#include <cubridge/core/driver.hpp>
+#include <cubridge/core/primary_context.hpp>
+#include <cubridge/core/scoped_current.hpp>
+#include <cubridge/core/shared_device_memory.hpp>
+#include <cubridge/isolation/sandbox.hpp>
 
 #include <cuda_runtime_api.h>
 

@@ -1,7 +1,7 @@
 // libFuzzer target for cubridge::inspect_image: any input must either parse or raise
 // cubridge::image_error; anything else (a crash, a sanitizer report, another exception, a
 // timeout) is a bug.
-#include <cubridge/image.hpp>
+#include <cubridge/core/image.hpp>
 
 #include <cstddef>
 #include <cstdint>

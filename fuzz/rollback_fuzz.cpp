@@ -7,8 +7,8 @@
 // A mutated line 1 no longer matches its signature, so each input is also verified a second time
 // with line 1 re-signed by the fixed key: that is what carries the fuzzer into the schema checks
 // (action, module name, from_version, nonce, created). The freshness window and the nonce memory
-// are the endpoint's (src/update_endpoint.cpp) and are not reached from here.
-#include <cubridge/rollback_request.hpp>
+// are the endpoint's (src/update/update_endpoint.cpp) and are not reached from here.
+#include <cubridge/update/rollback_request.hpp>
 
 #include <chrono>
 #include <cstddef>

@@ -2,9 +2,9 @@
 // Shared helpers of the GPU tests: skip with a reason where there is no GPU, and the paths of
 // the test kernels built from tests/kernels/test_kernels.cu.
 
-#include <cubridge/device.hpp>
-#include <cubridge/driver.hpp>
-#include <cubridge/module.hpp>
+#include <cubridge/core/device.hpp>
+#include <cubridge/core/driver.hpp>
+#include <cubridge/core/module.hpp>
 
 #include <gtest/gtest.h>
 

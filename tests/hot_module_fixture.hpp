@@ -2,11 +2,11 @@
 // The hot-module GPU tests' common ground: the test versions of one module (tests/kernels/
 // hot_kernels.cu, built for sm_90 as hot_<tag>.sm_90.cubin) and a fixture that serves version 1
 // of it in a context of its own.
-#include <cubridge/context.hpp>
-#include <cubridge/device_buffer.hpp>
-#include <cubridge/hot_module.hpp>
-#include <cubridge/scoped_current.hpp>
-#include <cubridge/stream.hpp>
+#include <cubridge/core/context.hpp>
+#include <cubridge/core/device_buffer.hpp>
+#include <cubridge/core/scoped_current.hpp>
+#include <cubridge/core/stream.hpp>
+#include <cubridge/swap/hot_module.hpp>
 
 #include "gpu_test.hpp"
 

@@ -1,4 +1,4 @@
-# Tests of cubridge/image.hpp (no GPU needed). Included by tests/CMakeLists.txt.
+# Tests of cubridge/core/image.hpp (no GPU needed). Included by tests/CMakeLists.txt.
 #
 # The fixtures are compiled at build time by nvcc from tests/data/image_kernels.cu, whose
 # kernels have known parameter lists, and handed to the test as compile definitions
@@ -80,6 +80,6 @@ foreach(gpu_test test_module test_library test_hot_module)
   endif()
 endforeach()
 
-cubridge_add_test(test_image SOURCES test_image.cpp)
+cubridge_add_test(test_image SOURCES core/test_image.cpp)
 target_compile_definitions(test_image PRIVATE ${cubridge_image_definitions})
 add_dependencies(test_image cubridge_image_fixtures)

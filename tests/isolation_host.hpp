@@ -2,13 +2,13 @@
 // Shared by the isolation tests (guest context, sandbox): the host's state a misbehaving library
 // may damage, how to check it, and the test library's entry points (tests/guest_lib).
 
-#include <cubridge/detail/check.hpp>
-#include <cubridge/device_buffer.hpp>
-#include <cubridge/driver.hpp>
-#include <cubridge/module.hpp>
-#include <cubridge/primary_context.hpp>
-#include <cubridge/sandbox_entry.hpp>
-#include <cubridge/scoped_current.hpp>
+#include <cubridge/core/detail/check.hpp>
+#include <cubridge/core/device_buffer.hpp>
+#include <cubridge/core/driver.hpp>
+#include <cubridge/core/module.hpp>
+#include <cubridge/core/primary_context.hpp>
+#include <cubridge/core/scoped_current.hpp>
+#include <cubridge/isolation/sandbox_entry.hpp>
 
 #include "gpu_test.hpp"
 

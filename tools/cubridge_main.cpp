@@ -5,8 +5,8 @@
 #include "inspect.hpp"
 #include "update/update_commands.hpp"
 
-#include <cubridge/error.hpp>
-#include <cubridge/image.hpp>
+#include <cubridge/core/error.hpp>
+#include <cubridge/core/image.hpp>
 
 #include <CLI/CLI.hpp>
 

@@ -1,9 +1,9 @@
 // `cubridge doctor`: what this process would pay at start-up, and why.
 #include "doctor.hpp"
 
-#include <cubridge/device.hpp>
-#include <cubridge/driver.hpp>
-#include <cubridge/error.hpp>
+#include <cubridge/core/device.hpp>
+#include <cubridge/core/driver.hpp>
+#include <cubridge/core/error.hpp>
 
 #include <cuda_runtime_api.h>
 

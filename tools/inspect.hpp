@@ -1,6 +1,6 @@
 #pragma once
 // `cubridge inspect FILE`: what a GPU image holds, without a GPU.
-#include <cubridge/image.hpp>
+#include <cubridge/core/image.hpp>
 
 #include <nlohmann/json.hpp>
 

@@ -7,8 +7,8 @@
 //   BM_link_cache_hit     the same PTX through compile_cache::get_or_link, a hit
 // Run with --benchmark_repetitions=N (e.g. 10); bench/report_compile.py prints the medians and the
 // hit speed-ups from the JSON output (--benchmark_out=FILE --benchmark_out_format=json).
-#include <cubridge/compile.hpp>
-#include <cubridge/compile_cache.hpp>
+#include <cubridge/compile/compile.hpp>
+#include <cubridge/compile/compile_cache.hpp>
 
 #include <benchmark/benchmark.h>
 

@@ -3,14 +3,14 @@
 //   BM_push_pop_raw vs BM_scoped_current;
 //   BM_share_view vs BM_copy_through_host (a runtime buffer handed to driver code).
 // bench/report.py turns the JSON output into the ratios the issue asks for.
-#include <cubridge/context.hpp>
-#include <cubridge/device_buffer.hpp>
-#include <cubridge/driver.hpp>
-#include <cubridge/event.hpp>
-#include <cubridge/module.hpp>
-#include <cubridge/pinned_buffer.hpp>
-#include <cubridge/scoped_current.hpp>
-#include <cubridge/stream.hpp>
+#include <cubridge/core/context.hpp>
+#include <cubridge/core/device_buffer.hpp>
+#include <cubridge/core/driver.hpp>
+#include <cubridge/core/event.hpp>
+#include <cubridge/core/module.hpp>
+#include <cubridge/core/pinned_buffer.hpp>
+#include <cubridge/core/scoped_current.hpp>
+#include <cubridge/core/stream.hpp>
 
 #include <benchmark/benchmark.h>
 #include <cuda_runtime_api.h>

@@ -57,15 +57,15 @@
 //       77 no usable GPU ("swap_under_load: no GPU: <reason>").
 #include "stats.hpp"
 
-#include <cubridge/context.hpp>
-#include <cubridge/device.hpp>
-#include <cubridge/device_buffer.hpp>
-#include <cubridge/driver.hpp>
-#include <cubridge/event.hpp>
-#include <cubridge/hot_module.hpp>
-#include <cubridge/module.hpp>
-#include <cubridge/scoped_current.hpp>
-#include <cubridge/stream.hpp>
+#include <cubridge/core/context.hpp>
+#include <cubridge/core/device.hpp>
+#include <cubridge/core/device_buffer.hpp>
+#include <cubridge/core/driver.hpp>
+#include <cubridge/core/event.hpp>
+#include <cubridge/core/module.hpp>
+#include <cubridge/core/scoped_current.hpp>
+#include <cubridge/core/stream.hpp>
+#include <cubridge/swap/hot_module.hpp>
 
 #include <nlohmann/json.hpp>
 

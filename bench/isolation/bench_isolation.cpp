@@ -4,12 +4,12 @@
 // the buffer copied through (pinned, shared) host memory to the worker and back. Ratios: side by
 // side in one run.
 //   bench_isolation [benchmark flags]   (77 without a GPU)
-#include <cubridge/driver.hpp>
-#include <cubridge/guest_context.hpp>
-#include <cubridge/primary_context.hpp>
-#include <cubridge/sandbox.hpp>
-#include <cubridge/scoped_current.hpp>
-#include <cubridge/shared_device_memory.hpp>
+#include <cubridge/core/driver.hpp>
+#include <cubridge/core/primary_context.hpp>
+#include <cubridge/core/scoped_current.hpp>
+#include <cubridge/core/shared_device_memory.hpp>
+#include <cubridge/isolation/guest_context.hpp>
+#include <cubridge/isolation/sandbox.hpp>
 
 #include <benchmark/benchmark.h>
 

@@ -1,6 +1,6 @@
 // The library the isolation benchmark runs in a guest context and in a sandbox worker (nvcc,
 // static cudart, sandbox entry ABI).
-#include <cubridge/sandbox_entry.hpp>
+#include <cubridge/isolation/sandbox_entry.hpp>
 
 #include <cuda_runtime.h>
 #include <fcntl.h>

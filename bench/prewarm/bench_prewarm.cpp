@@ -5,12 +5,12 @@
 // module, optionally prewarms, and times one launch + synchronize with a steady clock. The steady
 // launch is timed the same way (launch + synchronize) after warm-up, in the parent.
 //   bench_prewarm [--samples N]   (prints medians and the ratios; target: prewarmed <= 2x steady)
-#include <cubridge/context.hpp>
-#include <cubridge/device_buffer.hpp>
-#include <cubridge/driver.hpp>
-#include <cubridge/module.hpp>
-#include <cubridge/prewarm.hpp>
-#include <cubridge/scoped_current.hpp>
+#include <cubridge/core/context.hpp>
+#include <cubridge/core/device_buffer.hpp>
+#include <cubridge/core/driver.hpp>
+#include <cubridge/core/module.hpp>
+#include <cubridge/core/prewarm.hpp>
+#include <cubridge/core/scoped_current.hpp>
 
 #include <algorithm>
 #include <chrono>

@@ -1,8 +1,9 @@
 // A "vendor" library as nvcc builds it (runtime API, static cudart), with the habits that make
 // third-party CUDA code dangerous to its host: it resets the device when it is done, and one of
 // its functions has a bug that writes to an invalid address. Its entry points use the sandbox
-// ABI (cubridge/sandbox_entry.hpp), so the same library runs in a guest context or a sandbox.
-#include <cubridge/sandbox_entry.hpp>
+// ABI (cubridge/isolation/sandbox_entry.hpp), so the same library runs in a guest context or a
+// sandbox.
+#include <cubridge/isolation/sandbox_entry.hpp>
 
 #include <cuda_runtime.h>
 

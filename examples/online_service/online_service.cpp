@@ -25,20 +25,20 @@
 //                  [--log requests.csv] [--module kernels_v1.cubin] [--threads 8]
 // Port 0 picks a free port; the "ready" line says which. Exit: 0 after --duration or
 // SIGINT/SIGTERM, 1 on failure, 64 bad command line, 77 no GPU (one line).
-#include <cubridge/bundle.hpp>
-#include <cubridge/context.hpp>
-#include <cubridge/copy.hpp>
-#include <cubridge/device_buffer.hpp>
-#include <cubridge/driver.hpp>
-#include <cubridge/guest_context.hpp>
-#include <cubridge/hot_module.hpp>
-#include <cubridge/hot_module_sink.hpp>
-#include <cubridge/pinned_buffer.hpp>
-#include <cubridge/sandbox_entry.hpp>
-#include <cubridge/scoped_current.hpp>
-#include <cubridge/shared_device_memory.hpp>
-#include <cubridge/stream.hpp>
-#include <cubridge/update_endpoint.hpp>
+#include <cubridge/core/context.hpp>
+#include <cubridge/core/copy.hpp>
+#include <cubridge/core/device_buffer.hpp>
+#include <cubridge/core/driver.hpp>
+#include <cubridge/core/pinned_buffer.hpp>
+#include <cubridge/core/scoped_current.hpp>
+#include <cubridge/core/shared_device_memory.hpp>
+#include <cubridge/core/stream.hpp>
+#include <cubridge/isolation/guest_context.hpp>
+#include <cubridge/isolation/sandbox_entry.hpp>
+#include <cubridge/swap/hot_module.hpp>
+#include <cubridge/update/bundle.hpp>
+#include <cubridge/update/hot_module_sink.hpp>
+#include <cubridge/update/update_endpoint.hpp>
 
 #include <cublas_v2.h>
 #include <httplib.h>

@@ -2,7 +2,7 @@
 // points in the sandbox ABI (sandbox_entry.hpp) so that one library is tested under every
 // protection: called directly (none), inside a guest context, and in a sandbox worker. Each
 // returns the cudaError_t of what it did (0: success).
-#include <cubridge/sandbox_entry.hpp>
+#include <cubridge/isolation/sandbox_entry.hpp>
 
 #include <cuda_runtime.h>
 

@@ -28,7 +28,8 @@ file(REMOVE_RECURSE ${WORK_DIR}/staged)
 
 # Every layer installed, with its exported target.
 set(package_dir ${moved}/lib/cmake/cubridge)
-foreach(library cubridge cubridge_compile cubridge_bundle cubridge_update)
+foreach(library cubridge_core cubridge_compile cubridge_swap cubridge_isolation cubridge_bundle
+                cubridge_update cubridge_hot_module_sink)
   if(NOT EXISTS ${moved}/lib/lib${library}.a)
     message(FATAL_ERROR "lib/lib${library}.a is not installed")
   endif()
@@ -42,11 +43,15 @@ foreach(file ${target_files})
   file(READ ${file} text)
   string(APPEND exported "${text}")
 endforeach()
-foreach(target cubridge::cubridge cubridge::compile cubridge::bundle cubridge::update)
+foreach(target cubridge::core cubridge::compile cubridge::swap cubridge::isolation cubridge::bundle
+               cubridge::update cubridge::hot_module_sink)
   if(NOT exported MATCHES "add_library\\(${target} STATIC IMPORTED\\)")
     message(FATAL_ERROR "the package does not export ${target}")
   endif()
 endforeach()
+if(NOT exported MATCHES "add_library\\(cubridge::cubridge INTERFACE IMPORTED\\)")
+  message(FATAL_ERROR "the package does not export cubridge::cubridge (every layer)")
+endif()
 
 # No path of the build machine in the exported targets: only ${_IMPORT_PREFIX}/... and target
 # names (the private dependencies are found again by cubridge-config.cmake).
@@ -96,8 +101,45 @@ function(run_consumer program expected)
     message(FATAL_ERROR "unexpected output of ${program}: ${out}")
   endif()
 endfunction()
+# Each layer links only what it needs: the link line of its program (Ninja's or Makefiles') names
+# none of the libraries of the layers it does not use.
+function(link_line program out)
+  if(EXISTS ${WORK_DIR}/build/CMakeFiles/${program}.dir/link.txt)
+    file(READ ${WORK_DIR}/build/CMakeFiles/${program}.dir/link.txt text)
+  else()
+    execute_process(COMMAND ${cubridge_CMAKE_MAKE_PROGRAM} -C ${WORK_DIR}/build -t commands ${program}
+                    OUTPUT_VARIABLE text RESULT_VARIABLE r)
+    if(r)
+      message(FATAL_ERROR "cannot read the link line of ${program}: ${r}")
+    endif()
+    string(REGEX MATCH "[^\n]*-o ${program}[^\n]*" text "${text}")
+  endif()
+  set(${out} "${text}" PARENT_SCOPE)
+endfunction()
+function(expect_not_linked program)
+  link_line(${program} line)
+  if(line STREQUAL "")
+    message(FATAL_ERROR "found no link line for ${program}")
+  endif()
+  foreach(library ${ARGN})
+    if(line MATCHES "${library}")
+      message(FATAL_ERROR "${program} links ${library}, which its layer does not need: ${line}")
+    endif()
+  endforeach()
+endfunction()
+expect_not_linked(consumer_core sodium nvrtc nvJitLink httplib ssl cubridge_compile cubridge_swap
+                  cubridge_isolation cubridge_bundle cubridge_update)
+expect_not_linked(consumer_update nvrtc nvJitLink cubridge_compile cubridge_swap cubridge_isolation
+                  cubridge_hot_module_sink)
+expect_not_linked(consumer_isolation sodium nvrtc nvJitLink httplib cubridge_compile cubridge_swap
+                  cubridge_update)
+expect_not_linked(consumer_compile httplib ssl cubridge_swap cubridge_isolation cubridge_update)
+
 run_consumer(consumer_core "cubridge consumer core: (driver [0-9]+|no GPU: .+)")
 run_consumer(consumer_compile "cubridge consumer compile: nvrtc [0-9]+\\.[0-9]+ nvJitLink [0-9]+")
 run_consumer(consumer_bundle "cubridge consumer bundle: signed and verified [0-9]+ bytes")
 run_consumer(consumer_update "cubridge consumer update: endpoint listened at http://127\\.0\\.0\\.1:[0-9]+")
+run_consumer(consumer_swap "cubridge consumer swap: watcher stopped, version 1 serves 7")
+run_consumer(consumer_isolation "cubridge consumer isolation: refused \\((start_failed|CUBRIDGE_[A-Z_]+)\\)")
+run_consumer(consumer_all "cubridge consumer core: (driver [0-9]+|no GPU: .+)")
 run_consumer(consumer_cuda "cubridge consumer cuda: (kernel wrote 7|no GPU: .+)")

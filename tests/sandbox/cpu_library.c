@@ -1,6 +1,6 @@
 /* A library for the sandbox's CPU tests: entry points (sandbox_entry.hpp) that behave and
  * misbehave without touching CUDA, so worker crash, abort, hang and exit detection run anywhere. */
-#include <cubridge/sandbox_entry.hpp>
+#include <cubridge/isolation/sandbox_entry.hpp>
 
 #include <signal.h>
 #include <stdlib.h>

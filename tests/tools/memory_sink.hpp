@@ -1,7 +1,7 @@
 #pragma once
 // A module_sink in memory for the CLI tests (update_test_server, test_cli): per module the
 // serving version and one to roll back to, as hot_module keeps them; no GPU.
-#include <cubridge/module_sink.hpp>
+#include <cubridge/update/module_sink.hpp>
 
 #include <map>
 #include <mutex>

@@ -11,10 +11,10 @@
 #include "update/arguments.hpp"
 #include "update/server_text.hpp"
 
-#include <cubridge/bundle.hpp>
-#include <cubridge/detail/file_io.hpp>
-#include <cubridge/image.hpp>
-#include <cubridge/update_endpoint.hpp>
+#include <cubridge/core/detail/file_io.hpp>
+#include <cubridge/core/image.hpp>
+#include <cubridge/update/bundle.hpp>
+#include <cubridge/update/update_endpoint.hpp>
 
 #include <gtest/gtest.h>
 #include <httplib.h>

@@ -4,7 +4,7 @@
 //   update_test_server --trust K.pub [--gpu 90] -- COMMAND ARGS...   ({URL} becomes the URL)
 #include "tools/memory_sink.hpp"
 
-#include <cubridge/update_endpoint.hpp>
+#include <cubridge/update/update_endpoint.hpp>
 
 #include <cstdio>
 #include <cstring>

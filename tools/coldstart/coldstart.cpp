@@ -6,8 +6,8 @@
 #include "render_svg.hpp"
 #include "render_table.hpp"
 
-#include <cubridge/detail/file_io.hpp>
-#include <cubridge/error.hpp>
+#include <cubridge/core/detail/file_io.hpp>
+#include <cubridge/core/error.hpp>
 
 #include <nlohmann/json.hpp>
 

@@ -22,9 +22,9 @@
 #include "kernel_source.hpp"
 #include "phase_timings.hpp"
 
-#include <cubridge/detail/file_io.hpp>
-#include <cubridge/driver.hpp>
-#include <cubridge/error.hpp>
+#include <cubridge/core/detail/file_io.hpp>
+#include <cubridge/core/driver.hpp>
+#include <cubridge/core/error.hpp>
 
 #include <cublas_v2.h>
 #include <cuda.h>
@@ -84,7 +84,7 @@ std::string cu_error_text(const driver::entry_points* api, CUresult r) {
   return out;
 }
 
-/// The ABI version cubridge::driver asks for (see abi_version in src/driver.cpp): these three
+/// The ABI version cubridge::driver asks for (see abi_version in src/core/driver.cpp): these three
 /// have a newer signature under the old name at CUDA 13.
 int abi_version(std::string_view name) {
   if (name == "cuCtxGetDevice" || name == "cuCtxSynchronize" || name == "cuStreamGetCtx")

@@ -11,12 +11,12 @@
 // context for a sticky CUDA error. After one it reports cuda_fault and exits: a poisoned process
 // cannot be repaired. It exits when the host closes the socket, also while an entry still runs
 // (a watchdog thread sees the hang-up).
-#include <cubridge/detail/check.hpp>
-#include <cubridge/detail/describe.hpp>
-#include <cubridge/detail/sandbox_protocol.hpp>
-#include <cubridge/driver.hpp>
-#include <cubridge/sandbox_entry.hpp>
-#include <cubridge/unique_fd.hpp>
+#include <cubridge/core/detail/check.hpp>
+#include <cubridge/core/detail/describe.hpp>
+#include <cubridge/core/driver.hpp>
+#include <cubridge/core/unique_fd.hpp>
+#include <cubridge/isolation/detail/sandbox_protocol.hpp>
+#include <cubridge/isolation/sandbox_entry.hpp>
 
 #include <dlfcn.h>
 #include <poll.h>

@@ -2,7 +2,7 @@
 
 #include "update/server_text.hpp"
 
-#include <cubridge/bundle.hpp>
+#include <cubridge/update/bundle.hpp>
 
 #include <algorithm>
 #include <cctype>

@@ -7,9 +7,9 @@
 #include "update/signing.hpp"
 #include "update/update_commands.hpp"
 
-#include <cubridge/compile.hpp>
-#include <cubridge/detail/file_io.hpp>
-#include <cubridge/rollback_request.hpp>
+#include <cubridge/compile/compile.hpp>
+#include <cubridge/core/detail/file_io.hpp>
+#include <cubridge/update/rollback_request.hpp>
 
 #include <httplib.h>
 #include <openssl/x509.h>

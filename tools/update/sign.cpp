@@ -4,8 +4,8 @@
 #include "update/signing.hpp"
 #include "update/update_commands.hpp"
 
-#include <cubridge/detail/file_io.hpp>
-#include <cubridge/image.hpp>
+#include <cubridge/core/detail/file_io.hpp>
+#include <cubridge/core/image.hpp>
 
 #include <nlohmann/json.hpp>
 

@@ -3,7 +3,7 @@
 #include "exit_codes.hpp"
 #include "update/arguments.hpp"
 
-#include <cubridge/error.hpp>
+#include <cubridge/core/error.hpp>
 
 #include <iostream>
 

@@ -1,6 +1,6 @@
 // cubridge::compile alone: NVRTC compiles a kernel to PTX and nvJitLink reports its version;
 // neither needs a GPU.
-#include <cubridge/compile.hpp>
+#include <cubridge/compile/compile.hpp>
 
 #include <cstdio>
 

@@ -1,8 +1,8 @@
 // cubridge::cubridge alone, from a program outside the tree: the driver loader and the image
 // reader (liblz4, libzstd inside), neither of which needs a GPU.
-#include <cubridge/driver.hpp>
-#include <cubridge/error.hpp>
-#include <cubridge/image.hpp>
+#include <cubridge/core/driver.hpp>
+#include <cubridge/core/error.hpp>
+#include <cubridge/core/image.hpp>
 
 #include <array>
 #include <cstdio>

@@ -1,9 +1,9 @@
 // A consumer's CUDA file, compiled by nvcc as C++20 against the installed core headers: a
 // <<<>>> kernel takes a device_span as T* and runs on a stream_ref. Built, and run only where
 // there is a GPU.
-#include <cubridge/device_span.hpp>
-#include <cubridge/driver.hpp>
-#include <cubridge/stream_ref.hpp>
+#include <cubridge/core/device_span.hpp>
+#include <cubridge/core/driver.hpp>
+#include <cubridge/core/stream_ref.hpp>
 
 #include <cuda_runtime.h>
 

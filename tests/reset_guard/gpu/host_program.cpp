@@ -3,11 +3,11 @@
 //   reset_guard_host LIBRARY.so own-call|own-thread
 // Exit 0: the host's buffer and primary context survived; 1: they were destroyed; 2: the test
 // could not run its steps; 77: no GPU.
-#include <cubridge/detail/check.hpp>
-#include <cubridge/device_buffer.hpp>
-#include <cubridge/driver.hpp>
-#include <cubridge/primary_context.hpp>
-#include <cubridge/scoped_current.hpp>
+#include <cubridge/core/detail/check.hpp>
+#include <cubridge/core/device_buffer.hpp>
+#include <cubridge/core/driver.hpp>
+#include <cubridge/core/primary_context.hpp>
+#include <cubridge/core/scoped_current.hpp>
 
 #include <dlfcn.h>
 

@@ -1,0 +1,72 @@
+#pragma once
+// A module loaded into one context (cuModuleLoadDataEx): cubin, fatbin or PTX.
+// The bytes are inspected first (image.hpp), so an image with no code for the context's device
+// is refused with a clear error before the driver sees it. PTX is JIT-compiled by the driver,
+// which stalls the whole process for the compile (FACTS.md): serving processes should hand the
+// driver machine code only.
+
+#include <cubridge/core/context_ref.hpp>
+#include <cubridge/core/device_span.hpp>
+#include <cubridge/core/error.hpp>
+#include <cubridge/core/kernel.hpp>
+
+#include <cuda.h>
+
+#include <cstddef>
+#include <filesystem>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+
+namespace cubridge {
+
+/// How to load an image.
+struct load_options {
+  /// A name for messages ("filters"); load_file uses the file name when this is empty.
+  std::string name;
+  /// Refuse images with no code for the target device before calling the driver.
+  bool check_target = true;
+  /// Driver JIT optimisation level 0-4 for PTX; -1 leaves the driver's default.
+  int jit_optimization_level = -1;
+  /// Room for the driver's JIT info and error logs, each.
+  std::size_t log_bytes = 16 * 1024;
+};
+
+/// Owning, move-only context-bound module. Kernels taken from it keep it loaded.
+class module {
+ public:
+  /// Loads `image` into `ctx` (pushed for the call). @throws image_error for bytes that are not
+  /// an image or have no code for the device; error (with the driver's JIT log) if the driver
+  /// refuses it.
+  [[nodiscard]] static module load(context_arg ctx, std::span<const std::byte> image,
+                                   load_options options = {});
+  /// Reads and loads a file. @throws error (errc::io) naming the path, and as load().
+  [[nodiscard]] static module load_file(context_arg ctx, const std::filesystem::path& path,
+                                        load_options options = {});
+
+  module(module&&) noexcept = default;
+  module& operator=(module&&) noexcept = default;
+  ~module() = default;
+
+  [[nodiscard]] CUmodule get() const noexcept;
+  [[nodiscard]] const std::string& name() const noexcept;
+  [[nodiscard]] context_ref context() const noexcept;
+  /// What the driver's JIT printed (empty for machine code).
+  [[nodiscard]] const std::string& info_log() const noexcept;
+
+  /// The kernel named `name` (mangled, or extern "C"). @throws error naming module and kernel
+  [[nodiscard]] kernel get_kernel(std::string_view name) const;
+  /// A __device__ variable's memory. @throws error naming module and variable
+  [[nodiscard]] device_span<std::byte> get_global(std::string_view name) const;
+
+ private:
+  struct state;
+  explicit module(std::shared_ptr<const state> s) noexcept : state_(std::move(s)) {}
+  std::shared_ptr<const state> state_;
+};
+
+/// Reads a whole file. @throws error (errc::io) naming the path and the reason.
+[[nodiscard]] std::vector<std::byte> read_file_bytes(const std::filesystem::path& path);
+
+}  // namespace cubridge

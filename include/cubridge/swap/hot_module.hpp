@@ -1,0 +1,305 @@
+#pragma once
+// A named, versioned module in a context that can be replaced while kernels of it keep
+// launching: stage (load + validate off the serving path), promote (atomic switch), rollback.
+//
+//   auto filters = cubridge::hot_module::load(ctx, "filters", v1_cubin);
+//   auto blur = filters.get_kernel("blur");            // always launches the current version
+//   blur.launch(config, in, out, n);                   // on any thread
+//   ...
+//   auto v2 = filters.stage(v2_cubin);                 // throws version_rejected_error if bad
+//   filters.promote(std::move(v2));                    // launches from now on use v2
+//   filters.rollback();                                // back to v1 in one call
+//
+// Old versions are unloaded on a background thread once no launch can still use them: no lease
+// (host side) pins them, and an event recorded after their last launch on every stream they
+// used has completed (version_chain.hpp). A stream that launched hot kernels must be destroyed
+// through cubridge::stream, or after before_stream_destroy() (stream.hpp): the last event is
+// recorded on it then. Hot launches take a stream of their own or the legacy default stream;
+// the per-thread default stream is refused (hot_kernel::launch says why). Give the driver
+// machine code only: a PTX image makes the driver JIT in this process, which stalls every
+// thread (FACTS.md); compile first.
+
+#include <cubridge/core/context_ref.hpp>
+#include <cubridge/core/event.hpp>
+#include <cubridge/core/kernel.hpp>
+#include <cubridge/core/module.hpp>
+#include <cubridge/swap/error.hpp>
+#include <cubridge/swap/version_chain.hpp>
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace cubridge {
+
+namespace detail {
+/// Test seam (tests/test_hot_module.cpp): when set, called before every event the reclaim path
+/// makes (for a retired version's stream, or a stream being destroyed); what it throws fails
+/// that step as a refused cuEventCreate would. Unset (null) in production.
+inline std::atomic<void (*)(CUstream)> reclaim_event_fault{nullptr};
+}  // namespace detail
+
+/// What a kernel of one version allows: the launch shapes in use must fit it.
+struct kernel_limits {
+  unsigned long long max_threads_per_block = 0;  ///< CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK
+  unsigned max_dynamic_shared_bytes = 0;  ///< CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+};
+
+/// One loaded version: the module, its kernels and their limits, in the hot module's kernel
+/// order.
+struct hot_version {
+  module loaded;
+  std::vector<kernel> kernels;
+  std::vector<kernel_limits> limits;
+};
+
+/// A version loaded and validated, not yet serving. Promote it into the hot module that staged
+/// it, or drop it (which unloads it). A moved-from staged_version is refused by promote().
+class staged_version {
+ public:
+  staged_version(staged_version&& other) noexcept
+      : version_(std::move(other.version_)),
+        carry_globals_(std::move(other.carry_globals_)),
+        source_(std::move(other.source_)),
+        origin_(std::move(other.origin_)),
+        owner_(std::exchange(other.owner_, 0)),
+        owner_name_(std::move(other.owner_name_)) {}
+  staged_version& operator=(staged_version&& other) noexcept {
+    if (this != &other) {
+      version_ = std::move(other.version_);
+      carry_globals_ = std::move(other.carry_globals_);
+      source_ = std::move(other.source_);
+      origin_ = std::move(other.origin_);
+      owner_ = std::exchange(other.owner_, 0);
+      owner_name_ = std::move(other.owner_name_);
+    }
+    return *this;
+  }
+  [[nodiscard]] const module& loaded() const noexcept { return version_.loaded; }
+  /// Where it came from (stage_options::bundle_version, key_id, source_name; the stage time).
+  /// The chain keeps it with the version once promoted (hot_module::versions()).
+  [[nodiscard]] const version_origin& origin() const noexcept { return origin_; }
+
+ private:
+  friend class hot_module;
+  staged_version(hot_version v, std::vector<std::string> carry, std::string source,
+                 version_origin origin, std::uint64_t owner, std::string owner_name) noexcept
+      : version_(std::move(v)),
+        carry_globals_(std::move(carry)),
+        source_(std::move(source)),
+        origin_(std::move(origin)),
+        owner_(owner),
+        owner_name_(std::move(owner_name)) {}
+  hot_version version_;
+  std::vector<std::string> carry_globals_;
+  std::string source_;  // stage_options::source_name, for messages
+  version_origin origin_;
+  std::uint64_t owner_;     // the serial of the hot module that staged it; 0 once moved from
+  std::string owner_name_;  // "module 'filters' in context 0x..."
+};
+
+/// What stage() checks beyond the kernels' presence and parameter layouts.
+struct stage_options {
+  /// Runs on the staged module before it can be promoted (e.g. launch a kernel on known input and
+  /// compare); throwing anything rejects the version.
+  std::function<void(const module&)> smoke_test;
+  /// Name for messages (e.g. the file it came from); the version's origin().source.
+  std::string source_name;
+  /// The signed bundle version this image came from (origin().bundle_version); 0: none. The
+  /// update endpoint's sink (hot_module_sink.hpp) sets it and reads it back from the chain.
+  std::uint64_t bundle_version = 0;
+  /// The signing key's id in hex (origin().key_id); empty when not from a bundle.
+  std::string key_id;
+  /// `__device__` variables whose contents promote() copies from the serving version into this
+  /// one just before the switch (counters, tables). Each must exist in both with the same size.
+  std::vector<std::string> carry_globals;
+};
+
+/// Counters for reports.
+struct hot_module_stats {
+  /// The serving version's chain id (1 for the loaded one, +1 per promote; a rollback returns
+  /// to an older id). Not a bundle version: that is versions().serving.origin.bundle_version.
+  std::uint64_t current_id = 0;
+  std::uint64_t promotions = 0;
+  /// Versions refused by stage(), or by promote() for launch shapes that no longer fit.
+  std::uint64_t rejected = 0;
+  std::size_t retired_waiting = 0;  ///< old versions not yet unloaded: pinned, or being unloaded
+  /// Versions unloaded so far (`retired_waiting` drops exactly as this grows).
+  std::uint64_t unloaded = 0;
+  /// Failures on the reclaim path so far: an event that could not be made or recorded, a
+  /// context that could not be made current. A retired version they hit stays loaded until a
+  /// later pass succeeds; a count that keeps growing with `retired_waiting` stuck means an
+  /// unload that never happens.
+  std::uint64_t reclaim_failures = 0;
+  /// The latest of them, as given to hot_module_options::on_reclaim_failure; empty if none.
+  std::string last_reclaim_failure;
+};
+
+/// How a hot module reports what its background thread cannot throw.
+struct hot_module_options {
+  /// Called once for each reclaim failure (see hot_module_stats::reclaim_failures) with a
+  /// message naming the module, the version or stream, and the driver's error. Runs on the
+  /// thread that met it: the background reclaimer, a caller of reclaim(), or a thread
+  /// destroying a stream (then it must not create or destroy streams itself). Exceptions it
+  /// throws are ignored. It must not launch this module's kernels (it may run under a
+  /// version's lock); reading stats() is fine. After a failure the background thread retries
+  /// every 100 ms, not 1 ms.
+  std::function<void(const std::string& message)> on_reclaim_failure;
+  /// Where the first version came from, e.g. {.bundle_version = 1} when its image is bundle
+  /// version 1 (the update endpoint then refuses pushes of version 1 or below). An empty source
+  /// becomes "load"; an unset staged_at, the load time.
+  version_origin origin;
+};
+
+class hot_kernel;
+
+/// Owning, move-only versioned module. Thread-safe: launches, stage, promote and rollback may run
+/// on any threads at once. Every member of a moved-from hot_module throws error
+/// (errc::precondition); its hot_kernels keep working.
+class hot_module {
+ public:
+  /// Loads the first version into `ctx`. Its kernels (from the image, see image.hpp) define the
+  /// interface every later version must keep. @throws image_error, error as module::load.
+  [[nodiscard]] static hot_module load(context_arg ctx, std::string name,
+                                       std::span<const std::byte> image,
+                                       hot_module_options options = {});
+
+  hot_module(hot_module&&) noexcept = default;
+  hot_module& operator=(hot_module&&) noexcept = default;
+  ~hot_module();
+
+  /// Loads `image` and validates it against the interface: every kernel present with the same
+  /// parameter layout, launch configurations used so far still fit (threads per block, shared
+  /// memory), and the smoke test passes. The serving version is untouched whatever happens.
+  /// @throws version_rejected_error naming the cause; image_error for bad bytes or another GPU.
+  [[nodiscard]] staged_version stage(std::span<const std::byte> image,
+                                     const stage_options& options = {}) const;
+  /// Makes `version` current: every launch that starts after promote() returns uses it, on every
+  /// thread; launches already issued finish on the version they started with. All or nothing:
+  /// first the launch shapes used so far are checked against it again (launches since stage()
+  /// may be wider), carried `__device__` variables are copied (work still running on the old
+  /// version may change them after the copy) and tracked graphs are retargeted; if any of that
+  /// fails, what was retargeted is put back, the staged version is dropped and the current
+  /// version keeps serving. Returns its id.
+  /// @throws error (errc::precondition) for a version staged by another hot module or moved
+  ///         from; version_rejected_error for launch shapes it does not allow; error if a copy
+  ///         or a graph update fails. Whatever it throws, nothing switched.
+  std::uint64_t promote(staged_version version);
+  /// Makes the previous version current again, all or nothing as promote() (launch shapes
+  /// checked, tracked graphs retargeted). Returns its id.
+  /// @throws error (errc::precondition) if there is none; version_rejected_error if it does not
+  ///         allow a launch shape used since it served; error if a graph update fails. Whatever
+  ///         it throws, nothing switched.
+  std::uint64_t rollback();
+
+  /// Follows an instantiated CUDA graph whose kernel nodes launch kernels of this module (e.g.
+  /// added with hot_kernel::add_graph_node): after each promote or rollback its nodes are
+  /// retargeted to the current version (cuGraphExecKernelNodeSetParams, and the graph's own
+  /// nodes so later instantiations agree). Launch it with launch_graph(), which keeps the
+  /// version it ran loaded until that work completed. `graph` and `exec` must stay alive until
+  /// untrack_graph(). @throws error (errc::precondition) if no node launches this module.
+  void track_graph(CUgraph graph, CUgraphExec exec);
+  /// Stops following `exec`. Not concurrently with launch_graph(exec).
+  void untrack_graph(CUgraphExec exec);
+  /// Launches a tracked graph on `stream` (cuGraphLaunch), on the current version. Returns the
+  /// id of the version it ran. @throws error naming the module and the graph; error
+  /// (errc::precondition) for the per-thread default stream, as hot_kernel::launch.
+  std::uint64_t launch_graph(CUgraphExec exec, stream_ref stream) const;
+
+  /// The serving version, the rollback target and the retired versions not yet unloaded, each
+  /// with its chain id and origin, at one instant: the one record of which version serves and
+  /// which came before, whoever promoted (update endpoint, hot_reloader, a direct call).
+  [[nodiscard]] held_versions versions() const;
+
+  /// A kernel of the interface, launching whatever version is current at each launch.
+  /// @throws error (errc::precondition) for a name the first version did not export.
+  [[nodiscard]] hot_kernel get_kernel(std::string_view name) const;
+
+  /// Copies the serving version's `__device__` variable `variable` into `out` (sizes must match),
+  /// with the version pinned for the copy. Returns the id of the version read.
+  /// @throws error naming the variable (missing, size mismatch, copy failure).
+  std::uint64_t read_global(std::string_view variable, std::span<std::byte> out) const;
+
+  [[nodiscard]] const std::string& name() const;
+  [[nodiscard]] context_ref context() const;
+  [[nodiscard]] hot_module_stats stats() const;
+  /// Unloads whatever retired versions can be unloaded now (the background thread does this on
+  /// its own; tests and shutdown call it to be sure). Returns how many were unloaded. Never
+  /// throws for a failure on the way: it is counted and reported as the background thread's
+  /// (hot_module_stats::reclaim_failures, hot_module_options::on_reclaim_failure).
+  std::size_t reclaim() const;
+
+ private:
+  friend class hot_kernel;
+  struct state;
+  explicit hot_module(std::shared_ptr<state> s) noexcept : state_(std::move(s)) {}
+  /// The state; @throws error (errc::precondition) for a moved-from hot_module.
+  [[nodiscard]] state& checked() const;
+  std::shared_ptr<state> state_;
+};
+
+/// A kernel of a hot module: each launch takes the current version, launches its kernel and
+/// notes the stream, so that the version is unloaded only after that work completed.
+class hot_kernel {
+ public:
+  [[nodiscard]] const std::string& name() const noexcept { return name_; }
+
+  /// Launches the current version's kernel with `args` (checked as kernel::launch checks them).
+  /// Returns the id of the version that ran. The stream is a stream of the module's context or
+  /// the legacy default stream (one per context, so the event the reclaimer records on it
+  /// later follows this launch). The per-thread default stream is refused: it is another
+  /// stream on every thread, and the reclaimer's event on its own thread's would not follow
+  /// this one's work. @throws launch_argument_error; error (errc::precondition) for the
+  /// per-thread default stream, a moved-from stream or a moved-from hot_kernel; error.
+  template <class... Args>
+  std::uint64_t launch(const launch_config& config, const Args&... args) const {
+    auto lease = acquire(config);
+    lease.payload().kernels[index_].launch(config, args...);
+    finish(lease, config);
+    return lease.id();
+  }
+
+  /// Adds a kernel node to `graph` that launches the current version with `args` (checked as
+  /// launch() checks them; their values are copied into the node). Track the instantiated graph
+  /// with hot_module::track_graph. The config's stream and cluster are not used (give
+  /// stream_ref::legacy_default()). @throws launch_argument_error, error.
+  template <class... Args>
+  CUgraphNode add_graph_node(CUgraph graph, const launch_config& config,
+                             const Args&... args) const {
+    auto lease = acquire();
+    const auto& k = lease.payload().kernels[index_];
+    (void)k.template typed<Args...>();  // the argument check
+    return detail::with_kernel_arguments(
+        [&](void** arguments) { return add_node(graph, k, config, arguments); }, args...);
+  }
+
+ private:
+  friend class hot_module;
+  using chain = version_chain<hot_version, CUstream, event>;
+  hot_kernel(std::shared_ptr<hot_module::state> s, std::size_t index, std::string name) noexcept
+      : state_(std::move(s)), index_(index), name_(std::move(name)) {}
+  /// The current version, pinned. @throws error (errc::precondition) for a moved-from
+  /// hot_kernel.
+  [[nodiscard]] chain::lease acquire() const;
+  /// As acquire(), for a launch on `config.stream`; refuses the per-thread default stream.
+  [[nodiscard]] chain::lease acquire(const launch_config& config) const;
+  void finish(const chain::lease& lease, const launch_config& config) const;
+  /// Raises the launch configuration a new version must fit (stage(), promote() and rollback()
+  /// check it) to `config`.
+  void note_usage(const launch_config& config) const noexcept;
+  CUgraphNode add_node(CUgraph graph, const kernel& k, const launch_config& config,
+                       void** arguments) const;
+  std::shared_ptr<hot_module::state> state_;
+  std::size_t index_;
+  std::string name_;
+};
+
+}  // namespace cubridge

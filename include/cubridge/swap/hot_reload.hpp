@@ -1,0 +1,59 @@
+#pragma once
+// New versions of a hot module from a watched directory: a file dropped there is turned into
+// machine code for the module's device (.cu through NVRTC, .ptx through nvJitLink, .cubin and
+// .fatbin as they are), staged, and promoted. The driver never JITs: a serving process hands it
+// machine code only (FACTS.md).
+
+#include <cubridge/compile/compile.hpp>
+#include <cubridge/compile/compile_cache.hpp>
+#include <cubridge/swap/directory_watcher.hpp>
+#include <cubridge/swap/hot_module.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <exception>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <vector>
+
+namespace cubridge {
+
+/// Machine code for `architecture` (e.g. "sm_90") from a file: .cu compiled by NVRTC (through
+/// `cache` when given), .ptx linked by nvJitLink, .cubin / .fatbin read as they are.
+/// @throws error (errc::precondition) for another extension, compile_error with the compiler's
+///         log, error (errc::io) for a file that cannot be read.
+[[nodiscard]] std::vector<std::byte> machine_code_from_file(const std::filesystem::path& file,
+                                                            const std::string& architecture,
+                                                            compile_options options = {},
+                                                            compile_cache* cache = nullptr);
+
+/// Watches a directory and promotes every good file into `target` (see machine_code_from_file
+/// and hot_module::stage). A refused file leaves the current version serving.
+class hot_reloader {
+ public:
+  struct options {
+    std::chrono::milliseconds debounce{200};
+    compile_options compile;         ///< for .cu files; architecture is set from the device
+    compile_cache* cache = nullptr;  ///< optional; must outlive the reloader
+    /// Smoke test etc.; source_name is set to the file, bundle_version to 0 and key_id to
+    /// empty (a dropped file is no signed bundle): the chain records the version's origin as
+    /// that file, and the update endpoint sees it as serving no bundle version.
+    stage_options stage;
+    /// Called with the file and the promoted version's chain id (hot_module_stats::current_id).
+    std::function<void(const std::filesystem::path&, std::uint64_t id)> on_promoted;
+    std::function<void(const std::filesystem::path&, std::exception_ptr)> on_refused;
+  };
+
+  /// Starts watching. `target` must outlive the reloader. @throws error (errc::io) if the
+  /// directory cannot be watched.
+  hot_reloader(hot_module& target, std::filesystem::path directory, options opts);
+  ~hot_reloader();
+  hot_reloader(const hot_reloader&) = delete;
+  hot_reloader& operator=(const hot_reloader&) = delete;
+
+ private:
+  std::unique_ptr<directory_watcher> watcher_;
+};
+
+}  // namespace cubridge

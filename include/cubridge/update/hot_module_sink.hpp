@@ -1,0 +1,71 @@
+#pragma once
+// A module_sink over cubridge::hot_module: what the update endpoint (update_endpoint.hpp) uses in
+// a real service. A pushed cubin or fatbin is staged (loaded and validated against the module's
+// interface) and promoted; CUDA C++ source is first compiled with NVRTC for the exact
+// architecture of the module's device (compile.hpp), so the driver never JITs in the service.
+//
+// The sink keeps no versions of its own: each pushed version is staged with the bundle's version
+// and key (stage_options::bundle_version, key_id), and which bundle version serves, and which one
+// a rollback returns to, is read from the module's chain (hot_module::versions()). A version
+// promoted some other way (a hot_reloader, a direct promote() or rollback()) is seen as it is.
+//
+//   auto filters = cubridge::hot_module::load(ctx, "filters", v1_cubin,
+//                                             {.origin = {.bundle_version = 1}});
+//   cubridge::hot_module_sink sink;
+//   sink.add(filters);                               // serves bundle version 1
+//   cubridge::update_endpoint endpoint(sink, options);
+//   endpoint.start();
+
+#include <cubridge/compile/compile.hpp>
+#include <cubridge/swap/hot_module.hpp>
+#include <cubridge/update/module_sink.hpp>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+namespace cubridge {
+
+/// Loads pushed versions into hot modules. Thread-safe. Lives in cubridge::update.
+class hot_module_sink final : public module_sink {
+ public:
+  /// `compile` is used for CUDA source payloads; its architecture is replaced by the device's.
+  explicit hot_module_sink(compile_options compile = {});
+  ~hot_module_sink() override;
+
+  /// Serves updates for `module` (which must outlive the sink). Its serving version's bundle
+  /// version is the one its chain records (hot_module_options::origin at load; 0: none, any
+  /// version is accepted). `stage` is used for each new version (smoke test, carried globals;
+  /// its bundle_version and key_id are set per bundle). All modules must be on devices of one
+  /// compute capability. @throws error (errc::precondition) for a name already added or a
+  /// module on a device of another compute capability; error when the device cannot be queried.
+  void add(hot_module& module, stage_options stage = {});
+
+  /// The compute capability of the modules' device; 0 before add().
+  [[nodiscard]] int device_sm() const override;
+  /// The serving version's origin().bundle_version, from the module's chain.
+  [[nodiscard]] std::uint64_t current_version(std::string_view name) const override;
+  /// Compiles (cuda_source), stages with the bundle's version and key, and promotes. Outcomes:
+  /// done; unknown_module for a name not added; rejected with the compiler's log or the
+  /// validation failure (the serving version keeps serving); failed for anything else.
+  sink_result apply(const verified_bundle& bundle) override;
+  /// hot_module::rollback, to whatever the chain holds as the rollback target; the result's
+  /// version is that target's bundle version. Outcomes: done, unknown_module,
+  /// no_previous_version, failed.
+  sink_result rollback(std::string_view name) override;
+  /// From each module's chain: current_version and versions_held (rollback target, serving)
+  /// as bundle versions (0 for a version not from a bundle), in_flight = retired versions.
+  [[nodiscard]] std::vector<module_report> status() const override;
+
+ private:
+  struct entry;
+  compile_options compile_;
+  mutable std::mutex mutex_;
+  int sm_ = 0;
+  std::map<std::string, std::unique_ptr<entry>, std::less<>> modules_;
+  entry* find(std::string_view name) const;
+};
+
+}  // namespace cubridge

@@ -1,0 +1,79 @@
+#pragma once
+// The loading side of the update endpoint (update_endpoint.hpp): whatever takes a verified
+// bundle and makes it the serving version of a module. The endpoint owns the network, the
+// signature and replay checks; a sink only loads. hot_module_sink.hpp adapts cubridge::hot_module;
+// tests use a fake, so that the endpoint is tested without a GPU.
+//
+// Versions here are always bundle versions (the signed manifest's), never a hot module's chain
+// ids. A sink keeps no copy of them: it answers from where the module keeps its versions (for a
+// hot module, its version chain), so that a version promoted past the endpoint (a hot_reloader,
+// a direct promote() or rollback()) is what current_version() and status() report, and what the
+// endpoint's replay and rollback checks see.
+
+#include <cubridge/update/bundle.hpp>
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace cubridge {
+
+/// What a sink did with a request.
+enum class sink_outcome {
+  done,                 ///< applied (the version serves now) or rolled back
+  unknown_module,       ///< the sink has no module of that name and does not create one
+  rejected,             ///< the version was refused while staging (validation, compile, load)
+  no_previous_version,  ///< rollback: there is no version to go back to
+  failed,               ///< anything else; the module's serving version is unchanged
+};
+
+/// "done", "unknown_module", ... (the enumerator's name).
+[[nodiscard]] std::string_view to_string(sink_outcome outcome) noexcept;
+
+/// A sink's answer: the outcome, the version now serving, and for a refusal, why.
+struct sink_result {
+  sink_outcome outcome = sink_outcome::failed;
+  /// The bundle version serving after the call (for rollback: the version rolled back to).
+  std::uint64_t version = 0;
+  /// For anything but `done`: what went wrong, in words (a compiler log, a validation failure).
+  std::string detail;
+};
+
+/// One module as a sink reports it.
+struct module_report {
+  std::string name;
+  /// The bundle version serving now; 0 when none (e.g. a version not from a bundle).
+  std::uint64_t current_version = 0;
+  /// Bundle versions a rollback could use: the rollback target (if any), then the serving one;
+  /// 0 for a version not from a bundle.
+  std::vector<std::uint64_t> versions_held;
+  /// Old versions not yet unloaded: pinned by launches or GPU work in flight.
+  std::uint64_t in_flight = 0;
+  /// The last refusal or failure of this module, empty when none.
+  std::string last_error;
+};
+
+/// The loading side of the update endpoint. The endpoint serialises calls per module (never two
+/// apply/rollback calls for one module at once), but calls for different modules, and status(),
+/// may come on any threads at once. Implementations must not throw: every failure is a
+/// sink_result (the endpoint turns an escaped exception into sink_outcome::failed).
+class module_sink {
+ public:
+  virtual ~module_sink() = default;
+
+  /// The device's compute capability as major * 10 + minor (90 for an H200): bundles whose
+  /// payload cannot run on it are refused before apply() is called.
+  [[nodiscard]] virtual int device_sm() const = 0;
+  /// The bundle version of `name` serving now, 0 when none (or no such module).
+  [[nodiscard]] virtual std::uint64_t current_version(std::string_view name) const = 0;
+  /// Stages and promotes `bundle` as the new version of its module (bundle.manifest.name).
+  /// Called only for verified bundles whose version is above every version seen for the module.
+  virtual sink_result apply(const verified_bundle& bundle) = 0;
+  /// Makes the previous version of `name` serve again.
+  virtual sink_result rollback(std::string_view name) = 0;
+  /// Every module the sink holds.
+  [[nodiscard]] virtual std::vector<module_report> status() const = 0;
+};
+
+}  // namespace cubridge

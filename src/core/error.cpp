@@ -1,0 +1,116 @@
+#include <cubridge/core/detail/check.hpp>
+#include <cubridge/core/driver.hpp>
+#include <cubridge/core/error.hpp>
+
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+namespace cubridge {
+namespace {
+
+std::string compose(const std::string& call, const std::string& code_name,
+                    const std::string& description, const std::string& involved,
+                    const std::source_location& where) {
+  std::string text = call + " " + code_name;
+  if (!description.empty()) text += " (" + description + ")";
+  if (!involved.empty()) text += ": " + involved;
+  text += " [" + std::string(where.file_name()) + ":" + std::to_string(where.line()) + "]";
+  return text;
+}
+
+}  // namespace
+
+std::string_view to_string(errc code) noexcept {
+  return core_error_domain.name(static_cast<int>(code));
+}
+
+error::error(error_source source, int code, std::string code_name, std::string description,
+             std::string call, std::string involved, std::source_location where)
+    : std::runtime_error(compose(call, code_name, description, involved, where)),
+      source_(source),
+      code_(code),
+      code_name_(std::move(code_name)),
+      description_(std::move(description)),
+      call_(std::move(call)),
+      involved_(std::move(involved)),
+      where_(where) {}
+
+error::error(const error_domain& domain, int code, std::string description, std::string call,
+             std::string involved, std::source_location where)
+    : error(error_source::cubridge, code, std::string(domain.name(code)),
+            description.empty() ? std::string(domain.description(code)) : std::move(description),
+            std::move(call), std::move(involved), where) {
+  domain_ = &domain;
+}
+
+namespace detail {
+
+void throw_errc(errc code, std::string call, std::string involved, std::source_location where) {
+  const int value = static_cast<int>(code);
+  switch (code) {
+    case errc::no_driver:
+      throw driver_unavailable(core_error_domain, value, {}, std::move(call), std::move(involved),
+                               where);
+    case errc::bad_image:
+    case errc::incompatible_image:
+      throw image_error(core_error_domain, value, {}, std::move(call), std::move(involved), where);
+    case errc::bad_launch_arguments:
+      throw launch_argument_error(core_error_domain, value, {}, std::move(call),
+                                  std::move(involved), where);
+    case errc::context_reset:
+      throw context_reset_error(core_error_domain, value, {}, std::move(call), std::move(involved),
+                                where);
+    default:
+      throw error(core_error_domain, value, {}, std::move(call), std::move(involved), where);
+  }
+}
+
+std::string driver_error_name(CUresult result) {
+  if (driver::available()) {
+    const char* name = nullptr;
+    if (driver::api().cuGetErrorName(result, &name) == CUDA_SUCCESS && name) return name;
+  }
+  return "CUresult " + std::to_string(static_cast<int>(result));
+}
+
+void throw_driver_error(CUresult result, const char* call, std::string involved,
+                        std::source_location where) {
+  std::string description;
+  if (driver::available()) {
+    const char* text = nullptr;
+    if (driver::api().cuGetErrorString(result, &text) == CUDA_SUCCESS && text) description = text;
+  }
+  auto name = driver_error_name(result);
+  if (result == CUDA_ERROR_CONTEXT_IS_DESTROYED)
+    throw context_reset_error(error_source::driver, result, std::move(name), std::move(description),
+                              call, std::move(involved), where);
+  throw error(error_source::driver, result, std::move(name), std::move(description), call,
+              std::move(involved), where);
+}
+
+void throw_runtime_error(cudaError_t result, const char* call, std::string involved,
+                         std::source_location where) {
+  throw error(error_source::runtime, result, cudaGetErrorName(result), cudaGetErrorString(result),
+              call, std::move(involved), where);
+}
+
+}  // namespace detail
+}  // namespace cubridge
+
+#include <cstdio>
+
+namespace cubridge::detail {
+void report_release_failure(CUresult result, const char* call) noexcept {
+  if (result == CUDA_ERROR_DEINITIALIZED || result == CUDA_ERROR_CONTEXT_IS_DESTROYED) return;
+#ifndef NDEBUG
+  try {
+    std::fprintf(stderr, "cubridge: %s failed in a destructor: %s\n", call,
+                 driver_error_name(result).c_str());
+  } catch (...) {
+  }
+#else
+  (void)call;
+#endif
+}
+}  // namespace cubridge::detail

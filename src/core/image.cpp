@@ -1,0 +1,288 @@
+// GPU image inspection without a GPU: the public entry points (inspect_image, can_run_on, ...)
+// and what the readers share. The readers themselves are image_cubin.cpp (CUDA ELF),
+// image_fatbin.cpp (the container and LZ4 / zstd decompression) and image_ptx.cpp; each file
+// starts with the format facts it relies on.
+
+#include "cubridge/core/image.hpp"
+#include "cubridge/core/detail/enum_names.hpp"
+#include "cubridge/core/detail/file_io.hpp"
+#include "cubridge/core/detail/hex.hpp"
+#include "cubridge/core/detail/loaded_kernels.hpp"
+#include "image_internal.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace cubridge {
+namespace image_internal {
+
+std::string hex(std::uint64_t v) {
+  return detail::hex_number(v);
+}
+
+std::string first_bytes(byte_span d) {
+  std::string s;
+  for (std::size_t i = 0; i < d.size() && i < 8; ++i) {
+    if (i != 0) s += ' ';
+    detail::append_hex(s, std::to_integer<unsigned char>(d[i]));
+  }
+  if (d.size() > 8) s += " ...";
+  return s;
+}
+
+void source::fail(const std::string& what) const {
+  detail::throw_errc(errc::bad_image, "inspect_image", ctx.empty() ? what : ctx + ": " + what);
+}
+
+namespace {
+
+std::string variant_suffix(arch_variant v) {
+  switch (v) {
+    case arch_variant::arch_specific:
+      return "a";
+    case arch_variant::family_specific:
+      return "f";
+    case arch_variant::generic:
+      break;
+  }
+  return "";
+}
+
+std::string sizes_text(const std::vector<std::size_t>& sizes) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    if (i != 0) s += ", ";
+    s += std::to_string(sizes[i]);
+  }
+  return s + "]";
+}
+
+}  // namespace
+
+arch_variant stronger(arch_variant a, arch_variant b) {
+  return static_cast<int>(a) >= static_cast<int>(b) ? a : b;
+}
+
+std::string arch_name_of(image_kind kind, int sm, arch_variant v) {
+  std::string prefix = kind == image_kind::ptx      ? "compute_"
+                       : kind == image_kind::lto_ir ? "lto_"
+                                                    : "sm_";
+  return prefix + std::to_string(sm) + variant_suffix(v);
+}
+
+void kernel_set::add(image_kernel k, const source& s) {
+  auto [it, inserted] = index_.try_emplace(k.name, kernels_.size());
+  if (inserted) {
+    kernels_.push_back(std::move(k));
+    return;
+  }
+  auto& known = kernels_[it->second];
+  if (!k.parameter_sizes) return;
+  if (!known.parameter_sizes) {
+    known.parameter_sizes = std::move(k.parameter_sizes);
+  } else if (*known.parameter_sizes != *k.parameter_sizes) {
+    s.fail("kernel '" + k.name + "' has parameter sizes " + sizes_text(*k.parameter_sizes) +
+           " here but " + sizes_text(*known.parameter_sizes) + " in an earlier entry");
+  }
+}
+
+}  // namespace image_internal
+
+namespace {
+
+using namespace image_internal;
+
+constexpr std::uintmax_t max_file_size = std::uintmax_t{2} << 30;
+
+[[noreturn]] void precondition_failed(int sm_major, int sm_minor) {
+  detail::throw_errc(errc::precondition, "can_run_on",
+                     "device compute capability " + std::to_string(sm_major) + "." +
+                         std::to_string(sm_minor) + " (needs major >= 1 and minor 0..9)");
+}
+
+void check_capability(int sm_major, int sm_minor) {
+  if (sm_major < 1 || sm_major > 99 || sm_minor < 0 || sm_minor > 9)
+    precondition_failed(sm_major, sm_minor);
+}
+
+// A cubin or PTX image on its own: one target.
+image_info single_target(image_kind kind, parsed_code code, const source& s) {
+  kernel_set kernels;
+  for (auto& k : code.kernels) {
+    code.target.kernel_names.push_back(k.name);
+    kernels.add(std::move(k), s);
+  }
+  image_info info;
+  info.kind = kind;
+  info.targets.push_back(std::move(code.target));
+  info.kernels = kernels.take();
+  return info;
+}
+
+}  // namespace
+
+std::string_view to_string(image_kind kind) noexcept {
+  static constexpr std::array<detail::enum_name<image_kind>, 4> names{{
+      {image_kind::cubin, "cubin"},
+      {image_kind::fatbin, "fatbin"},
+      {image_kind::ptx, "ptx"},
+      {image_kind::lto_ir, "lto_ir"},
+  }};
+  static_assert(detail::lists_values_in_order(names));
+  return detail::name_of(names, kind, "unknown");
+}
+
+const image_kernel* image_info::find_kernel(std::string_view name) const noexcept {
+  for (const auto& k : kernels)
+    if (k.name == name) return &k;
+  return nullptr;
+}
+
+image_info inspect_image(std::span<const std::byte> bytes) {
+  if (bytes.empty())
+    detail::throw_errc(errc::bad_image, "inspect_image",
+                       "empty input (0 bytes): not a cubin, fatbin or PTX image");
+  work_budget budget(bytes.size());
+  if (bytes.size() >= 4 && rd32(bytes, 0) == elf_magic) {
+    const source s{bytes, 0, "cubin"};
+    return single_target(image_kind::cubin, parse_cubin(s, budget), s);
+  }
+  if (bytes.size() >= 4 && rd32(bytes, 0) == fatbin_magic) return parse_fatbin(bytes, budget);
+  if (looks_like_ptx(bytes)) {
+    const source s{bytes, 0, "PTX"};
+    return single_target(image_kind::ptx, parse_ptx(s, budget), s);
+  }
+  detail::throw_errc(errc::bad_image, "inspect_image",
+                     "not a cubin, fatbin or PTX image (" + std::to_string(bytes.size()) +
+                         " bytes; first bytes: " + first_bytes(bytes) + ")");
+}
+
+image_info inspect_image_file(const std::filesystem::path& path) {
+  // A regular file only (a FIFO or device would block or never end), sized before reading, and
+  // read whole only when its first bytes can begin an image: a 2 GiB file of anything else is
+  // refused after one chunk.
+  detail::regular_file file(path, std::numeric_limits<std::uint64_t>::max(), "image");
+  const auto size = static_cast<std::uint64_t>(file.status().st_size);
+  if (size > max_file_size)
+    detail::throw_errc(errc::bad_image, "inspect_image_file",
+                       "'" + path.string() + "' is larger than the 2 GiB an image may have (" +
+                           std::to_string(size) + " bytes)");
+  std::vector<std::byte> data;
+  constexpr std::size_t chunk = std::size_t{1} << 20;
+  file.read_some(data, chunk);
+  const bool may_be_image =
+      (data.size() >= 4 && (rd32(data, 0) == elf_magic || rd32(data, 0) == fatbin_magic)) ||
+      looks_like_ptx(data);
+  if (data.size() == chunk && !may_be_image) {
+    // Not an image unless PTX text begins after more than a chunk of comments and spaces: a NUL
+    // or anything else seen whole ends the question here.
+    const std::string_view text(reinterpret_cast<const char*>(data.data()), data.size());
+    const auto pos = skip_space_and_comments(text, 0);
+    if (text.find('\0') != std::string_view::npos ||
+        (pos != std::string_view::npos && pos + 9 <= text.size()))
+      detail::throw_errc(errc::bad_image, "inspect_image_file",
+                         "'" + path.string() + "': not a cubin, fatbin or PTX image (" +
+                             std::to_string(size) + " bytes; first bytes: " + first_bytes(data) +
+                             ")");
+  }
+  data.reserve(static_cast<std::size_t>(size) + chunk);  // room for the read that sees the end
+  while (file.read_some(data, chunk) != 0)               // to its end, even if it grew since fstat
+    if (data.size() > max_file_size)
+      detail::throw_errc(errc::bad_image, "inspect_image_file",
+                         "'" + path.string() + "' is larger than the 2 GiB an image may have");
+  try {
+    return inspect_image(data);
+  } catch (const image_error& e) {
+    // Name the file: rethrow with the path in front of what was wrong.
+    detail::throw_errc(errc::bad_image, "inspect_image_file",
+                       "'" + path.string() + "': " + e.involved());
+  }
+}
+
+bool can_run_on(const image_target& target, int sm_major, int sm_minor) {
+  check_capability(sm_major, sm_minor);
+  const int major = target.sm_major();
+  const int minor = target.sm_minor();
+  switch (target.kind) {
+    case image_kind::cubin:
+      if (target.variant == arch_variant::arch_specific)
+        return sm_major == major && sm_minor == minor;
+      return sm_major == major && sm_minor >= minor;
+    case image_kind::ptx:
+      if (target.variant == arch_variant::arch_specific)
+        return sm_major == major && sm_minor == minor;
+      if (target.variant == arch_variant::family_specific)
+        return sm_major == major && sm_minor >= minor;
+      return sm_major > major || (sm_major == major && sm_minor >= minor);
+    case image_kind::fatbin:
+    case image_kind::lto_ir:
+      break;
+  }
+  return false;
+}
+
+bool can_run_on(const image_info& image, int sm_major, int sm_minor) {
+  check_capability(sm_major, sm_minor);
+  return std::any_of(image.targets.begin(), image.targets.end(),
+                     [&](const image_target& t) { return can_run_on(t, sm_major, sm_minor); });
+}
+
+void require_runs_on(const image_info& image, int sm_major, int sm_minor, std::string_view what) {
+  if (can_run_on(image, sm_major, sm_minor)) return;
+  std::string targets;
+  for (const auto& t : image.targets) {
+    if (!targets.empty()) targets += ", ";
+    targets += t.arch_name;
+    if (t.kind == image_kind::lto_ir) targets += " (LTO IR, not loadable)";
+  }
+  std::string msg;
+  if (!what.empty()) msg.append(what).append(": ");
+  msg += std::string(to_string(image.kind)) + " has code for " +
+         (targets.empty() ? "nothing" : targets) + ", none of which runs on a device of sm_" +
+         std::to_string(sm_major * 10 + sm_minor) + " (compute capability " +
+         std::to_string(sm_major) + "." + std::to_string(sm_minor) + ")";
+  detail::throw_errc(errc::incompatible_image, "require_runs_on", std::move(msg));
+}
+
+namespace detail {
+
+std::vector<std::string> kernels_every_entry_defines(const image_info& info, int sm_major,
+                                                     int sm_minor) {
+  std::optional<std::vector<std::string>> common;
+  for (const auto& t : info.targets) {
+    if (t.kind == image_kind::lto_ir || !can_run_on(t, sm_major, sm_minor)) continue;
+    if (!common) {
+      common = t.kernel_names;
+      continue;
+    }
+    std::erase_if(*common, [&](const std::string& name) {
+      return std::find(t.kernel_names.begin(), t.kernel_names.end(), name) == t.kernel_names.end();
+    });
+  }
+  return common.value_or(std::vector<std::string>{});
+}
+
+void require_loaded_kernels(const std::vector<std::string>& expected,
+                            const std::vector<std::string>& loaded, std::string_view call,
+                            const std::string& what) {
+  std::string missing;
+  std::size_t count = 0;
+  for (const auto& name : expected) {
+    if (std::find(loaded.begin(), loaded.end(), name) != loaded.end()) continue;
+    missing += (count++ == 0 ? "'" : ", '") + name + "'";
+  }
+  if (count == 0) return;
+  throw_errc(errc::bad_image, std::string(call),
+             what + ": the image defines kernel" + (count == 1 ? " " : "s ") + missing +
+                 " that the driver's list of the loaded code lacks (it lists " +
+                 std::to_string(loaded.size()) + " kernels)");
+}
+
+}  // namespace detail
+}  // namespace cubridge

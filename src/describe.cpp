@@ -1,9 +1,0 @@
-#include <cubridge/detail/describe.hpp>
-
-#include <cubridge/detail/hex.hpp>
-
-namespace cubridge::detail {
-std::string hex(std::uintptr_t value) {
-  return hex_number(value);
-}
-}  // namespace cubridge::detail

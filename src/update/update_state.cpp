@@ -1,0 +1,275 @@
+// The persisted replay state of the update endpoint; see update_state.hpp and
+// docs/update-endpoint.md ("Replay state").
+#include <cubridge/core/detail/enum_names.hpp>
+#include <cubridge/core/detail/file_io.hpp>
+#include <cubridge/update/bundle.hpp>
+#include <cubridge/update/detail/signing.hpp>
+#include <cubridge/update/update_state.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cstring>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <fcntl.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+namespace cubridge {
+namespace {
+
+using json = nlohmann::json;
+constexpr std::string_view format_key = "cubridge_update_state";
+constexpr std::uint64_t format_version = 1;
+
+[[noreturn]] void fail(update_state_reason reason, std::string call, std::string involved,
+                       std::source_location where = std::source_location::current()) {
+  throw update_state_error(reason, std::move(call), std::move(involved), where);
+}
+
+std::string quoted(const std::filesystem::path& path) {
+  return "'" + path.string() + "'";
+}
+
+std::string system_error_text(int error) {
+  return std::strerror(error);
+}
+
+// Closes a descriptor at scope exit.
+struct fd_closer {
+  int fd;
+  ~fd_closer() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+// The file's bytes; nullopt when it does not exist.
+std::optional<std::string> read_state_file(const std::filesystem::path& path) {
+  constexpr const char* call = "update_state::load";
+  // O_NONBLOCK: a FIFO at the path is refused below instead of blocking the service's start.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) {
+    const int error = errno;
+    if (error == ENOENT) return std::nullopt;
+    fail(update_state_reason::unreadable, call,
+         "cannot open " + quoted(path) + ": " + system_error_text(error));
+  }
+  fd_closer closer{fd};
+  struct ::stat status {};
+  if (::fstat(fd, &status) != 0)
+    fail(update_state_reason::unreadable, call,
+         "cannot stat " + quoted(path) + ": " + system_error_text(errno));
+  if (!S_ISREG(status.st_mode))
+    fail(update_state_reason::unreadable, call, quoted(path) + " is not a regular file");
+  if (static_cast<std::uint64_t>(status.st_size) > max_update_state_bytes)
+    fail(update_state_reason::too_large, call,
+         quoted(path) + " is " + std::to_string(status.st_size) + " bytes, over the " +
+             std::to_string(max_update_state_bytes) + " a state file may hold");
+  std::string text;
+  char buffer[65536];
+  for (;;) {
+    const ssize_t n = ::read(fd, buffer, sizeof buffer);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0)
+      fail(update_state_reason::unreadable, call,
+           "cannot read " + quoted(path) + ": " + system_error_text(errno));
+    if (n == 0) break;
+    text.append(buffer, static_cast<std::size_t>(n));
+    if (text.size() > max_update_state_bytes)  // it grew while being read
+      fail(update_state_reason::too_large, call,
+           quoted(path) + " is over the " + std::to_string(max_update_state_bytes) +
+               " bytes a state file may hold");
+  }
+  return text;
+}
+
+struct parsed_state {
+  std::map<std::string, std::uint64_t, std::less<>> highest;
+  std::unordered_map<std::string, std::chrono::sys_seconds> nonces;
+};
+
+parsed_state parse_state(const std::string& text, const std::filesystem::path& path) {
+  auto corrupt = [&](const std::string& why) {
+    fail(update_state_reason::corrupt, "update_state::load", quoted(path) + " is corrupt: " + why);
+  };
+  // nlohmann stops at a NUL byte: what follows one would never be checked.
+  if (auto problem = detail::check_signed_text(text); !problem.empty()) corrupt(problem);
+  json document;
+  try {
+    document = json::parse(text);
+  } catch (const json::exception& e) {
+    corrupt(e.what());
+  }
+  if (!document.is_object()) corrupt("not a JSON object");
+  for (const auto& [key, value] : document.items())
+    if (key != format_key && key != "highest_versions" && key != "rollback_nonces")
+      corrupt("unknown field " + detail::printable(key));
+  const auto version = document.find(format_key);
+  if (version == document.end() || !version->is_number_unsigned())
+    corrupt("no \"cubridge_update_state\" format version");
+  if (version->get<std::uint64_t>() != format_version)
+    corrupt("format version " + std::to_string(version->get<std::uint64_t>()) +
+            ", this library reads version 1");
+
+  parsed_state out;
+  const auto modules = document.find("highest_versions");
+  if (modules == document.end() || !modules->is_object())
+    corrupt("\"highest_versions\" is missing or not an object");
+  for (const auto& [name, value] : modules->items()) {
+    if (auto problem = check_module_name(name); !problem.empty())
+      corrupt("module " + detail::printable(name) + ": " + problem);
+    if (!value.is_number_unsigned() || value.get<std::uint64_t>() == 0)
+      corrupt("module " + detail::printable(name) + ": version is not an unsigned integer > 0");
+    out.highest.emplace(name, value.get<std::uint64_t>());
+  }
+  const auto nonces = document.find("rollback_nonces");
+  if (nonces == document.end() || !nonces->is_object())
+    corrupt("\"rollback_nonces\" is missing or not an object");
+  for (const auto& [nonce, value] : nonces->items()) {
+    std::array<std::byte, 16> bytes{};
+    if (!detail::parse_lower_hex(nonce, bytes))
+      corrupt("nonce " + detail::printable(nonce) + " is not 32 lower-case hex digits");
+    const auto created =
+        value.is_string() ? detail::parse_time(value.get<std::string>()) : std::nullopt;
+    if (!created) corrupt("nonce " + nonce + ": time is not YYYY-MM-DDTHH:MM:SSZ");
+    out.nonces.emplace(nonce, created.value());
+  }
+  return out;
+}
+
+// Replaces `path` by a file holding `text` (mode 0600) through detail::write_file_atomically:
+// a temporary file beside it, flushed, renamed over `path`, the directory flushed after, so a
+// crash leaves the old state or the new one, never a mix.
+void write_atomically(const std::filesystem::path& path, std::string_view text) {
+  try {
+    detail::write_file_atomically(path, std::as_bytes(std::span(text.data(), text.size())), 0600,
+                                  true, "replay state");
+  } catch (const error& e) {
+    fail(update_state_reason::write_failed, "update_state (write)", e.involved());
+  }
+}
+
+}  // namespace
+
+std::string_view to_string(update_state_reason reason) noexcept {
+  static constexpr std::array<detail::enum_name<update_state_reason>, 4> names{{
+      {update_state_reason::unreadable, "unreadable"},
+      {update_state_reason::too_large, "too_large"},
+      {update_state_reason::corrupt, "corrupt"},
+      {update_state_reason::write_failed, "write_failed"},
+  }};
+  static_assert(detail::lists_values_in_order(names));
+  return detail::name_of(names, reason, "unknown");
+}
+
+update_state_error::update_state_error(update_state_reason reason, std::string call,
+                                       std::string involved, std::source_location where)
+    : error(core_error_domain, static_cast<int>(errc::io),
+            "replay state " + std::string(to_string(reason)), std::move(call), std::move(involved),
+            where),
+      reason_(reason) {}
+
+update_state::update_state(std::filesystem::path file) : file_(std::move(file)) {}
+
+void update_state::load() {
+  if (file_.empty()) return;
+  const auto text = read_state_file(file_);
+  if (!text) return;
+  auto parsed = parse_state(*text, file_);
+  std::lock_guard lock(mutex_);
+  for (const auto& [name, version] : parsed.highest) {
+    auto& slot = highest_[name];
+    slot = std::max(slot, version);
+  }
+  nonces_.merge(parsed.nonces);
+}
+
+std::uint64_t update_state::highest_version(std::string_view module) const {
+  std::lock_guard lock(mutex_);
+  const auto it = highest_.find(module);
+  return it == highest_.end() ? 0 : it->second;
+}
+
+std::map<std::string, std::uint64_t, std::less<>> update_state::highest_versions() const {
+  std::lock_guard lock(mutex_);
+  return highest_;
+}
+
+void update_state::raise_highest_version(std::string_view module, std::uint64_t version) {
+  if (version == 0) return;
+  std::lock_guard lock(mutex_);
+  auto it = highest_.find(module);
+  if (it == highest_.end()) it = highest_.emplace(std::string(module), 0).first;
+  it->second = std::max(it->second, version);
+}
+
+void update_state::store_highest_version(std::string_view module, std::uint64_t version) {
+  std::lock_guard lock(mutex_);
+  const std::string name(module);
+  const auto it = highest_.find(name);
+  const std::uint64_t before = it == highest_.end() ? 0 : it->second;  // 0: none recorded
+  auto record = [&](std::uint64_t v) {
+    if (v == 0)
+      highest_.erase(name);
+    else
+      highest_[name] = v;
+  };
+  record(version);
+  try {
+    save_locked();
+  } catch (...) {
+    record(before);
+    throw;
+  }
+}
+
+nonce_outcome update_state::remember_nonce(std::string_view nonce, std::chrono::sys_seconds created,
+                                           std::chrono::sys_seconds forget_before,
+                                           std::size_t max_nonces) {
+  std::lock_guard lock(mutex_);
+  std::erase_if(nonces_, [&](const auto& n) { return n.second < forget_before; });
+  if (nonces_.contains(std::string(nonce))) return nonce_outcome::replayed;
+  if (nonces_.size() >= max_nonces) return nonce_outcome::full;
+  nonces_.emplace(std::string(nonce), created);
+  save_locked();
+  return nonce_outcome::fresh;
+}
+
+std::size_t update_state::nonce_count() const {
+  std::lock_guard lock(mutex_);
+  return nonces_.size();
+}
+
+void update_state::save_locked() const {
+  if (file_.empty()) return;
+  json document = json::object();
+  document[std::string(format_key)] = format_version;
+  json modules = json::object();
+  for (const auto& [name, version] : highest_) modules[name] = version;
+  document["highest_versions"] = std::move(modules);
+  json nonces = json::object();
+  for (const auto& [nonce, created] : nonces_) nonces[nonce] = detail::format_time(created);
+  document["rollback_nonces"] = std::move(nonces);
+  std::string text;
+  try {
+    text = document.dump() + "\n";  // keys sorted: the same state writes the same bytes
+  } catch (const json::exception& e) {
+    fail(update_state_reason::write_failed, "update_state (write)",
+         "cannot serialise the state of " + quoted(file_) + ": " + e.what());
+  }
+  if (text.size() > max_update_state_bytes)
+    fail(update_state_reason::write_failed, "update_state (write)",
+         "the state of " + quoted(file_) + " would be " + std::to_string(text.size()) +
+             " bytes, over the " + std::to_string(max_update_state_bytes) + " a load accepts");
+  write_atomically(file_, text);
+}
+
+}  // namespace cubridge

@@ -1,0 +1,266 @@
+// detail/file_io.hpp and the library's file readers built on it: key files, images and module
+// files are regular files read within a limit, and files are written without following links.
+#include "temp_dir.hpp"
+
+#include <cubridge/core/detail/file_io.hpp>
+#include <cubridge/core/error.hpp>
+#include <cubridge/core/image.hpp>
+#include <cubridge/core/module.hpp>
+#include <cubridge/update/bundle.hpp>
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <exception>
+#include <fstream>
+#include <functional>
+#include <future>
+#include <string>
+
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+namespace {
+
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+using cubridge::testing::temp_dir;
+using cubridge::testing::write_text;
+
+std::string read_text(const fs::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+fs::path make_fifo(const fs::path& path) {
+  EXPECT_EQ(::mkfifo(path.c_str(), 0600), 0) << path;
+  return path;
+}
+
+// Runs `read` on a thread and returns what it threw. A reader stuck opening the FIFO (as the
+// readers did before they opened with O_NONBLOCK) is released by opening the other end, and
+// reported, so that a regression fails instead of hanging the suite.
+std::exception_ptr thrown_reading_fifo(const fs::path& fifo, const std::function<void()>& read) {
+  auto result = std::async(std::launch::async, [&]() -> std::exception_ptr {
+    try {
+      read();
+    } catch (...) {
+      return std::current_exception();
+    }
+    return nullptr;
+  });
+  if (result.wait_for(30s) != std::future_status::ready) {
+    ADD_FAILURE() << "blocked on the FIFO " << fifo << " for 30 s";
+    const int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
+    if (fd >= 0) ::close(fd);
+  }
+  return result.get();
+}
+
+// The exception is a cubridge::error with errc::io whose text holds every one of `words`.
+void expect_io_error(std::exception_ptr thrown, std::initializer_list<std::string> words) {
+  ASSERT_TRUE(thrown) << "no error";
+  try {
+    std::rethrow_exception(thrown);
+  } catch (const cubridge::error& e) {
+    EXPECT_TRUE(e.is(cubridge::errc::io)) << e.what();
+    for (const auto& w : words)
+      EXPECT_NE(std::string(e.what()).find(w), std::string::npos) << e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "not a cubridge::error: " << e.what();
+  }
+}
+
+std::exception_ptr thrown_by(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (...) {
+    return std::current_exception();
+  }
+  return nullptr;
+}
+
+// The most memory this process has held so far, in bytes.
+std::uint64_t peak_rss_bytes() {
+  ::rusage usage{};
+  ::getrusage(RUSAGE_SELF, &usage);
+  return static_cast<std::uint64_t>(usage.ru_maxrss) * 1024;
+}
+
+// A sparse file of `size` zero bytes (no disk used).
+fs::path sparse_file(const fs::path& path, std::uint64_t size) {
+  { std::ofstream(path, std::ios::binary); }
+  EXPECT_EQ(::truncate(path.c_str(), static_cast<off_t>(size)), 0) << path;
+  return path;
+}
+
+std::vector<std::string> entries(const fs::path& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir)) out.push_back(e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace
+
+TEST(RegularFile, ReadsWholeFilesWithinTheLimit) {
+  temp_dir dir;
+  write_text(dir.path / "four_k", std::string(4096, 'x'));
+  EXPECT_EQ(cubridge::detail::read_regular_file(dir.path / "four_k", 4096, "key file").size(),
+            4096u);
+  write_text(dir.path / "empty", "");
+  EXPECT_TRUE(cubridge::detail::read_regular_file(dir.path / "empty", 4096, "key file").empty());
+  cubridge::detail::regular_file file(dir.path / "four_k", 4096, "key file");
+  EXPECT_TRUE(S_ISREG(file.status().st_mode));
+  std::vector<std::byte> bytes;
+  EXPECT_EQ(file.read_some(bytes, 10), 10u);
+  file.read_rest(bytes);
+  EXPECT_EQ(bytes.size(), 4096u);
+  EXPECT_EQ(cubridge::detail::size_text(4096), "4 KiB");
+  EXPECT_EQ(cubridge::detail::size_text(std::uint64_t{2} << 30), "2 GiB");
+  EXPECT_EQ(cubridge::detail::size_text(4097), "4097 bytes");
+}
+
+TEST(RegularFile, RefusesWhatIsNotARegularFileSayingWhatItIs) {
+  temp_dir dir;
+  const auto fifo = make_fifo(dir.path / "fifo");
+  expect_io_error(
+      thrown_reading_fifo(
+          fifo, [&] { (void)cubridge::detail::read_regular_file(fifo, 4096, "key file"); }),
+      {"'" + fifo.string() + "' is a FIFO, not a regular file", "read key file"});
+  expect_io_error(
+      thrown_by([&] { (void)cubridge::detail::read_regular_file(dir.path, 4096, "image"); }),
+      {"is a directory, not a regular file"});
+  expect_io_error(
+      thrown_by([&] { (void)cubridge::detail::read_regular_file("/dev/zero", 4096, "image"); }),
+      {"'/dev/zero' is a character device, not a regular file"});
+  expect_io_error(thrown_by([&] {
+                    (void)cubridge::detail::read_regular_file(dir.path / "missing", 4096, "image");
+                  }),
+                  {"cannot open", "missing", "No such file"});
+}
+
+TEST(RegularFile, RefusesAnOversizedFileBeforeReadingIt) {
+  temp_dir dir;
+  write_text(dir.path / "big", std::string(4097, 'x'));
+  expect_io_error(thrown_by([&] {
+                    (void)cubridge::detail::read_regular_file(dir.path / "big", 4096, "key file");
+                  }),
+                  {"big' is over 4 KiB (4097 bytes), the most a key file may have"});
+  // 64 GiB, sparse: refused from its size alone (reading it would take minutes and the memory).
+  const auto huge = sparse_file(dir.path / "huge", std::uint64_t{64} << 30);
+  const auto began = std::chrono::steady_clock::now();
+  expect_io_error(thrown_by([&] {
+                    (void)cubridge::detail::read_regular_file(huge, std::uint64_t{64} << 20,
+                                                              "payload");
+                  }),
+                  {"is over 64 MiB"});
+  EXPECT_LT(std::chrono::steady_clock::now() - began, 20s);
+}
+
+TEST(AtomicWrite, ReplacesASymlinkAtThePathWithoutWritingThroughIt) {
+  temp_dir dir;
+  write_text(dir.path / "victim", "precious");
+  fs::create_symlink(dir.path / "victim", dir.path / "out");
+  const std::string text = "new";
+  cubridge::detail::write_file_atomically(dir.path / "out", std::as_bytes(std::span(text)), 0640,
+                                          true, "bundle");
+  EXPECT_EQ(read_text(dir.path / "victim"), "precious");
+  EXPECT_FALSE(fs::is_symlink(dir.path / "out"));
+  EXPECT_EQ(read_text(dir.path / "out"), "new");
+  struct ::stat st {};
+  ASSERT_EQ(::stat((dir.path / "out").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0640u);
+  EXPECT_EQ(entries(dir.path), (std::vector<std::string>{"out", "victim"})) << "no temporary left";
+}
+
+TEST(AtomicWrite, WithoutReplaceRefusesAnythingAtThePathEvenADanglingSymlink) {
+  temp_dir dir;
+  const std::string text = "new";
+  const auto bytes = std::as_bytes(std::span(text));
+  write_text(dir.path / "file", "old");
+  fs::create_symlink(dir.path / "nowhere", dir.path / "dangling");
+  for (const char* name : {"file", "dangling"}) {
+    expect_io_error(thrown_by([&] {
+                      cubridge::detail::write_file_atomically(dir.path / name, bytes, 0600, false,
+                                                              "key file");
+                    }),
+                    {"'" + (dir.path / name).string() + "' exists", "write key file"});
+  }
+  EXPECT_EQ(read_text(dir.path / "file"), "old");
+  EXPECT_FALSE(fs::exists(dir.path / "nowhere")) << "written through the dangling link";
+  cubridge::detail::write_file_atomically(dir.path / "fresh", bytes, 0600, false, "key file");
+  EXPECT_EQ(read_text(dir.path / "fresh"), "new");
+  EXPECT_EQ(entries(dir.path), (std::vector<std::string>{"dangling", "file", "fresh"}));
+}
+
+TEST(KeyFiles, ReadersRefuseAFifoInsteadOfWaitingOnIt) {
+  temp_dir dir;
+  const auto fifo = make_fifo(dir.path / "k.key");
+  expect_io_error(thrown_reading_fifo(fifo, [&] { (void)cubridge::read_secret_key_file(fifo); }),
+                  {"is a FIFO"});
+  expect_io_error(thrown_reading_fifo(fifo, [&] { (void)cubridge::read_public_key_file(fifo); }),
+                  {"is a FIFO"});
+}
+
+TEST(KeyFiles, WriteKeyFileReplacesALinkAndTightensAnExistingFile) {
+  temp_dir dir;
+  const auto keys = cubridge::generate_keypair();
+  write_text(dir.path / "victim", "precious");
+  fs::create_symlink(dir.path / "victim", dir.path / "k.key");
+  cubridge::write_key_file(dir.path / "k.key", keys.secret_key);
+  EXPECT_EQ(read_text(dir.path / "victim"), "precious") << "the secret key went through the link";
+  EXPECT_FALSE(fs::is_symlink(dir.path / "k.key"));
+  EXPECT_EQ(cubridge::read_secret_key_file(dir.path / "k.key").public_key(), keys.public_key);
+
+  write_text(dir.path / "loose.key", "old");
+  ::chmod((dir.path / "loose.key").c_str(), 0644);
+  cubridge::write_key_file(dir.path / "loose.key", keys.secret_key);
+  struct ::stat st {};
+  ASSERT_EQ(::stat((dir.path / "loose.key").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0600u);
+}
+
+TEST(ImageFiles, InspectRefusesAFifoAndReadsNoHugeNonImageWhole) {
+  temp_dir dir;
+  const auto fifo = make_fifo(dir.path / "k.cubin");
+  expect_io_error(thrown_reading_fifo(fifo, [&] { (void)cubridge::inspect_image_file(fifo); }),
+                  {"is a FIFO"});
+
+  // Just under the 2 GiB limit, all zeros: refused after its first chunk, not read whole.
+  const auto zeros = sparse_file(dir.path / "zeros.bin", (std::uint64_t{2} << 30) - 4096);
+  const auto peak_before = peak_rss_bytes();
+  try {
+    (void)cubridge::inspect_image_file(zeros);
+    ADD_FAILURE() << "zeros inspected";
+  } catch (const cubridge::image_error& e) {
+    EXPECT_NE(std::string(e.what()).find("zeros.bin': not a cubin, fatbin or PTX image (2147479552 "
+                                         "bytes; first bytes: 00 00"),
+              std::string::npos)
+        << e.what();
+  }
+  // Over the limit: refused from its size.
+  const auto over = sparse_file(dir.path / "over.bin", (std::uint64_t{2} << 30) + 1);
+  try {
+    (void)cubridge::inspect_image_file(over);
+    ADD_FAILURE() << "a file over 2 GiB inspected";
+  } catch (const cubridge::image_error& e) {
+    EXPECT_NE(std::string(e.what()).find("larger than the 2 GiB"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(peak_rss_bytes(), peak_before + (std::uint64_t{256} << 20))
+      << "a 2 GiB file was read into memory";
+  // A real image is still read whole.
+  EXPECT_EQ(cubridge::inspect_image_file(CUBRIDGE_TEST_CUBIN).targets.at(0).arch_name, "sm_90");
+}
+
+TEST(ModuleFiles, ReadFileBytesRefusesAFifo) {
+  temp_dir dir;
+  const auto fifo = make_fifo(dir.path / "m.cubin");
+  expect_io_error(thrown_reading_fifo(fifo, [&] { (void)cubridge::read_file_bytes(fifo); }),
+                  {"is a FIFO"});
+  EXPECT_EQ(cubridge::read_file_bytes(CUBRIDGE_TEST_CUBIN).size(),
+            fs::file_size(CUBRIDGE_TEST_CUBIN));
+}

@@ -1,0 +1,631 @@
+// Tests of cubridge/update/bundle.hpp: signing and verifying bundles, each refusal with its reason.
+#include <cubridge/update/bundle.hpp>
+
+#include "gpu_test.hpp"  // only for the test image paths
+
+#include <gtest/gtest.h>
+
+#include "expect_refused.hpp"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+namespace {
+
+using cubridge::bundle_error;
+using cubridge::bundle_reason;
+using bytes = std::vector<std::byte>;
+
+bytes read_file(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  EXPECT_TRUE(in) << path;
+  std::vector<char> chars((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  bytes out(chars.size());
+  std::memcpy(out.data(), chars.data(), chars.size());
+  return out;
+}
+
+bytes as_bytes(std::string_view text) {
+  bytes out(text.size());
+  std::memcpy(out.data(), text.data(), text.size());
+  return out;
+}
+
+std::string as_text(std::span<const std::byte> b) {
+  return std::string(reinterpret_cast<const char*>(b.data()), b.size());
+}
+
+class BundleTest : public ::testing::Test {
+ protected:
+  cubridge::keypair keys = cubridge::generate_keypair();
+  cubridge::trusted_keys trusted{keys.public_key};
+  bytes cubin = read_file(cubridge::testing::test_cubin_path());  // sm_90
+
+  static cubridge::bundle_manifest_input input(
+      std::string name = "filters", std::uint64_t version = 3, std::string target = "sm_90",
+      cubridge::payload_kind kind = cubridge::payload_kind::cubin) {
+    cubridge::bundle_manifest_input in;
+    in.name = std::move(name);
+    in.version = version;
+    in.target = std::move(target);
+    in.kind = kind;
+    in.created = std::chrono::sys_days{std::chrono::year{2026} / 11 / 29} + std::chrono::hours{12};
+    return in;
+  }
+  std::string manifest(const cubridge::bundle_manifest_input& in) const {
+    return cubridge::detail::manifest_json(in, cubin, keys.public_key);
+  }
+  // `json` with the value of "name" replaced by `name` as raw bytes.
+  static std::string replace_name(std::string json, const std::string& name) {
+    const auto at = json.find("\"name\":\"") + 8;
+    return json.replace(at, json.find('"', at) - at, name);
+  }
+  bytes signed_with_manifest(const std::string& json) const {
+    return cubridge::detail::sign_bundle_unchecked(json, cubin, keys.secret_key);
+  }
+  // Offset of the payload in a bundle written by sign_bundle.
+  static std::size_t payload_offset(const bytes& bundle) {
+    std::uint32_t manifest_size = 0;
+    for (int i = 3; i >= 0; --i)
+      manifest_size = manifest_size << 8 | std::to_integer<std::uint32_t>(bundle[10 + i]);
+    return 10 + 4 + manifest_size + 8;
+  }
+};
+
+TEST_F(BundleTest, RoundTrip) {
+  const auto bundle = cubridge::sign_bundle(input(), cubin, keys.secret_key);
+  const auto verified = cubridge::verify_bundle(bundle, trusted);
+  EXPECT_EQ(verified.manifest.name, "filters");
+  EXPECT_EQ(verified.version(), 3u);
+  EXPECT_EQ(verified.manifest.target, "sm_90");
+  EXPECT_EQ(verified.manifest.target_sm, 90);
+  EXPECT_EQ(verified.manifest.kind, cubridge::payload_kind::cubin);
+  EXPECT_EQ(verified.manifest.payload_size, cubin.size());
+  EXPECT_EQ(verified.manifest.payload_sha256.size(), 64u);
+  EXPECT_EQ(verified.manifest.created, "2026-11-29T12:00:00Z");
+  EXPECT_EQ(verified.manifest.created_time,
+            std::chrono::sys_days{std::chrono::year{2026} / 11 / 29} + std::chrono::hours{12});
+  EXPECT_EQ(verified.manifest.key_id, keys.public_key.id());
+  EXPECT_EQ(verified.payload, cubin);
+  EXPECT_EQ(as_text(std::span(bundle).first(9)), "CUBRIDGEB");
+  EXPECT_EQ(bundle[9], std::byte{1});
+}
+
+TEST_F(BundleTest, FatbinAndSourceRoundTrip) {
+  const auto fatbin = read_file(cubridge::testing::test_fatbin_path());  // sm_80, sm_90, compute_90
+  const auto b1 = cubridge::sign_bundle(input("f", 1, "sm_90", cubridge::payload_kind::fatbin),
+                                        fatbin, keys.secret_key);
+  EXPECT_EQ(cubridge::verify_bundle(b1, trusted).payload, fatbin);
+  const auto source = as_bytes("extern \"C\" __global__ void k(float* x) { x[0] = 1; }\n");
+  const auto b2 = cubridge::sign_bundle(
+      input("s", 2, "sm_100a", cubridge::payload_kind::cuda_source), source, keys.secret_key);
+  const auto v2 = cubridge::verify_bundle(b2, trusted);
+  EXPECT_EQ(v2.payload, source);
+  EXPECT_EQ(v2.manifest.target_sm, 100);
+}
+
+TEST_F(BundleTest, ErrorIsACubridgeError) {
+  try {
+    (void)cubridge::verify_bundle(as_bytes("nope"), trusted);
+    FAIL();
+  } catch (const cubridge::error& e) {
+    EXPECT_TRUE(e.is(cubridge::update_errc::bad_bundle));
+    EXPECT_FALSE(e.is(cubridge::errc::bad_image));
+    EXPECT_NE(std::string(e.what()).find("bad_magic"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(BundleTest, UnsignedIsRefused) {
+  auto bundle = cubridge::sign_bundle(input(), cubin, keys.secret_key);
+  std::fill(bundle.end() - 64, bundle.end(), std::byte{0});
+  EXPECT_REFUSED(cubridge::verify_bundle(bundle, trusted), bundle_reason::unsigned_bundle);
+}
+
+TEST_F(BundleTest, UnknownKeyIsRefused) {
+  const auto bundle = cubridge::sign_bundle(input(), cubin, keys.secret_key);
+  const auto other = cubridge::generate_keypair();
+  EXPECT_REFUSED(cubridge::verify_bundle(bundle, cubridge::trusted_keys{other.public_key}),
+                 bundle_reason::unknown_key);
+  EXPECT_REFUSED(cubridge::verify_bundle(bundle, cubridge::trusted_keys{}),
+                 bundle_reason::unknown_key);
+}
+
+TEST_F(BundleTest, SignatureByAnotherKeyWithTheSameIdIsRefused) {
+  // A forger who copies a trusted key id into the manifest still cannot sign for it.
+  const auto forger = cubridge::generate_keypair();
+  auto json = manifest(input());  // names the trusted key's id
+  const auto bundle = cubridge::detail::sign_bundle_unchecked(json, cubin, forger.secret_key);
+  EXPECT_REFUSED(cubridge::verify_bundle(bundle, trusted), bundle_reason::bad_signature);
+}
+
+TEST_F(BundleTest, TamperedPayloadIsRefused) {
+  auto bundle = cubridge::sign_bundle(input(), cubin, keys.secret_key);
+  bundle[payload_offset(bundle) + cubin.size() / 2] ^= std::byte{0x01};
+  EXPECT_REFUSED(cubridge::verify_bundle(bundle, trusted), bundle_reason::payload_mismatch);
+}
+
+TEST_F(BundleTest, SwappedPayloadOfOtherSizeIsRefused) {
+  // A payload replaced by one of another length (lengths rewritten consistently).
+  // The signature covers the manifest only, so it is the one a correct bundle carries.
+  const auto json = manifest(input());
+  bytes shorter(cubin.begin(), cubin.end() - 1);
+  const auto bundle = cubridge::detail::sign_bundle_unchecked(json, shorter, keys.secret_key);
+  EXPECT_REFUSED(cubridge::verify_bundle(bundle, trusted), bundle_reason::payload_mismatch);
+}
+
+TEST_F(BundleTest, TamperedManifestIsRefused) {
+  auto bundle = cubridge::sign_bundle(input(), cubin, keys.secret_key);
+  auto text = as_text(bundle);
+  const auto at = text.find("\"version\":3");
+  ASSERT_NE(at, std::string::npos);
+  bundle[at + 10] = std::byte{'4'};  // version bumped to 4
+  EXPECT_REFUSED(cubridge::verify_bundle(bundle, trusted), bundle_reason::bad_signature);
+}
+
+TEST_F(BundleTest, TamperedSignatureIsRefused) {
+  auto bundle = cubridge::sign_bundle(input(), cubin, keys.secret_key);
+  bundle[bundle.size() - 10] ^= std::byte{0x80};
+  EXPECT_REFUSED(cubridge::verify_bundle(bundle, trusted), bundle_reason::bad_signature);
+}
+
+TEST_F(BundleTest, EveryTruncationIsRefused) {
+  const auto bundle = cubridge::sign_bundle(input(), cubin, keys.secret_key);
+  for (std::size_t n = 0; n < bundle.size(); ++n) {
+    try {
+      (void)cubridge::verify_bundle(std::span(bundle).first(n), trusted);
+      ADD_FAILURE() << "prefix of " << n << " bytes accepted";
+    } catch (const bundle_error& e) {
+      const auto expected = n < 9 ? bundle_reason::bad_magic : bundle_reason::malformed;
+      if (e.reason() != expected) {
+        ADD_FAILURE() << "prefix of " << n << " bytes: " << cubridge::to_string(e.reason());
+        break;
+      }
+    }
+  }
+  auto longer = bundle;
+  longer.push_back(std::byte{0});
+  EXPECT_REFUSED(cubridge::verify_bundle(longer, trusted), bundle_reason::malformed);
+}
+
+TEST_F(BundleTest, OversizedIsRefused) {
+  const auto bundle = cubridge::sign_bundle(input(), cubin, keys.secret_key);
+  cubridge::verify_limits limits;
+  limits.max_bundle_bytes = bundle.size() - 1;
+  EXPECT_REFUSED(cubridge::verify_bundle(bundle, trusted, limits), bundle_reason::too_large);
+  limits.max_bundle_bytes = bundle.size();
+  EXPECT_NO_THROW((void)cubridge::verify_bundle(bundle, trusted, limits));
+  limits.max_manifest_bytes = 16;
+  EXPECT_REFUSED(cubridge::verify_bundle(bundle, trusted, limits), bundle_reason::too_large);
+  // A too-large bundle is refused before anything is read: garbage of the size is refused so.
+  const bytes garbage(limits.max_bundle_bytes + 1, std::byte{0xFF});
+  EXPECT_REFUSED(cubridge::verify_bundle(garbage, trusted, limits), bundle_reason::too_large);
+}
+
+TEST_F(BundleTest, HugeLengthsAreRefused) {
+  auto bundle = cubridge::sign_bundle(input(), cubin, keys.secret_key);
+  auto manifest_huge = bundle;
+  std::fill(manifest_huge.begin() + 10, manifest_huge.begin() + 14, std::byte{0xFF});
+  EXPECT_REFUSED(cubridge::verify_bundle(manifest_huge, trusted), bundle_reason::too_large);
+  cubridge::verify_limits unlimited{SIZE_MAX, SIZE_MAX};
+  EXPECT_REFUSED(cubridge::verify_bundle(manifest_huge, trusted, unlimited),
+                 bundle_reason::malformed);
+  auto payload_huge = bundle;
+  const auto at = payload_offset(bundle) - 8;
+  std::fill(payload_huge.begin() + static_cast<std::ptrdiff_t>(at),
+            payload_huge.begin() + static_cast<std::ptrdiff_t>(at + 8), std::byte{0xFF});
+  EXPECT_REFUSED(cubridge::verify_bundle(payload_huge, trusted, unlimited),
+                 bundle_reason::malformed);
+}
+
+TEST_F(BundleTest, BadMagicAndVersionAreRefused) {
+  auto bundle = cubridge::sign_bundle(input(), cubin, keys.secret_key);
+  auto magic = bundle;
+  magic[0] = std::byte{'X'};
+  EXPECT_REFUSED(cubridge::verify_bundle(magic, trusted), bundle_reason::bad_magic);
+  auto version = bundle;
+  version[9] = std::byte{2};
+  EXPECT_REFUSED(cubridge::verify_bundle(version, trusted), bundle_reason::unsupported_version);
+}
+
+TEST_F(BundleTest, MalformedJsonIsRefused) {
+  const auto json = manifest(input());
+  for (const std::string& bad :
+       {std::string("{\"name\":"), std::string(""), std::string("not json"), json + "x",
+        json + json, std::string("{\"name\":\"a\xff\"}"),
+        std::string("{\"name\":\"a\",\"name\":\"b\"}")}) {
+    SCOPED_TRACE(bad);
+    EXPECT_REFUSED(cubridge::verify_bundle(signed_with_manifest(bad), trusted),
+                   bundle_reason::malformed_manifest);
+  }
+  for (const std::string& bad :
+       {std::string("[]"), std::string("\"x\""), std::string("3"), std::string("null"),
+        std::string("{}"), std::string("{\"name\":{\"a\":1}}"), std::string("{\"name\":[1]}")}) {
+    SCOPED_TRACE(bad);
+    EXPECT_REFUSED(cubridge::verify_bundle(signed_with_manifest(bad), trusted),
+                   bundle_reason::invalid_manifest);
+  }
+}
+
+TEST_F(BundleTest, MissingOrExtraFieldsAreRefused) {
+  const auto json = manifest(input());
+  // Keys are written sorted: created, key_id, kind, name, payload_sha256, payload_size, target,
+  // version.
+  for (const std::string_view key_view :
+       {"created", "key_id", "kind", "name", "payload_sha256", "payload_size", "target"}) {
+    const std::string key(key_view);
+    SCOPED_TRACE(key);
+    auto missing = json;
+    const auto start = missing.find("\"" + key + "\":");
+    ASSERT_NE(start, std::string::npos);
+    const auto end = missing.find(",\"", start);  // next field
+    missing.erase(start, end + 1 - start);
+    EXPECT_REFUSED(cubridge::verify_bundle(signed_with_manifest(missing), trusted),
+                   bundle_reason::invalid_manifest);
+  }
+  auto no_version = json;
+  no_version.erase(no_version.find(",\"version\""));
+  no_version += "}";
+  EXPECT_REFUSED(cubridge::verify_bundle(signed_with_manifest(no_version), trusted),
+                 bundle_reason::invalid_manifest);
+  auto extra = json;
+  extra.insert(1, "\"extra\":1,");
+  EXPECT_REFUSED(cubridge::verify_bundle(signed_with_manifest(extra), trusted),
+                 bundle_reason::invalid_manifest);
+  // Sanity: the untouched manifest, signed the same way, verifies.
+  EXPECT_NO_THROW((void)cubridge::verify_bundle(signed_with_manifest(json), trusted));
+}
+
+TEST_F(BundleTest, IllTypedFieldsAreRefused) {
+  const auto json = manifest(input());
+  auto replace = [&](std::string from, std::string to) {
+    auto out = json;
+    const auto at = out.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    return out.replace(at, from.size(), to);
+  };
+  for (const auto& bad :
+       {replace("\"version\":3", "\"version\":\"3\""), replace("\"version\":3", "\"version\":0"),
+        replace("\"version\":3", "\"version\":-3"), replace("\"version\":3", "\"version\":3.0"),
+        replace("\"version\":3", "\"version\":99999999999999999999999"),
+        replace("\"version\":3", "\"version\":true"), replace("\"version\":3", "\"version\":null"),
+        replace("\"target\":\"sm_90\"", "\"target\":\"sm90\""),
+        replace("\"target\":\"sm_90\"", "\"target\":\"compute_90\""),
+        replace("\"kind\":\"cubin\"", "\"kind\":\"ptx\""),
+        replace("\"created\":\"2026-11-29T12:00:00Z\"", "\"created\":\"2026-02-30T12:00:00Z\""),
+        replace("\"created\":\"2026-11-29T12:00:00Z\"", "\"created\":\"2026-11-29 12:00:00\""),
+        replace("\"key_id\":\"", "\"key_id\":\"X")}) {
+    SCOPED_TRACE(bad);
+    EXPECT_REFUSED(cubridge::verify_bundle(signed_with_manifest(bad), trusted),
+                   bundle_reason::invalid_manifest);
+  }
+}
+
+// nlohmann's lexer ends its input at a NUL byte: without a check of its own, the verifier would
+// accept a signed manifest with anything after a NUL (more JSON, invalid UTF-8) that another
+// parser reads differently.
+TEST_F(BundleTest, NulBytesAndInvalidUtf8AnywhereAreRefused) {
+  const auto json = manifest(input());
+  const std::string nul(1, '\0');
+  for (const std::string& bad :
+       {json + nul, json + nul + "garbage", json + nul + "\xff\xfe", json + nul + json,
+        json.substr(0, json.size() - 1) + nul + "}", nul + json, json + "\xff", json + " \xc0\xaf",
+        // in a string: overlong '/', a UTF-16 surrogate, beyond U+10FFFF, truncated
+        replace_name(json,
+                     "a\xc0\xaf"
+                     "b"),
+        replace_name(json,
+                     "a\xed\xa0\x80"
+                     "b"),
+        replace_name(json,
+                     "a\xf4\x90\x80\x80"
+                     "b"),
+        replace_name(json, "a\xe2\x82")}) {
+    SCOPED_TRACE(::testing::PrintToString(bad));
+    EXPECT_REFUSED(cubridge::verify_bundle(signed_with_manifest(bad), trusted),
+                   bundle_reason::malformed_manifest);
+  }
+  try {
+    (void)cubridge::verify_bundle(signed_with_manifest(json + nul + "x"), trusted);
+    ADD_FAILURE() << "a manifest with a NUL byte verified";
+  } catch (const bundle_error& e) {
+    EXPECT_NE(e.involved().find("NUL byte at offset " + std::to_string(json.size())),
+              std::string::npos)
+        << e.what();
+  }
+  // Valid UTF-8 of every length still verifies (a name is any UTF-8 without control characters).
+  EXPECT_NO_THROW((void)cubridge::verify_bundle(
+      signed_with_manifest(replace_name(json, "\xc3\xa9t\xc3\xa9-\xe2\x82\xac-\xf0\x9f\x9a\x80")),
+      trusted));
+}
+
+TEST_F(BundleTest, VersionsAreExactlyTheUnsignedSixtyFourBitIntegers) {
+  const auto json = manifest(input());
+  auto with_version = [&](const std::string& version) {
+    auto out = json;
+    out.replace(out.find("\"version\":3"), 11, "\"version\":" + version);
+    return out;
+  };
+  EXPECT_EQ(
+      cubridge::verify_bundle(signed_with_manifest(with_version("18446744073709551615")), trusted)
+          .version(),
+      18446744073709551615u);
+  EXPECT_EQ(cubridge::verify_bundle(cubridge::sign_bundle(input("filters", 18446744073709551615u),
+                                                          cubin, keys.secret_key),
+                                    trusted)
+                .version(),
+            18446744073709551615u);
+  for (const std::string& bad :
+       {std::string("18446744073709551616"), std::string("36893488147419103232"),
+        std::string("1e3"), std::string("1E3"), std::string("1.0"), std::string("3.5"),
+        std::string("-1"), std::string("-0"), std::string("\"5\""), std::string("0")}) {
+    SCOPED_TRACE(bad);
+    EXPECT_REFUSED(cubridge::verify_bundle(signed_with_manifest(with_version(bad)), trusted),
+                   bundle_reason::invalid_manifest);
+  }
+  for (const std::string& bad : {std::string("+5"), std::string("05"), std::string("0x5")}) {
+    SCOPED_TRACE(bad);
+    EXPECT_REFUSED(cubridge::verify_bundle(signed_with_manifest(with_version(bad)), trusted),
+                   bundle_reason::malformed_manifest);
+  }
+}
+
+// --- expiry -------------------------------------------------------------------------------------
+
+TEST_F(BundleTest, ExpiresIsSignedAndEnforcedAgainstTheClock) {
+  const auto created = *input().created;
+  auto in = input();
+  in.expires = created + std::chrono::hours{24} + std::chrono::milliseconds{999};  // cut to s
+  const auto bundle = cubridge::sign_bundle(in, cubin, keys.secret_key);
+  EXPECT_NE(as_text(bundle).find("\"expires\":\"2026-11-30T12:00:00Z\""), std::string::npos);
+  cubridge::verify_limits limits;
+  limits.now = created + std::chrono::hours{1};
+  const auto verified = cubridge::verify_bundle(bundle, trusted, limits);
+  EXPECT_EQ(verified.manifest.expires, "2026-11-30T12:00:00Z");
+  ASSERT_TRUE(verified.manifest.expires_time.has_value());
+  EXPECT_EQ(*verified.manifest.expires_time,
+            std::chrono::sys_days{std::chrono::year{2026} / 11 / 30} + std::chrono::hours{12});
+  limits.now = created + std::chrono::hours{24} - std::chrono::seconds{1};
+  EXPECT_NO_THROW((void)cubridge::verify_bundle(bundle, trusted, limits));
+  limits.now = created + std::chrono::hours{24};  // valid strictly before `expires`
+  EXPECT_REFUSED(cubridge::verify_bundle(bundle, trusted, limits), bundle_reason::expired);
+  limits.now = created + std::chrono::hours{24 * 400};
+  EXPECT_REFUSED(cubridge::verify_bundle(bundle, trusted, limits), bundle_reason::expired);
+  // The default clock is the system's: a bundle that expired in 2000 is refused today.
+  auto old = input();
+  old.created = std::chrono::sys_days{std::chrono::year{1999} / 1 / 1};
+  old.expires = std::chrono::sys_days{std::chrono::year{2000} / 1 / 1};
+  EXPECT_REFUSED(
+      cubridge::verify_bundle(cubridge::sign_bundle(old, cubin, keys.secret_key), trusted),
+      bundle_reason::expired);
+  // The expiry is covered by the signature: pushing it later breaks the signature, which is
+  // reported first.
+  auto moved = as_text(bundle);
+  moved.replace(moved.find("2026-11-30T12"), 13, "2099-11-30T12");
+  limits.now = created + std::chrono::hours{48};
+  EXPECT_REFUSED(cubridge::verify_bundle(as_bytes(moved), trusted, limits),
+                 bundle_reason::bad_signature);
+}
+
+TEST_F(BundleTest, BundlesWithoutExpiresNeverExpireUnlessTheReceiverSaysSo) {
+  const auto bundle = cubridge::sign_bundle(input(), cubin, keys.secret_key);
+  EXPECT_EQ(as_text(bundle).find("expires"), std::string::npos) << "format unchanged without it";
+  cubridge::verify_limits limits;
+  limits.now = *input().created + std::chrono::hours{24 * 365 * 50};
+  const auto verified = cubridge::verify_bundle(bundle, trusted, limits);
+  EXPECT_EQ(verified.manifest.expires, "");
+  EXPECT_FALSE(verified.manifest.expires_time.has_value());
+  limits.require_expiry = true;
+  EXPECT_REFUSED(cubridge::verify_bundle(bundle, trusted, limits), bundle_reason::expired);
+  auto in = input();
+  in.expires = *in.created + std::chrono::hours{24 * 365 * 100};
+  EXPECT_NO_THROW((void)cubridge::verify_bundle(cubridge::sign_bundle(in, cubin, keys.secret_key),
+                                                trusted, limits));
+}
+
+TEST_F(BundleTest, MaxAgeRefusesBundlesCreatedLongAgo) {
+  const auto bundle = cubridge::sign_bundle(input(), cubin, keys.secret_key);
+  cubridge::verify_limits limits;
+  limits.now = *input().created + std::chrono::hours{2};
+  limits.max_age = std::chrono::hours{3};
+  EXPECT_NO_THROW((void)cubridge::verify_bundle(bundle, trusted, limits));
+  limits.max_age = std::chrono::hours{2};
+  EXPECT_NO_THROW((void)cubridge::verify_bundle(bundle, trusted, limits));
+  limits.max_age = std::chrono::hours{1};
+  EXPECT_REFUSED(cubridge::verify_bundle(bundle, trusted, limits), bundle_reason::expired);
+}
+
+TEST_F(BundleTest, ExpiresMustBeAWellFormedTimeAfterCreated) {
+  auto in = input();
+  in.expires = in.created;
+  EXPECT_REFUSED(cubridge::sign_bundle(in, cubin, keys.secret_key),
+                 bundle_reason::invalid_manifest);
+  in.expires = *in.created - std::chrono::seconds{1};
+  EXPECT_REFUSED(cubridge::sign_bundle(in, cubin, keys.secret_key),
+                 bundle_reason::invalid_manifest);
+  in.expires = *in.created + std::chrono::milliseconds{500};  // the same second once cut
+  EXPECT_REFUSED(cubridge::sign_bundle(in, cubin, keys.secret_key),
+                 bundle_reason::invalid_manifest);
+  const auto json = manifest(input());
+  auto with_expires = [&](const std::string& value) {
+    auto out = json;
+    out.insert(out.find(",\"key_id\""), ",\"expires\":" + value);
+    return out;
+  };
+  EXPECT_NO_THROW((void)cubridge::verify_bundle(
+      signed_with_manifest(with_expires("\"2126-11-29T12:00:00Z\"")), trusted));
+  for (const std::string& bad :
+       {std::string("\"2026-11-29T12:00:00Z\""), std::string("\"2026-11-29T11:59:59Z\""),
+        std::string("\"2126-11-29 12:00:00\""), std::string("\"never\""), std::string("\"\""),
+        std::string("4102444800"), std::string("null")}) {
+    SCOPED_TRACE(bad);
+    EXPECT_REFUSED(cubridge::verify_bundle(signed_with_manifest(with_expires(bad)), trusted),
+                   bundle_reason::invalid_manifest);
+  }
+  EXPECT_REFUSED(cubridge::verify_bundle(
+                     signed_with_manifest(with_expires("\"2126-11-29T12:00:00Z\",\"expires\":"
+                                                       "\"2127-11-29T12:00:00Z\"")),
+                     trusted),
+                 bundle_reason::malformed_manifest);
+}
+
+TEST_F(BundleTest, BadNamesAreRefused) {
+  const std::string null_name("a\0b", 3);
+  for (const auto& name :
+       {std::string("a/b"), std::string("/abs"), std::string("a\\b"), std::string(".."),
+        std::string("../x"), std::string("a..b"), null_name, std::string("tab\there"),
+        std::string(""), std::string("."), std::string(129, 'n')}) {
+    SCOPED_TRACE(name);
+    EXPECT_REFUSED(cubridge::sign_bundle(input(name), cubin, keys.secret_key),
+                   bundle_reason::invalid_manifest);
+  }
+  // The same names written by a signer that does not check them are refused by the verifier.
+  const auto json = manifest(input("NAME"));
+  for (const std::string_view escaped :
+       {"a/b", "a\\\\b", "..", "../etc", "a\\u0000b", "a\\u001fb", "."}) {
+    SCOPED_TRACE(escaped);
+    auto bad = json;
+    bad.replace(bad.find("NAME"), 4, escaped);
+    EXPECT_REFUSED(cubridge::verify_bundle(signed_with_manifest(bad), trusted),
+                   bundle_reason::invalid_manifest);
+  }
+  EXPECT_NO_THROW((void)cubridge::verify_bundle(
+      cubridge::sign_bundle(input(std::string(128, 'n')), cubin, keys.secret_key), trusted));
+}
+
+TEST_F(BundleTest, BadTargetsAreRefusedBySigner) {
+  for (const std::string_view target :
+       {"sm90", "sm_9", "sm_090", "sm_1000", "compute_90", "sm_90b", "sm_", ""}) {
+    SCOPED_TRACE(target);
+    EXPECT_REFUSED(
+        cubridge::sign_bundle(input("m", 1, std::string(target)), cubin, keys.secret_key),
+        bundle_reason::invalid_manifest);
+  }
+  EXPECT_REFUSED(cubridge::sign_bundle(input("m", 0), cubin, keys.secret_key),
+                 bundle_reason::invalid_manifest);
+}
+
+TEST_F(BundleTest, CubinForAnotherTargetIsRefused) {
+  const auto bundle =
+      cubridge::sign_bundle(input("m", 1, "sm_80"), cubin, keys.secret_key);  // an sm_90 cubin
+  EXPECT_REFUSED(cubridge::verify_bundle(bundle, trusted), bundle_reason::target_mismatch);
+  const auto other = read_file(cubridge::testing::test_cubin_other_path());  // sm_80
+  EXPECT_REFUSED(
+      cubridge::verify_bundle(cubridge::sign_bundle(input("m", 1, "sm_90"), other, keys.secret_key),
+                              trusted),
+      bundle_reason::target_mismatch);
+  EXPECT_NO_THROW((void)cubridge::verify_bundle(
+      cubridge::sign_bundle(input("m", 1, "sm_86"), other, keys.secret_key), trusted));
+}
+
+TEST_F(BundleTest, PayloadKindLieIsRefused) {
+  const auto bundle = cubridge::sign_bundle(input("m", 1, "sm_90", cubridge::payload_kind::fatbin),
+                                            cubin, keys.secret_key);
+  EXPECT_REFUSED(cubridge::verify_bundle(bundle, trusted), bundle_reason::payload_kind_mismatch);
+  const auto fatbin = read_file(cubridge::testing::test_fatbin_path());
+  EXPECT_REFUSED(
+      cubridge::verify_bundle(cubridge::sign_bundle(input(), fatbin, keys.secret_key), trusted),
+      bundle_reason::payload_kind_mismatch);
+  const auto text = as_bytes("this is not an image");
+  EXPECT_REFUSED(
+      cubridge::verify_bundle(cubridge::sign_bundle(input(), text, keys.secret_key), trusted),
+      bundle_reason::payload_kind_mismatch);
+  EXPECT_REFUSED(
+      cubridge::verify_bundle(
+          cubridge::sign_bundle(input("m", 1, "sm_90", cubridge::payload_kind::cuda_source), cubin,
+                                keys.secret_key),
+          trusted),
+      bundle_reason::payload_kind_mismatch);  // a cubin has NUL bytes
+}
+
+TEST_F(BundleTest, KeysRoundTripAsText) {
+  const auto public_text = cubridge::to_text(keys.public_key);
+  EXPECT_TRUE(public_text.starts_with("cubridge-ed25519-public "));
+  EXPECT_EQ(public_text.size(), 24u + 64u + 1u);
+  EXPECT_EQ(cubridge::public_key_from_text(public_text), keys.public_key);
+  const auto secret = cubridge::secret_key_from_text(cubridge::to_text(keys.secret_key));
+  EXPECT_EQ(secret.public_key(), keys.public_key);
+  EXPECT_EQ(cubridge::to_hex(keys.public_key.id()).size(), 16u);
+  const std::vector<std::string> bad_texts = {
+      "", "cubridge-ed25519-public ", "cubridge-ed25519-public 00",
+      public_text.substr(0, public_text.size() - 3) + "zz\n",
+      "cubridge-ed25519-secret " + public_text.substr(24)};
+  for (const auto& bad : bad_texts) {
+    EXPECT_REFUSED(cubridge::public_key_from_text(bad), bundle_reason::bad_key);
+  }
+  EXPECT_REFUSED(cubridge::secret_key_from_text(public_text), bundle_reason::bad_key);
+}
+
+TEST_F(BundleTest, KeysRoundTripAsFiles) {
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("cubridge_bundle_keys_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  cubridge::write_key_file(dir / "k.pub", keys.public_key);
+  cubridge::write_key_file(dir / "k.key", keys.secret_key);
+  EXPECT_EQ(std::filesystem::status(dir / "k.key").permissions() & std::filesystem::perms::all,
+            std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  EXPECT_EQ(cubridge::read_public_key_file(dir / "k.pub"), keys.public_key);
+  const auto secret = cubridge::read_secret_key_file(dir / "k.key");
+  const auto bundle = cubridge::sign_bundle(input(), cubin, secret);
+  EXPECT_NO_THROW((void)cubridge::verify_bundle(bundle, trusted));
+  try {
+    (void)cubridge::read_public_key_file(dir / "missing.pub");
+    ADD_FAILURE();
+  } catch (const cubridge::error& e) {
+    EXPECT_TRUE(e.is(cubridge::errc::io));
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// Writes the fuzzer's seed bundles (fuzz/corpus/bundle/) when CUBRIDGE_WRITE_BUNDLE_SEEDS names a
+// directory; they are signed with the fuzzer's fixed key (the same text as in
+// fuzz/bundle_fuzz.cpp).
+TEST_F(BundleTest, WriteFuzzSeeds) {
+  const char* dir = std::getenv("CUBRIDGE_WRITE_BUNDLE_SEEDS");
+  if (!dir) GTEST_SKIP() << "set CUBRIDGE_WRITE_BUNDLE_SEEDS=dir to write the fuzz seeds";
+  const auto key = cubridge::secret_key_from_text(
+      "cubridge-ed25519-secret 00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n");
+  auto write = [&](const std::string& name, const bytes& b) {
+    std::ofstream out(std::filesystem::path(dir) / name, std::ios::binary);
+    out.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
+  };
+  const auto source = as_bytes("__global__ void k(float* x) { x[0] = 1; }\n");
+  write("source_v1.bundle",
+        cubridge::sign_bundle(input("kernels", 1, "sm_90", cubridge::payload_kind::cuda_source),
+                              source, key));
+  write("source_sm100f.bundle",
+        cubridge::sign_bundle(
+            input("a-b_c.d", 18446744073709551615u, "sm_100f", cubridge::payload_kind::cuda_source),
+            source, key));
+  write("cubin_sm90.bundle", cubridge::sign_bundle(input(), cubin, key));
+  write("cubin_kind_lie.bundle",
+        cubridge::sign_bundle(input("m", 2, "sm_90", cubridge::payload_kind::fatbin), cubin, key));
+  write("cubin_sm80_target.bundle", cubridge::sign_bundle(input("m", 2, "sm_80"), cubin, key));
+  auto unsigned_bundle = cubridge::sign_bundle(
+      input("u", 1, "sm_90", cubridge::payload_kind::cuda_source), source, key);
+  std::fill(unsigned_bundle.end() - 64, unsigned_bundle.end(), std::byte{0});
+  write("unsigned.bundle", unsigned_bundle);
+  write("extra_field.bundle",
+        cubridge::detail::sign_bundle_unchecked(
+            "{\"created\":\"2026-11-29T12:00:00Z\",\"extra\":[1,{}],\"kind\":\"cuda_source\"}",
+            source, key));
+  auto expiring = input("e", 3, "sm_90", cubridge::payload_kind::cuda_source);
+  expiring.expires = std::chrono::sys_days{std::chrono::year{2126} / 1 / 1};
+  write("source_expires_2126.bundle", cubridge::sign_bundle(expiring, source, key));
+  expiring.expires = *expiring.created + std::chrono::seconds{1};
+  write("source_expired.bundle", cubridge::sign_bundle(expiring, source, key));
+  const auto manifest_text = cubridge::detail::manifest_json(
+      input("n", 1, "sm_90", cubridge::payload_kind::cuda_source), source, key.public_key());
+  write("nul_after_manifest.bundle",
+        cubridge::detail::sign_bundle_unchecked(manifest_text + std::string(1, '\0') + "\xff{}",
+                                                source, key));
+}
+
+}  // namespace

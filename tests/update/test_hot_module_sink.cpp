@@ -1,0 +1,196 @@
+// Tests of cubridge/update/hot_module_sink.hpp on a GPU: pushed bundles become the serving version
+// of a hot module, directly and through the update endpoint over loopback HTTP.
+#include <cubridge/core/context.hpp>
+#include <cubridge/core/device_buffer.hpp>
+#include <cubridge/core/scoped_current.hpp>
+#include <cubridge/update/hot_module_sink.hpp>
+#include <cubridge/update/rollback_request.hpp>
+#include <cubridge/update/update_endpoint.hpp>
+
+#include "hot_module_fixture.hpp"
+
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include <optional>
+#include <string>
+
+namespace {
+
+using cubridge::testing::hot_image;
+
+class HotModuleSink : public cubridge::testing::hot_module_fixture {
+ protected:
+  void SetUp() override {
+    hot_module_fixture::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
+    // Its first image is bundle version 1: recorded in the module's chain, read by the sink.
+    hot_.emplace(cubridge::hot_module::load(*ctx_, "versions", hot_image("v1"),
+                                            {.origin = {.bundle_version = 1}}));
+    cubridge::compile_options compile;
+    compile.defines["VERSION"] = "7";
+    sink_.emplace(compile);
+    sink_->add(*hot_);
+  }
+  std::string signed_bundle(std::uint64_t version, const std::vector<std::byte>& payload) {
+    cubridge::bundle_manifest_input in{"versions", version, "sm_90", cubridge::payload_kind::cubin};
+    const auto b = cubridge::sign_bundle(in, payload, keys_.secret_key);
+    return std::string(reinterpret_cast<const char*>(b.data()), b.size());
+  }
+  cubridge::verified_bundle verified(std::uint64_t version, std::vector<std::byte> payload,
+                                     cubridge::payload_kind kind = cubridge::payload_kind::cubin) {
+    cubridge::bundle_manifest_input in{"versions", version, "sm_90", kind};
+    return cubridge::verify_bundle(cubridge::sign_bundle(in, payload, keys_.secret_key),
+                                   {keys_.public_key});
+  }
+  cubridge::keypair keys_ = cubridge::generate_keypair();
+  std::optional<cubridge::hot_module_sink> sink_;
+};
+
+TEST_F(HotModuleSink, AppliesCubinAndSourceRefusesBrokenAndRollsBack) {
+  EXPECT_EQ(sink_->device_sm(), cubridge::device::get(0).capability().as_int());
+  EXPECT_EQ(sink_->current_version("versions"), 1u);
+  EXPECT_EQ(run_write_version(), 1u);
+
+  auto r = sink_->apply(verified(2, hot_image("v2")));
+  ASSERT_EQ(r.outcome, cubridge::sink_outcome::done) << r.detail;
+  EXPECT_EQ(run_write_version(), 2u);
+
+  r = sink_->apply(verified(3, hot_image("missing")));  // lacks a kernel of the interface
+  EXPECT_EQ(r.outcome, cubridge::sink_outcome::rejected);
+  EXPECT_NE(r.detail.find("spin_then_write"), std::string::npos) << r.detail;
+  EXPECT_EQ(run_write_version(), 2u);
+
+  const auto source =
+      cubridge::read_file_bytes(std::string(CUBRIDGE_TEST_SOURCE_DIR) + "/kernels/hot_kernels.cu");
+  r = sink_->apply(verified(4, source, cubridge::payload_kind::cuda_source));
+  ASSERT_EQ(r.outcome, cubridge::sink_outcome::done) << r.detail;
+  EXPECT_EQ(run_write_version(), 7u);  // compiled here with VERSION=7
+
+  r = sink_->rollback("versions");
+  ASSERT_EQ(r.outcome, cubridge::sink_outcome::done) << r.detail;
+  EXPECT_EQ(r.version, 2u);
+  EXPECT_EQ(run_write_version(), 2u);
+
+  const auto status = sink_->status();
+  ASSERT_EQ(status.size(), 1u);
+  EXPECT_EQ(status[0].current_version, 2u);
+  EXPECT_EQ(status[0].versions_held, (std::vector<std::uint64_t>{4, 2}));
+  EXPECT_EQ(sink_->apply(verified(5, hot_image("v2"))).outcome, cubridge::sink_outcome::done);
+  EXPECT_EQ(sink_->rollback("nothing").outcome, cubridge::sink_outcome::unknown_module);
+}
+
+TEST_F(HotModuleSink, PushedOverHttpServesOnTheNextLaunch) {
+  cubridge::update_endpoint_options options;
+  options.keys.add(keys_.public_key);
+  cubridge::update_endpoint endpoint(*sink_, options);
+  endpoint.start();
+  httplib::Client client("127.0.0.1", endpoint.port());
+  cubridge::bundle_manifest_input in{"versions", 2, "sm_90", cubridge::payload_kind::cubin};
+  const auto b = cubridge::sign_bundle(in, hot_image("v2"), keys_.secret_key);
+  const auto r = client.Put("/v1/modules/versions",
+                            std::string(reinterpret_cast<const char*>(b.data()), b.size()),
+                            "application/octet-stream");
+  ASSERT_TRUE(r) << httplib::to_string(r.error());
+  EXPECT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(run_write_version(), 2u);
+  const auto rollback =
+      client.Post("/v1/modules/versions/rollback",
+                  cubridge::sign_rollback_request("versions", 2, keys_.secret_key), "text/plain");
+  ASSERT_TRUE(rollback);
+  EXPECT_EQ(rollback->status, 200) << rollback->body;
+  EXPECT_EQ(run_write_version(), 1u);
+}
+
+// Issue 12, the test as the issue states it: promote directly (no endpoint), then push an older
+// bundle (refused, 409), then roll back through the endpoint, then read the status: every answer
+// comes from the module's version chain, so all of them agree.
+TEST_F(HotModuleSink, DirectPromoteThenOlderPushRefusedThenEndpointRollbackThenConsistentStatus) {
+  using json = nlohmann::json;
+  cubridge::update_endpoint_options options;
+  options.keys.add(keys_.public_key);
+  cubridge::update_endpoint endpoint(*sink_, options);
+  endpoint.start();
+  httplib::Client client("127.0.0.1", endpoint.port());
+  client.set_read_timeout(30, 0);
+
+  // 1. A direct promote, past the sink and the endpoint: the v2 image as bundle version 7.
+  auto staged = hot_->stage(hot_image("v2"),
+                            {.source_name = "by hand", .bundle_version = 7, .key_id = "0123abcd"});
+  EXPECT_EQ(staged.origin().bundle_version, 7u);
+  EXPECT_EQ(staged.origin().source, "by hand");
+  const auto promoted_id = hot_->promote(std::move(staged));
+  EXPECT_EQ(promoted_id, 2u);
+  EXPECT_EQ(run_write_version(), 2u);
+  EXPECT_EQ(sink_->current_version("versions"), 7u);
+
+  // 2. An older bundle is refused: 409 older_version against the serving v7.
+  const auto older = client.Put("/v1/modules/versions", signed_bundle(6, hot_image("v1")),
+                                "application/octet-stream");
+  ASSERT_TRUE(older) << httplib::to_string(older.error());
+  EXPECT_EQ(older->status, 409) << older->body;
+  const auto refusal = json::parse(older->body, nullptr, false);
+  EXPECT_EQ(refusal.value("error", ""), "older_version") << older->body;
+  EXPECT_EQ(refusal.value("current_version", 0u), 7u) << older->body;
+  EXPECT_EQ(run_write_version(), 2u) << "the refused push changed what serves";
+
+  // 3. A rollback through the endpoint, from v7 (what the chain says serves), goes back to what
+  //    the chain says came before: the loaded v1.
+  const auto rollback =
+      client.Post("/v1/modules/versions/rollback",
+                  cubridge::sign_rollback_request("versions", 7, keys_.secret_key), "text/plain");
+  ASSERT_TRUE(rollback) << httplib::to_string(rollback.error());
+  ASSERT_EQ(rollback->status, 200) << rollback->body;
+  const auto rolled = json::parse(rollback->body, nullptr, false);
+  EXPECT_EQ(rolled.value("version", 0u), 1u) << rollback->body;
+  EXPECT_EQ(rolled.value("from_version", 0u), 7u) << rollback->body;
+  EXPECT_EQ(run_write_version(), 1u);
+
+  // 4. The status, from every side, says the same.
+  const auto get = client.Get("/v1/modules");
+  ASSERT_TRUE(get) << httplib::to_string(get.error());
+  ASSERT_EQ(get->status, 200) << get->body;
+  const auto listing = json::parse(get->body, nullptr, false);
+  ASSERT_TRUE(listing.contains("modules")) << get->body;
+  ASSERT_EQ(listing["modules"].size(), 1u) << get->body;
+  const auto& m = listing["modules"][0];
+  EXPECT_EQ(m["name"], "versions");
+  EXPECT_EQ(m["current_version"], 1) << get->body;
+  EXPECT_EQ(m["versions_held"], json::array({7, 1})) << get->body;
+  EXPECT_EQ(m["highest_version"], 7) << get->body;
+
+  const auto status = sink_->status();
+  ASSERT_EQ(status.size(), 1u);
+  EXPECT_EQ(status[0].current_version, 1u);
+  EXPECT_EQ(status[0].versions_held, (std::vector<std::uint64_t>{7, 1}));
+  EXPECT_EQ(sink_->current_version("versions"), 1u);
+
+  const auto held = hot_->versions();
+  EXPECT_EQ(held.serving.id, 1u);
+  EXPECT_EQ(held.serving.origin.bundle_version, 1u);
+  EXPECT_EQ(held.serving.origin.source, "load");
+  ASSERT_TRUE(held.rollback_target.has_value());
+  EXPECT_EQ(held.rollback_target->id, promoted_id);
+  EXPECT_EQ(held.rollback_target->origin.bundle_version, 7u);
+  EXPECT_EQ(held.rollback_target->origin.key_id, "0123abcd");
+  EXPECT_EQ(hot_->stats().current_id, 1u);
+
+  // The floor stays at v7 after the rollback below it; a newer push is applied on top.
+  const auto again = client.Put("/v1/modules/versions", signed_bundle(6, hot_image("v1")),
+                                "application/octet-stream");
+  ASSERT_TRUE(again);
+  EXPECT_EQ(again->status, 409) << again->body;
+  const auto newer = client.Put("/v1/modules/versions", signed_bundle(8, hot_image("v2")),
+                                "application/octet-stream");
+  ASSERT_TRUE(newer);
+  EXPECT_EQ(newer->status, 200) << newer->body;
+  EXPECT_EQ(run_write_version(), 2u);
+  EXPECT_EQ(sink_->current_version("versions"), 8u);
+  const auto after = hot_->versions();
+  EXPECT_EQ(after.serving.origin.bundle_version, 8u);
+  EXPECT_EQ(after.serving.origin.key_id, cubridge::to_hex(keys_.public_key.id()));
+  EXPECT_EQ(after.rollback_target->origin.bundle_version, 1u);
+}
+
+}  // namespace
