@@ -1,6 +1,6 @@
 #pragma once
 // libsodium set up once for the libraries that use it (cubridge_bundle: bundle.cpp;
-// cubridge_compile: compile_cache.cpp). Internal and never installed, so <sodium.h> stays out of
+// cubridge_compile: compile_cache_*.cpp). Internal and never installed, so <sodium.h> stays out of
 // the public headers; header-only, so no extra library has to be linked or exported.
 
 #include <cubridge/core/error.hpp>
