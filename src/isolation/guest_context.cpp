@@ -1,25 +1,24 @@
 #include <cubridge/core/detail/check.hpp>
 #include <cubridge/core/detail/describe.hpp>
+#include <cubridge/core/detail/enum_names.hpp>
 #include <cubridge/core/driver.hpp>
 #include <cubridge/isolation/guest_context.hpp>
 
 #include <algorithm>
+#include <array>
 #include <mutex>
 
 namespace cubridge {
 
 std::string_view to_string(guest_breakage what) noexcept {
-  switch (what) {
-    case guest_breakage::context_stack:
-      return "context_stack";
-    case guest_breakage::primary_context_reset:
-      return "primary_context_reset";
-    case guest_breakage::host_buffer_lost:
-      return "host_buffer_lost";
-    case guest_breakage::sticky_error:
-      return "sticky_error";
-  }
-  return "unknown";
+  static constexpr std::array<detail::enum_name<guest_breakage>, 4> names{{
+      {guest_breakage::context_stack, "context_stack"},
+      {guest_breakage::primary_context_reset, "primary_context_reset"},
+      {guest_breakage::host_buffer_lost, "host_buffer_lost"},
+      {guest_breakage::sticky_error, "sticky_error"},
+  }};
+  static_assert(detail::lists_values_in_order(names));
+  return detail::name_of(names, what, "unknown");
 }
 
 namespace {

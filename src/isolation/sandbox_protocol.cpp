@@ -1,3 +1,4 @@
+#include <cubridge/core/detail/binary_io.hpp>
 #include <cubridge/isolation/detail/sandbox_protocol.hpp>
 
 #include <poll.h>
@@ -5,6 +6,7 @@
 #include <sys/uio.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cstring>
 #include <system_error>
@@ -12,15 +14,41 @@
 namespace cubridge::detail::sandbox_protocol {
 namespace {
 
+using header_bytes_type = std::array<std::byte, header_bytes>;
+
 struct header {
-  std::uint32_t magic;
-  std::uint16_t version;
-  std::uint16_t type;
-  std::uint32_t fd_count;
-  std::uint32_t reserved;
-  std::uint64_t payload_bytes;
+  std::uint32_t magic = 0;
+  std::uint16_t version = 0;
+  std::uint16_t type = 0;
+  std::uint32_t fd_count = 0;
+  std::uint64_t payload_bytes = 0;
 };
-static_assert(sizeof(header) == header_bytes);
+
+header_bytes_type encode_header(const header& h) {
+  const auto bytes = binary_writer()
+                         .u32(h.magic)
+                         .u16(h.version)
+                         .u16(h.type)
+                         .u32(h.fd_count)
+                         .u32(0)  // reserved
+                         .u64(h.payload_bytes)
+                         .take();
+  header_bytes_type out;
+  std::copy(bytes.begin(), bytes.end(), out.begin());
+  return out;
+}
+
+header decode_header(const header_bytes_type& bytes) {
+  binary_reader r(bytes, "frame header");
+  header h;
+  h.magic = r.u32("magic");
+  h.version = r.u16("version");
+  h.type = r.u16("message type");
+  h.fd_count = r.u32("descriptor count");
+  (void)r.u32("reserved");
+  h.payload_bytes = r.u64("payload length");
+  return h;
+}
 
 [[noreturn]] void throw_errno(const char* what) {
   throw std::system_error(errno, std::generic_category(), what);
@@ -58,14 +86,11 @@ void send_frame(int socket, message_type type, std::span<const std::byte> payloa
   if (fds.size() > max_fds)
     throw protocol_violation(std::to_string(fds.size()) + " file descriptors exceed the limit of " +
                              std::to_string(max_fds));
-  header h{frame_magic,
-           protocol_version,
-           static_cast<std::uint16_t>(type),
-           static_cast<std::uint32_t>(fds.size()),
-           0,
-           payload.size()};
+  auto head = encode_header({frame_magic, protocol_version, static_cast<std::uint16_t>(type),
+                             static_cast<std::uint32_t>(fds.size()), payload.size()});
 
-  iovec parts[2] = {{&h, sizeof h}, {const_cast<std::byte*>(payload.data()), payload.size()}};
+  iovec parts[2] = {{head.data(), head.size()},
+                    {const_cast<std::byte*>(payload.data()), payload.size()}};
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * max_fds)];
   msghdr message{};
   message.msg_iov = parts;
@@ -87,15 +112,15 @@ void send_frame(int socket, message_type type, std::span<const std::byte> payloa
   if (sent < 0) throw_errno("sending to the sandbox socket");
   // The rest, if the socket took only part: the fds went with the first byte.
   std::size_t done = static_cast<std::size_t>(sent);
-  const std::size_t total = sizeof h + payload.size();
+  const std::size_t total = head.size() + payload.size();
   while (done < total) {
     const std::byte* from;
     std::size_t left;
-    if (done < sizeof h) {
-      from = reinterpret_cast<const std::byte*>(&h) + done;
-      left = sizeof h - done;
+    if (done < head.size()) {
+      from = head.data() + done;
+      left = head.size() - done;
     } else {
-      from = payload.data() + (done - sizeof h);
+      from = payload.data() + (done - head.size());
       left = total - done;
     }
     const ssize_t n = ::send(socket, from, left, MSG_NOSIGNAL);
@@ -110,13 +135,12 @@ void send_frame(int socket, message_type type, std::span<const std::byte> payloa
 receive_status receive_frame(int socket, frame& out,
                              std::optional<std::chrono::steady_clock::time_point> deadline) {
   out = frame{};
-  header h{};
-  auto* head = reinterpret_cast<char*>(&h);
+  header_bytes_type head{};
   std::size_t got = 0;
   bool control_truncated = false;
-  while (got < sizeof h) {
+  while (got < head.size()) {
     if (!wait_readable(socket, deadline)) return receive_status::timed_out;
-    iovec part{head + got, sizeof h - got};
+    iovec part{head.data() + got, head.size() - got};
     alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * max_fds)];
     msghdr message{};
     message.msg_iov = &part;
@@ -145,6 +169,7 @@ receive_status receive_frame(int socket, frame& out,
     }
     got += static_cast<std::size_t>(n);
   }
+  const header h = decode_header(head);
   if (h.magic != frame_magic)
     throw protocol_violation("bad frame magic " + std::to_string(h.magic));
   if (h.version != protocol_version)
@@ -176,96 +201,43 @@ receive_status receive_frame(int socket, frame& out,
   return receive_status::ok;
 }
 
-// --- payload fields -----------------------------------------------------------------------------
-
-void writer::append(const void* p, std::size_t n) {
-  const auto* b = static_cast<const std::byte*>(p);
-  data_.insert(data_.end(), b, b + n);
-}
-writer& writer::u8(std::uint8_t v) {
-  return append(&v, sizeof v), *this;
-}
-writer& writer::u16(std::uint16_t v) {
-  return append(&v, sizeof v), *this;
-}
-writer& writer::u32(std::uint32_t v) {
-  return append(&v, sizeof v), *this;
-}
-writer& writer::u64(std::uint64_t v) {
-  return append(&v, sizeof v), *this;
-}
-writer& writer::i32(std::int32_t v) {
-  return append(&v, sizeof v), *this;
-}
-writer& writer::bytes(std::span<const std::byte> v) {
-  u64(v.size());
-  append(v.data(), v.size());
-  return *this;
-}
-writer& writer::text(std::string_view v) {
-  return bytes(std::as_bytes(std::span<const char>(v.data(), v.size())));
-}
-
-void reader::take(void* p, std::size_t n) {
-  if (n > data_.size() - at_)
-    throw protocol_violation("message ends after " + std::to_string(data_.size()) +
-                             " bytes, a field needs " + std::to_string(n) + " more at offset " +
-                             std::to_string(at_));
-  std::memcpy(p, data_.data() + at_, n);
-  at_ += n;
-}
-template <class T>
-T reader::scalar() {
-  T v;
-  take(&v, sizeof v);
-  return v;
-}
-std::uint8_t reader::u8() {
-  return scalar<std::uint8_t>();
-}
-std::uint16_t reader::u16() {
-  return scalar<std::uint16_t>();
-}
-std::uint32_t reader::u32() {
-  return scalar<std::uint32_t>();
-}
-std::uint64_t reader::u64() {
-  return scalar<std::uint64_t>();
-}
-std::int32_t reader::i32() {
-  return scalar<std::int32_t>();
-}
-std::span<const std::byte> reader::bytes() {
-  const std::uint64_t n = u64();
-  if (n > data_.size() - at_)
-    throw protocol_violation("a field of " + std::to_string(n) + " bytes runs past the end of a " +
-                             std::to_string(data_.size()) + "-byte message");
-  auto field = data_.subspan(at_, static_cast<std::size_t>(n));
-  at_ += static_cast<std::size_t>(n);
-  return field;
-}
-std::string reader::text() {
-  const auto b = bytes();
-  return {reinterpret_cast<const char*>(b.data()), b.size()};
-}
-void reader::expect_end() const {
-  if (at_ != data_.size())
-    throw protocol_violation(std::to_string(data_.size() - at_) +
-                             " unexpected byte(s) at the end of a message");
-}
-
 // --- messages -----------------------------------------------------------------------------------
 
+namespace {
+
+/// Reads a payload with `fields` and checks nothing is left; a field that does not fit is a
+/// protocol_violation naming the message, the field and its offset.
+template <class Fields>
+auto decode(std::span<const std::byte> payload, const char* message, Fields&& fields) {
+  try {
+    binary_reader r(payload, message);
+    auto m = fields(r);
+    r.expect_end();
+    return m;
+  } catch (const binary_read_error& e) {
+    throw protocol_violation(e.what());
+  }
+}
+
+std::vector<std::byte> copy_of(std::span<const std::byte> bytes) {
+  return {bytes.begin(), bytes.end()};
+}
+
+// Bytes of one buffer_descriptor on the wire: id, size, address (u64 each), has_fd (u8), device.
+constexpr std::size_t buffer_descriptor_bytes = 3 * 8 + 1 + 4;
+
+}  // namespace
+
 std::vector<std::byte> encode(const ready_message& m) {
-  return writer().i32(m.pid).text(m.cuda_status).take();
+  return binary_writer().i32(m.pid).text(m.cuda_status).take();
 }
 std::vector<std::byte> encode(const start_failed_message& m) {
-  return writer().text(m.reason).take();
+  return binary_writer().text(m.reason).take();
 }
 std::vector<std::byte> encode(const call_message& m) {
-  writer w;
+  binary_writer w;
   w.text(m.entry)
-      .bytes(m.request)
+      .length_prefixed(m.request)
       .u64(m.reply_capacity)
       .u32(static_cast<std::uint32_t>(m.buffers.size()));
   for (const auto& b : m.buffers)
@@ -273,94 +245,89 @@ std::vector<std::byte> encode(const call_message& m) {
   return w.take();
 }
 std::vector<std::byte> encode(const result_message& m) {
-  return writer().i32(m.status).bytes(m.reply).take();
+  return binary_writer().i32(m.status).length_prefixed(m.reply).take();
 }
 std::vector<std::byte> encode(const call_failed_message& m) {
-  return writer().u16(static_cast<std::uint16_t>(m.reason)).text(m.detail).take();
+  return binary_writer().u16(static_cast<std::uint16_t>(m.reason)).text(m.detail).take();
 }
 std::vector<std::byte> encode(const cuda_fault_message& m) {
-  return writer().i32(m.code).text(m.name).text(m.entry).i32(m.entry_status).take();
+  return binary_writer().i32(m.code).text(m.name).text(m.entry).i32(m.entry_status).take();
 }
 std::vector<std::byte> encode(const unshare_message& m) {
-  return writer().u64(m.id).take();
+  return binary_writer().u64(m.id).take();
 }
 
 ready_message decode_ready(std::span<const std::byte> payload) {
-  reader r(payload);
-  ready_message m;
-  m.pid = r.i32();
-  m.cuda_status = r.text();
-  r.expect_end();
-  return m;
+  return decode(payload, "ready message", [](binary_reader& r) {
+    ready_message m;
+    m.pid = r.i32("pid");
+    m.cuda_status = r.text("CUDA status");
+    return m;
+  });
 }
 start_failed_message decode_start_failed(std::span<const std::byte> payload) {
-  reader r(payload);
-  start_failed_message m{r.text()};
-  r.expect_end();
-  return m;
+  return decode(payload, "start_failed message",
+                [](binary_reader& r) { return start_failed_message{r.text("reason")}; });
 }
 call_message decode_call(std::span<const std::byte> payload) {
-  reader r(payload);
-  call_message m;
-  m.entry = r.text();
-  const auto request = r.bytes();
-  m.request.assign(request.begin(), request.end());
-  m.reply_capacity = r.u64();
-  const std::uint32_t count = r.u32();
-  // Each descriptor takes 29 bytes: refuse counts the payload cannot hold before reserving.
-  if (count > payload.size() / 29)
-    throw protocol_violation("call announces " + std::to_string(count) +
-                             " buffers in a message of " + std::to_string(payload.size()) +
-                             " bytes");
-  m.buffers.resize(count);
-  for (auto& b : m.buffers) {
-    b.id = r.u64();
-    b.size_bytes = r.u64();
-    b.host_address = r.u64();
-    const std::uint8_t has_fd = r.u8();
-    if (has_fd > 1)
-      throw protocol_violation("buffer flag " + std::to_string(has_fd) + " is not 0 or 1");
-    b.has_fd = has_fd == 1;
-    b.device = r.i32();
-  }
-  r.expect_end();
-  return m;
+  return decode(payload, "call message", [](binary_reader& r) {
+    call_message m;
+    m.entry = r.text("entry");
+    m.request = copy_of(r.length_prefixed("request"));
+    m.reply_capacity = r.u64("reply capacity");
+    const std::size_t at = r.offset();
+    const std::uint32_t count = r.u32("buffer count");
+    // Refuse counts the rest cannot hold before reserving room for them.
+    if (count > r.remaining() / buffer_descriptor_bytes)
+      throw protocol_violation("call message: buffer count at offset " + std::to_string(at) +
+                               " announces " + std::to_string(count) + " buffers, " +
+                               std::to_string(r.remaining()) + " bytes are left");
+    m.buffers.resize(count);
+    for (auto& b : m.buffers) {
+      b.id = r.u64("buffer id");
+      b.size_bytes = r.u64("buffer size");
+      b.host_address = r.u64("buffer address");
+      const std::uint8_t has_fd = r.u8("buffer flag");
+      if (has_fd > 1)
+        throw protocol_violation("buffer flag " + std::to_string(has_fd) + " is not 0 or 1");
+      b.has_fd = has_fd == 1;
+      b.device = r.i32("buffer device");
+    }
+    return m;
+  });
 }
 result_message decode_result(std::span<const std::byte> payload) {
-  reader r(payload);
-  result_message m;
-  m.status = r.i32();
-  const auto reply = r.bytes();
-  m.reply.assign(reply.begin(), reply.end());
-  r.expect_end();
-  return m;
+  return decode(payload, "result message", [](binary_reader& r) {
+    result_message m;
+    m.status = r.i32("status");
+    m.reply = copy_of(r.length_prefixed("reply"));
+    return m;
+  });
 }
 call_failed_message decode_call_failed(std::span<const std::byte> payload) {
-  reader r(payload);
-  call_failed_message m;
-  const std::uint16_t reason = r.u16();
-  if (reason < 1 || reason > 3)
-    throw protocol_violation("unknown call failure " + std::to_string(reason));
-  m.reason = static_cast<call_failure>(reason);
-  m.detail = r.text();
-  r.expect_end();
-  return m;
+  return decode(payload, "call_failed message", [](binary_reader& r) {
+    call_failed_message m;
+    const std::uint16_t reason = r.u16("reason");
+    if (reason < 1 || reason > 3)
+      throw protocol_violation("unknown call failure " + std::to_string(reason));
+    m.reason = static_cast<call_failure>(reason);
+    m.detail = r.text("detail");
+    return m;
+  });
 }
 cuda_fault_message decode_cuda_fault(std::span<const std::byte> payload) {
-  reader r(payload);
-  cuda_fault_message m;
-  m.code = r.i32();
-  m.name = r.text();
-  m.entry = r.text();
-  m.entry_status = r.i32();
-  r.expect_end();
-  return m;
+  return decode(payload, "cuda_fault message", [](binary_reader& r) {
+    cuda_fault_message m;
+    m.code = r.i32("CUresult");
+    m.name = r.text("error name");
+    m.entry = r.text("entry");
+    m.entry_status = r.i32("entry status");
+    return m;
+  });
 }
 unshare_message decode_unshare(std::span<const std::byte> payload) {
-  reader r(payload);
-  unshare_message m{r.u64()};
-  r.expect_end();
-  return m;
+  return decode(payload, "unshare message",
+                [](binary_reader& r) { return unshare_message{r.u64("buffer id")}; });
 }
 
 std::size_t fd_count(const call_message& m) noexcept {

@@ -1,8 +1,8 @@
-// The out-of-process sandbox: its wire protocol and fd passing (CPU), worker failure detection
-// and restart with a library that needs no GPU (CPU), and the misbehaving CUDA test library
-// (tests/guest_lib) in a worker sharing the host's memory (GPU; each in its own process).
+// The out-of-process sandbox: worker failure detection and restart with a library that needs
+// no GPU (CPU), and the misbehaving CUDA test library (tests/guest_lib) in a worker sharing the
+// host's memory (GPU; each in its own process). The wire protocol: test_sandbox_protocol.cpp.
 #include <cubridge/core/shared_device_memory.hpp>
-#include <cubridge/isolation/detail/sandbox_protocol.hpp>
+#include <cubridge/core/unique_fd.hpp>
 #include <cubridge/isolation/sandbox.hpp>
 
 #include "gpu_test.hpp"
@@ -11,19 +11,20 @@
 
 #include <gtest/gtest.h>
 
-#include <fcntl.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
+#include <map>
 #include <thread>
 
 namespace {
 
-namespace proto = cubridge::detail::sandbox_protocol;
 using cubridge::sandbox;
 using cubridge::sandbox_error;
 using cubridge::sandbox_failure;
@@ -35,228 +36,6 @@ std::span<const std::byte> as_bytes(std::string_view s) {
 }
 std::string as_text(const std::vector<std::byte>& b) {
   return {reinterpret_cast<const char*>(b.data()), b.size()};
-}
-
-struct socket_pair {
-  socket_pair() {
-    int sv[2];
-    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) std::abort();
-    a.reset(sv[0]);
-    b.reset(sv[1]);
-  }
-  unique_fd a, b;
-};
-
-std::optional<std::chrono::steady_clock::time_point> in(std::chrono::milliseconds ms) {
-  return std::chrono::steady_clock::now() + ms;
-}
-
-// --- unique_fd ----------------------------------------------------------------------------------
-
-TEST(UniqueFd, ClosesOnceAndMoves) {
-  int p[2];
-  ASSERT_EQ(::pipe(p), 0);
-  unique_fd w(p[1]);
-  {
-    unique_fd r(p[0]);
-    unique_fd moved = std::move(r);
-    EXPECT_FALSE(r);
-    EXPECT_EQ(moved.get(), p[0]);
-  }
-  EXPECT_EQ(::fcntl(p[0], F_GETFD), -1);  // closed by `moved`
-  EXPECT_NE(::fcntl(p[1], F_GETFD), -1);
-  const int raw = w.release();
-  EXPECT_FALSE(w);
-  ::close(raw);
-}
-
-// --- framing ------------------------------------------------------------------------------------
-
-TEST(SandboxProtocol, FramesArriveWholeAndInOrder) {
-  socket_pair s;
-  proto::send_frame(s.a.get(), proto::message_type::call, as_bytes("first"));
-  proto::send_frame(s.a.get(), proto::message_type::result, {});
-  proto::send_frame(s.a.get(), proto::message_type::unshare, as_bytes("third one"));
-  proto::frame f;
-  ASSERT_EQ(proto::receive_frame(s.b.get(), f, in(1000ms)), proto::receive_status::ok);
-  EXPECT_EQ(f.type, proto::message_type::call);
-  EXPECT_EQ(as_text(f.payload), "first");
-  ASSERT_EQ(proto::receive_frame(s.b.get(), f, in(1000ms)), proto::receive_status::ok);
-  EXPECT_EQ(f.type, proto::message_type::result);
-  EXPECT_TRUE(f.payload.empty());
-  ASSERT_EQ(proto::receive_frame(s.b.get(), f, in(1000ms)), proto::receive_status::ok);
-  EXPECT_EQ(f.type, proto::message_type::unshare);
-  EXPECT_EQ(as_text(f.payload), "third one");
-}
-
-TEST(SandboxProtocol, ALargePayloadArrivesWhole) {
-  socket_pair s;
-  std::vector<std::byte> big(8 << 20);
-  for (std::size_t i = 0; i < big.size(); ++i) big[i] = static_cast<std::byte>(i * 31 + (i >> 13));
-  // Larger than the socket buffer: the sender blocks until the receiver reads.
-  std::thread sender([&] { proto::send_frame(s.a.get(), proto::message_type::result, big); });
-  proto::frame f;
-  ASSERT_EQ(proto::receive_frame(s.b.get(), f, in(10000ms)), proto::receive_status::ok);
-  sender.join();
-  EXPECT_EQ(f.payload, big);
-}
-
-TEST(SandboxProtocol, TimesOutAndSeesAClosedPeer) {
-  socket_pair s;
-  proto::frame f;
-  const auto start = std::chrono::steady_clock::now();
-  EXPECT_EQ(proto::receive_frame(s.b.get(), f, in(50ms)), proto::receive_status::timed_out);
-  EXPECT_GE(std::chrono::steady_clock::now() - start, 50ms);
-  // Half a header, then the peer goes away: closed, not a hang.
-  const char half[10] = {};
-  ASSERT_EQ(::send(s.a.get(), half, sizeof half, MSG_NOSIGNAL), 10);
-  s.a.reset();
-  EXPECT_EQ(proto::receive_frame(s.b.get(), f, in(1000ms)), proto::receive_status::closed);
-}
-
-TEST(SandboxProtocol, SendingToAClosedPeerThrowsInsteadOfRaisingSigpipe) {
-  socket_pair s;
-  s.b.reset();
-  EXPECT_THROW(proto::send_frame(s.a.get(), proto::message_type::call, as_bytes("x")),
-               std::system_error);
-}
-
-/// Writes a raw header, as a broken or hostile peer would.
-void send_raw_header(int socket, std::uint32_t magic, std::uint16_t version, std::uint16_t type,
-                     std::uint32_t fds, std::uint64_t payload) {
-  struct {
-    std::uint32_t magic;
-    std::uint16_t version, type;
-    std::uint32_t fds, reserved;
-    std::uint64_t payload;
-  } h{magic, version, type, fds, 0, payload};
-  static_assert(sizeof h == proto::header_bytes);
-  ASSERT_EQ(::send(socket, &h, sizeof h, MSG_NOSIGNAL), static_cast<ssize_t>(sizeof h));
-}
-
-TEST(SandboxProtocol, BadHeadersAreViolations) {
-  struct case_t {
-    std::uint32_t magic;
-    std::uint16_t version, type;
-    std::uint32_t fds;
-    std::uint64_t payload;
-    const char* expect;
-  };
-  const case_t cases[] = {
-      {0x12345678, 1, 1, 0, 0, "magic"},
-      {proto::frame_magic, 9, 1, 0, 0, "protocol version 9"},
-      {proto::frame_magic, 1, 0, 0, 0, "unknown message type 0"},
-      {proto::frame_magic, 1, 99, 0, 0, "unknown message type 99"},
-      {proto::frame_magic, 1, 1, 0, proto::max_payload_bytes + 1, "exceeds the limit"},
-      {proto::frame_magic, 1, 1, 2, 0, "announced 2 file descriptor(s), 0 arrived"},
-  };
-  for (const auto& c : cases) {
-    socket_pair s;
-    send_raw_header(s.a.get(), c.magic, c.version, c.type, c.fds, c.payload);
-    proto::frame f;
-    try {
-      (void)proto::receive_frame(s.b.get(), f, in(1000ms));
-      ADD_FAILURE() << "accepted a header expecting '" << c.expect << "'";
-    } catch (const proto::protocol_violation& e) {
-      EXPECT_NE(std::string(e.what()).find(c.expect), std::string::npos) << e.what();
-    }
-  }
-}
-
-TEST(SandboxProtocol, RefusesOversizedSends) {
-  socket_pair s;
-  std::vector<int> fds(proto::max_fds + 1, 0);
-  EXPECT_THROW(proto::send_frame(s.a.get(), proto::message_type::call, {}, fds),
-               proto::protocol_violation);
-}
-
-TEST(SandboxProtocol, PassesFileDescriptorsWithScmRights) {
-  cubridge::testing::temp_dir dir;
-  const auto first = dir.path / "first.txt";
-  const auto second = dir.path / "second.txt";
-  cubridge::testing::write_text(first, "contents of the first file");
-  cubridge::testing::write_text(second, "second");
-  unique_fd f1(::open(first.c_str(), O_RDONLY | O_CLOEXEC));
-  unique_fd f2(::open(second.c_str(), O_RDONLY | O_CLOEXEC));
-  ASSERT_TRUE(f1 && f2);
-
-  socket_pair s;
-  const int fds[] = {f1.get(), f2.get()};
-  proto::send_frame(s.a.get(), proto::message_type::call, as_bytes("with fds"), fds);
-  f1.reset();  // the receiver's copies stay valid without the sender's
-  f2.reset();
-  proto::frame f;
-  ASSERT_EQ(proto::receive_frame(s.b.get(), f, in(1000ms)), proto::receive_status::ok);
-  EXPECT_EQ(as_text(f.payload), "with fds");
-  ASSERT_EQ(f.fds.size(), 2u);
-  auto read_all = [](int fd) {
-    char text[64] = {};
-    const ssize_t n = ::pread(fd, text, sizeof text - 1, 0);
-    return std::string(text, n > 0 ? static_cast<std::size_t>(n) : 0);
-  };
-  EXPECT_EQ(read_all(f.fds[0].get()), "contents of the first file");
-  EXPECT_EQ(read_all(f.fds[1].get()), "second");
-  EXPECT_TRUE(::fcntl(f.fds[0].get(), F_GETFD) & FD_CLOEXEC) << "received fds leak into exec";
-  // A frame without fds after one with them: nothing carried over.
-  proto::send_frame(s.a.get(), proto::message_type::result, as_bytes("plain"));
-  ASSERT_EQ(proto::receive_frame(s.b.get(), f, in(1000ms)), proto::receive_status::ok);
-  EXPECT_TRUE(f.fds.empty());
-}
-
-TEST(SandboxProtocol, MessagesRoundTrip) {
-  proto::call_message call;
-  call.entry = "guest_add_one";
-  call.request = {std::byte{1}, std::byte{2}, std::byte{3}};
-  call.reply_capacity = 4096;
-  call.buffers = {{7, 1 << 21, 0x7f0000200000ull, true, 0},
-                  {9, 1 << 22, 0x7f0000400000ull, false, 1}};
-  const auto back = proto::decode_call(proto::encode(call));
-  EXPECT_EQ(back.entry, call.entry);
-  EXPECT_EQ(back.request, call.request);
-  EXPECT_EQ(back.reply_capacity, 4096u);
-  ASSERT_EQ(back.buffers.size(), 2u);
-  EXPECT_EQ(back.buffers[1].id, 9u);
-  EXPECT_EQ(back.buffers[1].size_bytes, std::uint64_t{1} << 22);
-  EXPECT_EQ(back.buffers[1].host_address, 0x7f0000400000ull);
-  EXPECT_FALSE(back.buffers[1].has_fd);
-  EXPECT_EQ(back.buffers[1].device, 1);
-  EXPECT_EQ(proto::fd_count(back), 1u);
-
-  const auto fault = proto::decode_cuda_fault(
-      proto::encode(proto::cuda_fault_message{700, "CUDA_ERROR_ILLEGAL_ADDRESS", "write", 700}));
-  EXPECT_EQ(fault.code, 700);
-  EXPECT_EQ(fault.name, "CUDA_ERROR_ILLEGAL_ADDRESS");
-  EXPECT_EQ(fault.entry, "write");
-  const auto failed = proto::decode_call_failed(proto::encode(
-      proto::call_failed_message{proto::call_failure::no_such_entry, "no entry 'x'"}));
-  EXPECT_EQ(failed.reason, proto::call_failure::no_such_entry);
-  EXPECT_EQ(proto::decode_ready(proto::encode(proto::ready_message{42, "no GPU"})).cuda_status,
-            "no GPU");
-  EXPECT_EQ(proto::decode_unshare(proto::encode(proto::unshare_message{5})).id, 5u);
-}
-
-TEST(SandboxProtocol, MalformedPayloadsAreViolations) {
-  proto::call_message call;
-  call.entry = "f";
-  call.buffers = {{1, 2, 3, true, 0}};
-  auto bytes = proto::encode(call);
-  // Every truncation fails cleanly.
-  for (std::size_t n = 0; n < bytes.size(); ++n)
-    EXPECT_THROW((void)proto::decode_call(std::span(bytes).first(n)), proto::protocol_violation)
-        << n;
-  // A trailing byte.
-  auto longer = bytes;
-  longer.push_back(std::byte{0});
-  EXPECT_THROW((void)proto::decode_call(longer), proto::protocol_violation);
-  // A buffer count the payload cannot hold: refused before anything is reserved.
-  auto lying = proto::writer().text("f").bytes({}).u64(0).u32(0xffffffffu).take();
-  EXPECT_THROW((void)proto::decode_call(lying), proto::protocol_violation);
-  // A string length past the end.
-  auto long_string = proto::writer().u64(1ull << 40).take();
-  EXPECT_THROW((void)proto::decode_start_failed(long_string), proto::protocol_violation);
-  // An unknown failure reason.
-  auto bad_reason = proto::writer().u16(77).text("x").take();
-  EXPECT_THROW((void)proto::decode_call_failed(bad_reason), proto::protocol_violation);
 }
 
 // --- the worker, with a library that needs no GPU ------------------------------------------------
@@ -432,6 +211,57 @@ TEST(Sandbox, DestructionEndsAndReapsTheWorker) {
   }
   EXPECT_EQ(::kill(pid, 0), -1);
   EXPECT_EQ(errno, ESRCH);
+}
+
+/// What each descriptor above 2 of process `pid` is open on ("pipe:[123]", "socket:[456]",
+/// a path), by number.
+std::map<int, std::string> open_files(pid_t pid) {
+  std::map<int, std::string> files;
+  for (const auto& e :
+       std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/fd")) {
+    const int fd = std::stoi(e.path().filename().string());
+    std::error_code ec;  // a descriptor closed meanwhile (the directory's own) is no finding
+    const auto target = std::filesystem::read_symlink(e.path(), ec);
+    if (fd > 2 && !ec) files.emplace(fd, target.string());
+  }
+  return files;
+}
+
+TEST(Sandbox, TheWorkerGetsNoDescriptorOfTheHostButItsSocket) {
+  int leaky[2];  // without O_CLOEXEC: only the spawner keeps it from the worker
+  ASSERT_EQ(::pipe(leaky), 0);
+  const unique_fd r(leaky[0]), w(leaky[1]);
+  auto other = sandbox::start(cpu_options());  // another sandbox's socket is open here too
+  auto box = sandbox::start(cpu_options());
+  const auto worker = open_files(box.worker_pid());
+  ASSERT_TRUE(worker.contains(3));
+  EXPECT_TRUE(worker.at(3).starts_with("socket:")) << worker.at(3);
+  // Nothing the host holds is open in the worker (a tool such as a sanitizer may add its own).
+  for (const auto& [fd, file] : open_files(::getpid()))
+    for (const auto& [worker_fd, worker_file] : worker)
+      EXPECT_NE(file, worker_file) << "host descriptor " << fd << " is the worker's " << worker_fd;
+  EXPECT_EQ(box.call("echo", {.bytes = as_bytes("fd")}).status, 2);
+}
+
+TEST(Sandbox, ARestartWhoseWorkerIsGoneSaysItCouldNotExecuteIt) {
+  cubridge::testing::temp_dir dir;
+  const auto copy = dir.path / "cubridge-sandbox-worker";
+  std::filesystem::copy_file(CUBRIDGE_TEST_SANDBOX_WORKER, copy);
+  auto options = cpu_options();
+  options.worker = copy;
+  auto box = sandbox::start(options);
+  std::filesystem::remove(copy);
+  try {
+    box.restart();
+    FAIL() << "restarted a worker that is gone";
+  } catch (const sandbox_error& e) {
+    EXPECT_EQ(e.reason(), sandbox_failure::start_failed) << e.what();
+    EXPECT_NE(std::string(e.what()).find("could not execute " + copy.string() +
+                                         ": No such file or directory"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(box.worker_pid(), 0);
 }
 
 TEST(Sandbox, AMovedSandboxKeepsItsWorker) {

@@ -1,7 +1,9 @@
 #pragma once
-// Runs one child process (posix_spawn) with its own environment, reads its stdout line by line
-// as it arrives and keeps the end of its stderr, and kills it when it runs past a deadline: a
-// child that hangs or crashes never hangs the parent.
+// Runs one child process (the core's spawner, core/detail/child_process.hpp) with its own
+// environment, reads its stdout line by line as it arrives and keeps the end of its stderr, and
+// kills it when it runs past a deadline: a child that hangs or crashes never hangs the parent.
+
+#include <cubridge/core/detail/child_process.hpp>
 
 #include <chrono>
 #include <functional>
@@ -37,7 +39,6 @@ child_outcome run_child(const child_request& request,
                         const std::function<void(const std::string& line)>& on_line = {});
 
 /// The environment of this process with `overrides` ("NAME=value") set and `removed` names unset.
-[[nodiscard]] std::vector<std::string> environment_with(
-    const std::vector<std::string>& overrides, const std::vector<std::string>& removed = {});
+using cubridge::detail::environment_with;
 
 }  // namespace cubridge::tool::coldstart

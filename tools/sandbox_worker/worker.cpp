@@ -2,15 +2,14 @@
 //
 //   cubridge-sandbox-worker --socket=FD --library=PATH [--device=N] [--cuda=0|1]
 //
-// Started by the host (fork + exec) with its end of a Unix stream socket at FD. It dlopens the
-// library, optionally initialises CUDA (the device's primary context retained and made current,
-// so the library's runtime uses it too), reports ready, then serves calls one at a time:
-// imports the shared buffers it has not seen (POSIX fds over SCM_RIGHTS ->
-// cuMemImportFromShareableHandle
-// -> cuMemAddressReserve -> cuMemMap -> cuMemSetAccess), calls the entry, and checks the current
-// context for a sticky CUDA error. After one it reports cuda_fault and exits: a poisoned process
-// cannot be repaired. It exits when the host closes the socket, also while an entry still runs
-// (a watchdog thread sees the hang-up).
+// Started by the host (posix_spawn, core/detail/child_process.hpp) with its end of a Unix stream
+// socket at FD. It dlopens the library, optionally initialises CUDA (the device's primary context
+// retained and made current, so the library's runtime uses it too), reports ready, then serves
+// calls one at a time: imports the shared buffers it has not seen (POSIX fds over SCM_RIGHTS ->
+// cuMemImportFromShareableHandle -> cuMemAddressReserve -> cuMemMap -> cuMemSetAccess), calls
+// the entry, and checks the current context for a sticky CUDA error. After one it reports
+// cuda_fault and exits: a poisoned process cannot be repaired. It exits when the host closes the
+// socket, also while an entry still runs (a watchdog thread sees the hang-up).
 #include <cubridge/core/detail/check.hpp>
 #include <cubridge/core/detail/describe.hpp>
 #include <cubridge/core/driver.hpp>

@@ -151,7 +151,7 @@ class sandbox {
   [[nodiscard]] pid_t worker_pid() const noexcept;
   /// Workers started after the first one.
   [[nodiscard]] std::size_t restarts() const noexcept;
-  /// How long the latest worker took to start (fork to ready).
+  /// How long the latest worker took to start (spawn to ready).
   [[nodiscard]] std::chrono::nanoseconds last_start_duration() const noexcept;
   /// What the worker said about CUDA at start: empty when initialised (or not asked for).
   [[nodiscard]] std::string worker_cuda_status() const;

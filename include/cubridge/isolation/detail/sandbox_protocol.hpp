@@ -2,11 +2,11 @@
 // The wire protocol between a sandbox host and its worker, over one Unix stream socket.
 //
 // Each message is one frame: a 24-byte header (magic "CBSX", version, type, number of file
-// descriptors, payload length; little-endian as the host writes it: both ends are one machine),
-// then the payload. File descriptors travel as SCM_RIGHTS ancillary data on the header's bytes,
-// so a receiver gets them with the header or not at all; the header says how many to expect.
-// Payload fields are fixed-width integers and length-prefixed byte strings, read with bounds
-// checks: a short, long or malformed message is a protocol_violation, never a crash.
+// descriptors, a reserved word, payload length; little-endian), then the payload. File
+// descriptors travel as SCM_RIGHTS ancillary data on the header's bytes, so a receiver gets them
+// with the header or not at all; the header says how many to expect. Header and payload fields
+// are little-endian integers and length-prefixed byte strings (core/detail/binary_io.hpp), read
+// with bounds checks: a short, long or malformed message is a protocol_violation, never a crash.
 
 #include <cubridge/core/unique_fd.hpp>
 
@@ -76,46 +76,6 @@ enum class receive_status { ok, closed, timed_out };
 receive_status receive_frame(int socket, frame& out,
                              std::optional<std::chrono::steady_clock::time_point> deadline);
 
-/// Appends fields to a payload.
-class writer {
- public:
-  writer& u8(std::uint8_t v);
-  writer& u16(std::uint16_t v);
-  writer& u32(std::uint32_t v);
-  writer& u64(std::uint64_t v);
-  writer& i32(std::int32_t v);
-  writer& bytes(std::span<const std::byte> v);  ///< u64 length, then the bytes
-  writer& text(std::string_view v);             ///< as bytes
-  [[nodiscard]] const std::vector<std::byte>& data() const noexcept { return data_; }
-  [[nodiscard]] std::vector<std::byte> take() noexcept { return std::move(data_); }
-
- private:
-  void append(const void* p, std::size_t n);
-  std::vector<std::byte> data_;
-};
-
-/// Reads fields of a payload in order. @throws protocol_violation when a field runs past the end.
-class reader {
- public:
-  explicit reader(std::span<const std::byte> data) noexcept : data_(data) {}
-  std::uint8_t u8();
-  std::uint16_t u16();
-  std::uint32_t u32();
-  std::uint64_t u64();
-  std::int32_t i32();
-  std::span<const std::byte> bytes();
-  std::string text();
-  /// @throws protocol_violation if bytes are left over.
-  void expect_end() const;
-
- private:
-  void take(void* p, std::size_t n);
-  template <class T>
-  T scalar();  // the next sizeof(T) bytes, in host byte order (both ends are one machine)
-  std::span<const std::byte> data_;
-  std::size_t at_ = 0;
-};
-
 // --- messages -----------------------------------------------------------------------------------
 
 struct ready_message {
@@ -165,7 +125,8 @@ std::vector<std::byte> encode(const call_failed_message& m);
 std::vector<std::byte> encode(const cuda_fault_message& m);
 std::vector<std::byte> encode(const unshare_message& m);
 
-/// Decoders: @throws protocol_violation for a malformed payload.
+/// Decoders: @throws protocol_violation for a malformed payload (a field or string past the end,
+/// bytes left over, a value out of range), naming the message, the field and its offset.
 ready_message decode_ready(std::span<const std::byte> payload);
 start_failed_message decode_start_failed(std::span<const std::byte> payload);
 call_message decode_call(std::span<const std::byte> payload);

@@ -1,0 +1,66 @@
+#pragma once
+// The sandbox's worker process, host side: started through the core's child-process spawner
+// with its end of a Unix socket at descriptor 3, waited for until it reports ready, and ended
+// (the socket closed, then SIGKILL after a grace period) or killed and reaped. Internal to
+// cubridge_isolation.
+
+#include <cubridge/core/detail/child_process.hpp>
+#include <cubridge/core/unique_fd.hpp>
+#include <cubridge/isolation/sandbox.hpp>
+
+#include <chrono>
+#include <filesystem>
+#include <optional>
+#include <string>
+
+namespace cubridge::sandbox_internal {
+
+/// How a worker ended.
+struct worker_end {
+  sandbox_failure reason = sandbox_failure::crashed;
+  std::string text;  ///< "worker pid 7 killed by signal 11 (Segmentation fault)"
+  int exit_code = -1;
+};
+
+/// What a worker is started with.
+struct worker_launch {
+  std::filesystem::path worker;  ///< the executable
+  std::filesystem::path library;
+  int device = 0;
+  bool initialize_cuda = true;
+  std::chrono::milliseconds start_timeout{60'000};
+};
+
+/// A worker: its process and the host's end of the socket. The destructor ends it (stop()).
+class worker_process {
+ public:
+  worker_process() = default;
+  worker_process(const worker_process&) = delete;
+  worker_process& operator=(const worker_process&) = delete;
+  ~worker_process() { stop(); }
+
+  /// Starts a worker (none may run) and waits for its ready message. Returns "" with the
+  /// worker running and `cuda_status` set from its message, or why it failed (the worker then
+  /// killed and reaped).
+  std::string start(const worker_launch& launch, std::string& cuda_status);
+
+  [[nodiscard]] pid_t pid() const noexcept { return process_.pid(); }
+  [[nodiscard]] int socket() const noexcept { return socket_.get(); }
+  [[nodiscard]] bool running() const noexcept { return process_.running(); }
+
+  /// Graceful end: close the socket (the worker exits on EOF), give it `grace`, then SIGKILL.
+  void stop(std::chrono::milliseconds grace = std::chrono::milliseconds(2000)) noexcept;
+  /// SIGKILL and reap. Returns how it ended (killed, or whatever it did first).
+  worker_end kill_and_reap() noexcept;
+  /// Waits up to `timeout` for the worker to exit by itself; nullopt if it still runs.
+  std::optional<worker_end> wait_for_exit(std::chrono::milliseconds timeout) noexcept;
+
+ private:
+  std::string await_ready(const worker_launch& launch, std::string& cuda_status);
+  worker_end ended(pid_t pid, const detail::child_exit& exit) noexcept;
+
+  detail::child_process process_;
+  unique_fd socket_;
+};
+
+}  // namespace cubridge::sandbox_internal
