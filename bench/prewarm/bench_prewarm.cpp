@@ -6,11 +6,13 @@
 // launch is timed the same way (launch + synchronize) after warm-up, in the parent.
 //   bench_prewarm [--samples N]   (prints medians and the ratios; target: prewarmed <= 2x steady)
 #include <cubridge/core/context.hpp>
+#include <cubridge/core/detail/child_process.hpp>
 #include <cubridge/core/device_buffer.hpp>
 #include <cubridge/core/driver.hpp>
 #include <cubridge/core/module.hpp>
 #include <cubridge/core/prewarm.hpp>
 #include <cubridge/core/scoped_current.hpp>
+#include <cubridge/core/unique_fd.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -20,11 +22,7 @@
 #include <string_view>
 #include <vector>
 
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
-
-extern char** environ;
 
 namespace {
 
@@ -57,26 +55,22 @@ int child(std::string_view mode) {
   return 0;
 }
 
-/// Runs this program with --child MODE and returns the number it printed.
+/// Runs this program with --child MODE and returns the number it printed (-1 if it failed).
 double sample(const char* self, const char* mode) {
   int pipe_fds[2];
   if (pipe(pipe_fds) != 0) return -1;
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, pipe_fds[1], STDOUT_FILENO);
-  posix_spawn_file_actions_addclose(&actions, pipe_fds[0]);
-  char* argv[] = {const_cast<char*>(self), const_cast<char*>("--child"), const_cast<char*>(mode),
-                  nullptr};
-  pid_t pid = 0;
-  const int rc = posix_spawn(&pid, self, &actions, nullptr, argv, environ);
-  posix_spawn_file_actions_destroy(&actions);
-  close(pipe_fds[1]);
+  cubridge::unique_fd read_end(pipe_fds[0]);
+  cubridge::unique_fd write_end(pipe_fds[1]);
+  auto child = cubridge::detail::child_process::spawn(
+      {.program = self,
+       .args = {"--child", mode},
+       .environment = cubridge::detail::current_environment(),
+       .fds = {{STDOUT_FILENO, write_end.get()}}});
+  write_end.reset();  // the child holds the only write end: read() ends when it exits
   char buffer[64] = {};
-  const auto n = rc == 0 ? read(pipe_fds[0], buffer, sizeof buffer - 1) : -1;
-  close(pipe_fds[0]);
-  int status = 0;
-  if (rc == 0) waitpid(pid, &status, 0);
-  if (n <= 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) return -1;
+  const auto n = read(read_end.get(), buffer, sizeof buffer - 1);
+  const auto ended = child.wait();
+  if (n <= 0 || !ended.exited() || ended.exit_code != 0) return -1;
   return std::atof(buffer);
 }
 
