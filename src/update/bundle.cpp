@@ -212,9 +212,11 @@ void check_expiry(const bundle_manifest& manifest, const verify_limits& limits,
                std::to_string(limits.max_age->count()) + " s before " + format_time_text(now));
 }
 
-// Steps 8 and 9: payload size and hash, payload kind and target.
-void check_payload(const bundle_manifest& manifest, std::span<const std::byte> payload,
-                   const std::string& who) {
+// Steps 8 and 9: payload size and hash, payload kind and target. Returns what inspect_image
+// found in a cubin or fatbin; nullopt for CUDA source.
+std::optional<image_info> check_payload(const bundle_manifest& manifest,
+                                        std::span<const std::byte> payload,
+                                        const std::string& who) {
   constexpr const char* call = verify_call;
   if (manifest.payload_size != payload.size())
     refuse(bundle_reason::payload_mismatch, call,
@@ -226,7 +228,7 @@ void check_payload(const bundle_manifest& manifest, std::span<const std::byte> p
   if (manifest.kind == payload_kind::cuda_source) {
     if (std::find(payload.begin(), payload.end(), std::byte{0}) != payload.end())
       refuse(bundle_reason::payload_kind_mismatch, call, who + ": CUDA source contains a NUL byte");
-    return;
+    return std::nullopt;
   }
   image_info info;
   try {
@@ -243,13 +245,14 @@ void check_payload(const bundle_manifest& manifest, std::span<const std::byte> p
                std::string(to_string(info.kind)));
   bool runs = false;
   try {
-    runs = can_run_on(info, manifest.target_sm / 10, manifest.target_sm % 10);
+    runs = can_run_on(info, manifest.target_capability);
   } catch (const error&) {
     runs = false;
   }
   if (!runs)
     refuse(bundle_reason::target_mismatch, call,
            who + ": image has no code that runs on " + manifest.target);
+  return info;
 }
 
 }  // namespace
@@ -265,9 +268,10 @@ verified_bundle verify_bundle(std::span<const std::byte> bytes, const trusted_ke
       "module " + printable(manifest.name) + " v" + std::to_string(manifest.version);
   check_signature(manifest, manifest_text, parts.signature, keys, who);  // 5, 6
   check_expiry(manifest, limits, who);                                   // 7
-  check_payload(manifest, parts.payload, who);                           // 8, 9
+  auto image = check_payload(manifest, parts.payload, who);              // 8, 9
   return verified_bundle{std::move(manifest),
-                         std::vector<std::byte>(parts.payload.begin(), parts.payload.end())};
+                         std::vector<std::byte>(parts.payload.begin(), parts.payload.end()),
+                         std::move(image)};
 }
 
 }  // namespace cubridge

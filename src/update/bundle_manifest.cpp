@@ -37,20 +37,6 @@ std::string check_name(std::string_view name) {
   return {};
 }
 
-// "sm_" + 2 or 3 digits (no leading zero) + optional "a" or "f"; returns major*10+minor or 0.
-int parse_target(std::string_view target) {
-  if (target.size() < 5 || target.substr(0, 3) != "sm_") return 0;
-  std::string_view digits = target.substr(3);
-  if (digits.back() == 'a' || digits.back() == 'f') digits.remove_suffix(1);
-  if (digits.size() < 2 || digits.size() > 3 || digits.front() == '0') return 0;
-  int value = 0;
-  for (char c : digits) {
-    if (c < '0' || c > '9') return 0;
-    value = value * 10 + (c - '0');
-  }
-  return value;
-}
-
 // The manifest's spelling of each kind, the one to_string(payload_kind) returns.
 constexpr std::array<detail::enum_name<payload_kind>, 3> payload_kind_names{{
     {payload_kind::cubin, "cubin"},
@@ -274,8 +260,9 @@ bundle_manifest read_manifest(std::string_view bytes) {
   m.version = number("version");
   if (m.version == 0) refuse(bundle_reason::invalid_manifest, call, "version is 0");
   m.target = text("target");
-  m.target_sm = parse_target(m.target);
-  if (m.target_sm == 0) refuse(bundle_reason::invalid_manifest, call, "target is not sm_NN[a|f]");
+  const auto target = parse_compute_capability(m.target);
+  if (!target) refuse(bundle_reason::invalid_manifest, call, "target is not sm_NN[a|f]");
+  m.target_capability = *target;
   const auto kind = parse_kind(text("kind"));
   if (!kind)
     refuse(bundle_reason::invalid_manifest, call, "kind is not cubin, fatbin or cuda_source");
@@ -331,7 +318,7 @@ std::string manifest_json(const bundle_manifest_input& input, std::span<const st
   if (auto problem = check_name(input.name); !problem.empty())
     refuse(bundle_reason::invalid_manifest, call, problem);
   if (input.version == 0) refuse(bundle_reason::invalid_manifest, call, "version is 0");
-  if (parse_target(input.target) == 0)
+  if (!parse_compute_capability(input.target))
     refuse(bundle_reason::invalid_manifest, call,
            "target is not sm_NN[a|f]: " + printable(input.target));
   detail::ensure_sodium();

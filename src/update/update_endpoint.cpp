@@ -1137,8 +1137,8 @@ void answer(httplib::Response& res, const refusal& r) {
   answer(res, r.status, body);
 }
 
-std::string gpu_name(int sm) {
-  return sm > 0 ? "sm_" + std::to_string(sm) : "";
+std::string gpu_name(const std::optional<compute_capability>& device) {
+  return device ? to_string(*device) : "";
 }
 
 // The module name of a /v1/modules/... path (already percent-decoded by httplib); `rollback`
@@ -1271,15 +1271,16 @@ struct update_endpoint::impl {
 
   // Whether `bundle`'s payload runs on the sink's device.
   std::optional<refusal> check_device(const verified_bundle& bundle) const {
-    const int sm = sink.device_sm();
-    if (sm <= 0) return std::nullopt;
+    const auto device = sink.device_capability();
+    if (!device) return std::nullopt;
     const auto& m = bundle.manifest;
     bool runs = false;
     if (m.kind == payload_kind::cuda_source) {
-      runs = m.target_sm == sm;  // compiled here for exactly this device
-    } else {
+      // Compiled here for exactly this device.
+      runs = m.target_capability.numbers() == device->numbers();
+    } else if (bundle.image) {  // as verify_bundle inspected it: not parsed again
       try {
-        runs = can_run_on(inspect_image(bundle.payload), sm / 10, sm % 10);
+        runs = can_run_on(*bundle.image, *device);
       } catch (const std::exception&) {
         runs = false;
       }
@@ -1288,8 +1289,8 @@ struct update_endpoint::impl {
     return refusal{422,
                    "wrong_device",
                    "module '" + m.name + "' v" + std::to_string(m.version) + " targets " +
-                       m.target + ", this service's GPU is " + gpu_name(sm),
-                   {{"gpu", gpu_name(sm)}}};
+                       m.target + ", this service's GPU is " + gpu_name(device),
+                   {{"gpu", gpu_name(device)}}};
   }
 
   void put_module(const httplib::Request& req, httplib::Response& res) {
@@ -1506,9 +1507,9 @@ struct update_endpoint::impl {
       }
       modules.push_back(std::move(m));
     }
-    const int sm = sink.device_sm();
+    const auto device = sink.device_capability();
     answer(res, 200,
-           {{"gpu", sm > 0 ? json(gpu_name(sm)) : json(nullptr)},
+           {{"gpu", device ? json(gpu_name(device)) : json(nullptr)},
             {"modules", std::move(modules)},
             {"endpoint",
              {{"applied", applied.load()},
