@@ -13,9 +13,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const auto info = cubridge::inspect_image(bytes);
     // Exercise the compatibility checks on whatever was found.
     for (int major : {7, 8, 9, 10, 12})
-      for (int minor : {0, 5, 9}) (void)cubridge::can_run_on(info, major, minor);
+      for (int minor : {0, 5, 9})
+        (void)cubridge::can_run_on(info, cubridge::compute_capability{major, minor});
     try {
-      cubridge::require_runs_on(info, 9, 0, "fuzz input");
+      cubridge::require_runs_on(info, cubridge::compute_capability{9, 0}, "fuzz input");
     } catch (const cubridge::image_error&) {
     }
     (void)info.find_kernel("mixed_params");

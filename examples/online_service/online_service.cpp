@@ -127,7 +127,9 @@ class logged_sink final : public cubridge::module_sink {
  public:
   logged_sink(cubridge::module_sink& inner, line_log& log) : inner_(inner), log_(log) {}
 
-  [[nodiscard]] int device_sm() const override { return inner_.device_sm(); }
+  [[nodiscard]] std::optional<cubridge::compute_capability> device_capability() const override {
+    return inner_.device_capability();
+  }
   [[nodiscard]] std::uint64_t current_version(std::string_view name) const override {
     return inner_.current_version(name);
   }

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <limits>
 #include <optional>
@@ -42,18 +43,6 @@ void source::fail(const std::string& what) const {
 
 namespace {
 
-std::string variant_suffix(arch_variant v) {
-  switch (v) {
-    case arch_variant::arch_specific:
-      return "a";
-    case arch_variant::family_specific:
-      return "f";
-    case arch_variant::generic:
-      break;
-  }
-  return "";
-}
-
 std::string sizes_text(const std::vector<std::size_t>& sizes) {
   std::string s = "[";
   for (std::size_t i = 0; i < sizes.size(); ++i) {
@@ -70,10 +59,11 @@ arch_variant stronger(arch_variant a, arch_variant b) {
 }
 
 std::string arch_name_of(image_kind kind, int sm, arch_variant v) {
-  std::string prefix = kind == image_kind::ptx      ? "compute_"
-                       : kind == image_kind::lto_ir ? "lto_"
-                                                    : "sm_";
-  return prefix + std::to_string(sm) + variant_suffix(v);
+  // The one spelling of sm_90a (compute_capability.hpp), with the prefix of the code's kind.
+  const std::string name = to_string(compute_capability{sm / 10, sm % 10, v});
+  if (kind == image_kind::ptx) return "compute_" + name.substr(3);
+  if (kind == image_kind::lto_ir) return "lto_" + name.substr(3);
+  return name;
 }
 
 void kernel_set::add(image_kernel k, const source& s) {
@@ -100,15 +90,17 @@ using namespace image_internal;
 
 constexpr std::uintmax_t max_file_size = std::uintmax_t{2} << 30;
 
-[[noreturn]] void precondition_failed(int sm_major, int sm_minor) {
+std::atomic<std::uint64_t> inspect_calls{0};
+
+[[noreturn]] void precondition_failed(compute_capability device) {
   detail::throw_errc(errc::precondition, "can_run_on",
-                     "device compute capability " + std::to_string(sm_major) + "." +
-                         std::to_string(sm_minor) + " (needs major >= 1 and minor 0..9)");
+                     "device compute capability " + std::to_string(device.major) + "." +
+                         std::to_string(device.minor) + " (needs major >= 1 and minor 0..9)");
 }
 
-void check_capability(int sm_major, int sm_minor) {
-  if (sm_major < 1 || sm_major > 99 || sm_minor < 0 || sm_minor > 9)
-    precondition_failed(sm_major, sm_minor);
+void check_capability(compute_capability device) {
+  if (device.major < 1 || device.major > 99 || device.minor < 0 || device.minor > 9)
+    precondition_failed(device);
 }
 
 // A cubin or PTX image on its own: one target.
@@ -145,6 +137,7 @@ const image_kernel* image_info::find_kernel(std::string_view name) const noexcep
 }
 
 image_info inspect_image(std::span<const std::byte> bytes) {
+  inspect_calls.fetch_add(1, std::memory_order_relaxed);
   if (bytes.empty())
     detail::throw_errc(errc::bad_image, "inspect_image",
                        "empty input (0 bytes): not a cubin, fatbin or PTX image");
@@ -205,21 +198,18 @@ image_info inspect_image_file(const std::filesystem::path& path) {
   }
 }
 
-bool can_run_on(const image_target& target, int sm_major, int sm_minor) {
-  check_capability(sm_major, sm_minor);
-  const int major = target.sm_major();
-  const int minor = target.sm_minor();
+bool can_run_on(const image_target& target, compute_capability device) {
+  check_capability(device);
+  const auto code = target.capability();
+  const bool same = device.major == code.major && device.minor == code.minor;
+  const bool same_family = device.major == code.major && device.minor >= code.minor;
   switch (target.kind) {
     case image_kind::cubin:
-      if (target.variant == arch_variant::arch_specific)
-        return sm_major == major && sm_minor == minor;
-      return sm_major == major && sm_minor >= minor;
+      return code.variant == arch_variant::arch_specific ? same : same_family;
     case image_kind::ptx:
-      if (target.variant == arch_variant::arch_specific)
-        return sm_major == major && sm_minor == minor;
-      if (target.variant == arch_variant::family_specific)
-        return sm_major == major && sm_minor >= minor;
-      return sm_major > major || (sm_major == major && sm_minor >= minor);
+      if (code.variant == arch_variant::arch_specific) return same;
+      if (code.variant == arch_variant::family_specific) return same_family;
+      return device.numbers() >= code.numbers();
     case image_kind::fatbin:
     case image_kind::lto_ir:
       break;
@@ -227,14 +217,14 @@ bool can_run_on(const image_target& target, int sm_major, int sm_minor) {
   return false;
 }
 
-bool can_run_on(const image_info& image, int sm_major, int sm_minor) {
-  check_capability(sm_major, sm_minor);
+bool can_run_on(const image_info& image, compute_capability device) {
+  check_capability(device);
   return std::any_of(image.targets.begin(), image.targets.end(),
-                     [&](const image_target& t) { return can_run_on(t, sm_major, sm_minor); });
+                     [&](const image_target& t) { return can_run_on(t, device); });
 }
 
-void require_runs_on(const image_info& image, int sm_major, int sm_minor, std::string_view what) {
-  if (can_run_on(image, sm_major, sm_minor)) return;
+void require_runs_on(const image_info& image, compute_capability device, std::string_view what) {
+  if (can_run_on(image, device)) return;
   std::string targets;
   for (const auto& t : image.targets) {
     if (!targets.empty()) targets += ", ";
@@ -244,19 +234,24 @@ void require_runs_on(const image_info& image, int sm_major, int sm_minor, std::s
   std::string msg;
   if (!what.empty()) msg.append(what).append(": ");
   msg += std::string(to_string(image.kind)) + " has code for " +
-         (targets.empty() ? "nothing" : targets) + ", none of which runs on a device of sm_" +
-         std::to_string(sm_major * 10 + sm_minor) + " (compute capability " +
-         std::to_string(sm_major) + "." + std::to_string(sm_minor) + ")";
+         (targets.empty() ? "nothing" : targets) + ", none of which runs on a device of " +
+         to_string(device.numbers()) + " (compute capability " + std::to_string(device.major) +
+         "." + std::to_string(device.minor) + ")";
   detail::throw_errc(errc::incompatible_image, "require_runs_on", std::move(msg));
 }
 
 namespace detail {
 
+std::uint64_t inspect_image_calls() noexcept {
+  return inspect_calls.load(std::memory_order_relaxed);
+}
+
 std::vector<std::string> kernels_every_entry_defines(const image_info& info, int sm_major,
                                                      int sm_minor) {
+  const compute_capability device{sm_major, sm_minor};
   std::optional<std::vector<std::string>> common;
   for (const auto& t : info.targets) {
-    if (t.kind == image_kind::lto_ir || !can_run_on(t, sm_major, sm_minor)) continue;
+    if (t.kind == image_kind::lto_ir || !can_run_on(t, device)) continue;
     if (!common) {
       common = t.kernel_names;
       continue;

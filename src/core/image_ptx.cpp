@@ -216,18 +216,11 @@ class ptx_parser {
       if (tok.text.starts_with("sm_")) {
         if (have_sm) s_.fail("second architecture in .target at " + s_.at(tok.offset));
         have_sm = true;
-        auto rest = tok.text.substr(3);
-        int n = 0;
-        std::size_t digits = 0;
-        while (digits < rest.size() && rest[digits] >= '0' && rest[digits] <= '9' && digits < 3)
-          n = n * 10 + (rest[digits++] - '0');
-        rest = rest.substr(digits);
-        if (digits < 2 || !(rest.empty() || rest == "a" || rest == "f"))
+        const auto capability = parse_compute_capability(tok.text);
+        if (!capability)
           s_.fail("bad architecture '" + show(tok) + "' in .target at " + s_.at(tok.offset));
-        target.sm = n;
-        target.variant = rest == "a"   ? arch_variant::arch_specific
-                         : rest == "f" ? arch_variant::family_specific
-                                       : arch_variant::generic;
+        target.sm = capability->as_int();
+        target.variant = capability->variant;
       }
       if (!peek().is(',')) break;
       next();

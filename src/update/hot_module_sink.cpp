@@ -14,15 +14,27 @@ struct hot_module_sink::entry {
 hot_module_sink::hot_module_sink(compile_options compile) : compile_(std::move(compile)) {}
 hot_module_sink::~hot_module_sink() = default;
 
+source_kind source_kind_of(payload_kind kind) noexcept {
+  switch (kind) {
+    case payload_kind::cubin:
+      return source_kind::cubin;
+    case payload_kind::fatbin:
+      return source_kind::fatbin;
+    case payload_kind::cuda_source:
+      break;
+  }
+  return source_kind::cuda_source;
+}
+
 void hot_module_sink::add(hot_module& module, stage_options stage) {
-  const int sm = module.context().device().capability().as_int();
+  const auto device = module.context().device().capability();
   std::lock_guard lock(mutex_);
   CUBRIDGE_EXPECTS(!modules_.contains(module.name()),
                    "module '" + module.name() + "' added to the sink twice");
-  CUBRIDGE_EXPECTS(sm_ == 0 || sm_ == sm, "module '" + module.name() + "' is on an sm_" +
-                                              std::to_string(sm) + " device, the others on sm_" +
-                                              std::to_string(sm_));
-  sm_ = sm;
+  CUBRIDGE_EXPECTS(!device_ || *device_ == device,
+                   "module '" + module.name() + "' is on an " + to_string(device) +
+                       " device, the others on " + to_string(device_.value_or(device)));
+  device_ = device;
   auto e = std::make_unique<entry>();
   e->module = &module;
   e->stage = std::move(stage);
@@ -36,9 +48,9 @@ hot_module_sink::entry* hot_module_sink::find(std::string_view name) const {
   return it == modules_.end() ? nullptr : it->second.get();
 }
 
-int hot_module_sink::device_sm() const {
+std::optional<compute_capability> hot_module_sink::device_capability() const {
   std::lock_guard lock(mutex_);
-  return sm_;
+  return device_;
 }
 
 std::uint64_t hot_module_sink::current_version(std::string_view name) const {
@@ -63,12 +75,8 @@ sink_result hot_module_sink::apply(const verified_bundle& bundle) {
     std::span<const std::byte> image = bundle.payload;
     if (m.kind == payload_kind::cuda_source) {
       // For exactly this device: the driver gets machine code, never PTX to JIT.
-      auto options = compile_;
-      options.architecture = "sm_" + std::to_string(device_sm());
-      const cuda_source source{
-          m.name + ".cu",
-          std::string(reinterpret_cast<const char*>(bundle.payload.data()), bundle.payload.size())};
-      compiled = nvrtc_compile(source, options).cubin;
+      compiled = build_machine_code(source_kind_of(m.kind), bundle.payload, m.name + ".cu",
+                                    device_capability().value(), {compile_});
       image = compiled;
     }
     auto options = e->stage;

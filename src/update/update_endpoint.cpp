@@ -76,8 +76,8 @@ void answer(httplib::Response& res, const refusal& r) {
   answer(res, r.status, body);
 }
 
-std::string gpu_name(int sm) {
-  return sm > 0 ? "sm_" + std::to_string(sm) : "";
+std::string gpu_name(const std::optional<compute_capability>& device) {
+  return device ? to_string(*device) : "";
 }
 
 std::optional<module_path> parse_module_path(const std::string& method, std::string_view path) {

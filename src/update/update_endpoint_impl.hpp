@@ -48,7 +48,7 @@ refusal refusal_of(const bundle_error& e);
 void answer(httplib::Response& res, int status, const json& body);
 void answer(httplib::Response& res, const refusal& r);
 /// "sm_90" for 90; empty for no GPU (0).
-std::string gpu_name(int sm);
+std::string gpu_name(const std::optional<compute_capability>& device);
 
 /// The module name of a /v1/modules/... path (already percent-decoded by httplib); `rollback`
 /// tells whether it ended in /rollback.

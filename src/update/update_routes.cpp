@@ -43,15 +43,16 @@ bool update_endpoint::impl::read_body(const httplib::Request& req, httplib::Resp
 // Whether `bundle`'s payload runs on the sink's device.
 std::optional<update_endpoint::impl::refusal> update_endpoint::impl::check_device(
     const verified_bundle& bundle) const {
-  const int sm = sink.device_sm();
-  if (sm <= 0) return std::nullopt;
+  const auto device = sink.device_capability();
+  if (!device) return std::nullopt;
   const auto& m = bundle.manifest;
   bool runs = false;
   if (m.kind == payload_kind::cuda_source) {
-    runs = m.target_sm == sm;  // compiled here for exactly this device
-  } else {
+    // Compiled here for exactly this device.
+    runs = m.target_capability.numbers() == device->numbers();
+  } else if (bundle.image) {  // as verify_bundle inspected it: not parsed again
     try {
-      runs = can_run_on(inspect_image(bundle.payload), sm / 10, sm % 10);
+      runs = can_run_on(*bundle.image, *device);
     } catch (const std::exception&) {
       runs = false;
     }
@@ -60,8 +61,8 @@ std::optional<update_endpoint::impl::refusal> update_endpoint::impl::check_devic
   return refusal{422,
                  "wrong_device",
                  "module '" + m.name + "' v" + std::to_string(m.version) + " targets " + m.target +
-                     ", this service's GPU is " + gpu_name(sm),
-                 {{"gpu", gpu_name(sm)}}};
+                     ", this service's GPU is " + gpu_name(device),
+                 {{"gpu", gpu_name(device)}}};
 }
 
 void update_endpoint::impl::put_module(const httplib::Request& req, httplib::Response& res) {
@@ -338,9 +339,9 @@ void update_endpoint::impl::list_modules(httplib::Response& res) {
     }
     modules.push_back(std::move(m));
   }
-  const int sm = sink.device_sm();
+  const auto device = sink.device_capability();
   answer(res, 200,
-         {{"gpu", sm > 0 ? json(gpu_name(sm)) : json(nullptr)},
+         {{"gpu", device ? json(gpu_name(device)) : json(nullptr)},
           {"modules", std::move(modules)},
           {"endpoint",
            {{"applied", applied.load()},

@@ -964,61 +964,61 @@ cubridge::image_target target(image_kind kind, int sm, arch_variant variant) {
 TEST(ImageCompatibility, SassRunsOnTheSameMajorWithAHigherMinor) {
   using cubridge::can_run_on;
   const auto sm80 = target(image_kind::cubin, 80, arch_variant::generic);
-  EXPECT_TRUE(can_run_on(sm80, 8, 0));
-  EXPECT_TRUE(can_run_on(sm80, 8, 6));
-  EXPECT_TRUE(can_run_on(sm80, 8, 9));
-  EXPECT_FALSE(can_run_on(sm80, 7, 5));
-  EXPECT_FALSE(can_run_on(sm80, 9, 0));
+  EXPECT_TRUE(can_run_on(sm80, {8, 0}));
+  EXPECT_TRUE(can_run_on(sm80, {8, 6}));
+  EXPECT_TRUE(can_run_on(sm80, {8, 9}));
+  EXPECT_FALSE(can_run_on(sm80, {7, 5}));
+  EXPECT_FALSE(can_run_on(sm80, {9, 0}));
   const auto sm86 = target(image_kind::cubin, 86, arch_variant::generic);
-  EXPECT_FALSE(can_run_on(sm86, 8, 0));
-  EXPECT_TRUE(can_run_on(sm86, 8, 9));
+  EXPECT_FALSE(can_run_on(sm86, {8, 0}));
+  EXPECT_TRUE(can_run_on(sm86, {8, 9}));
   const auto sm100 = target(image_kind::cubin, 100, arch_variant::generic);
-  EXPECT_TRUE(can_run_on(sm100, 10, 3));
-  EXPECT_FALSE(can_run_on(sm100, 11, 0));
-  EXPECT_FALSE(can_run_on(sm100, 12, 0));
+  EXPECT_TRUE(can_run_on(sm100, {10, 3}));
+  EXPECT_FALSE(can_run_on(sm100, {11, 0}));
+  EXPECT_FALSE(can_run_on(sm100, {12, 0}));
   const auto sm120 = target(image_kind::cubin, 120, arch_variant::generic);
-  EXPECT_TRUE(can_run_on(sm120, 12, 1));
-  EXPECT_FALSE(can_run_on(sm120, 10, 0));
+  EXPECT_TRUE(can_run_on(sm120, {12, 1}));
+  EXPECT_FALSE(can_run_on(sm120, {10, 0}));
 }
 
 TEST(ImageCompatibility, ArchSpecificRunsOnlyOnItsOwnCapability) {
   using cubridge::can_run_on;
   const auto sm90a = target(image_kind::cubin, 90, arch_variant::arch_specific);
-  EXPECT_TRUE(can_run_on(sm90a, 9, 0));
-  EXPECT_FALSE(can_run_on(sm90a, 9, 1));
-  EXPECT_FALSE(can_run_on(sm90a, 10, 0));
+  EXPECT_TRUE(can_run_on(sm90a, {9, 0}));
+  EXPECT_FALSE(can_run_on(sm90a, {9, 1}));
+  EXPECT_FALSE(can_run_on(sm90a, {10, 0}));
   const auto sm100a = target(image_kind::cubin, 100, arch_variant::arch_specific);
-  EXPECT_TRUE(can_run_on(sm100a, 10, 0));
-  EXPECT_FALSE(can_run_on(sm100a, 10, 3));
+  EXPECT_TRUE(can_run_on(sm100a, {10, 0}));
+  EXPECT_FALSE(can_run_on(sm100a, {10, 3}));
   const auto compute90a = target(image_kind::ptx, 90, arch_variant::arch_specific);
-  EXPECT_TRUE(can_run_on(compute90a, 9, 0));
-  EXPECT_FALSE(can_run_on(compute90a, 10, 0));
+  EXPECT_TRUE(can_run_on(compute90a, {9, 0}));
+  EXPECT_FALSE(can_run_on(compute90a, {10, 0}));
 }
 
 TEST(ImageCompatibility, FamilySpecificRunsWithinItsMajor) {
   using cubridge::can_run_on;
   const auto sm100f = target(image_kind::cubin, 100, arch_variant::family_specific);
-  EXPECT_TRUE(can_run_on(sm100f, 10, 0));
-  EXPECT_TRUE(can_run_on(sm100f, 10, 3));
-  EXPECT_FALSE(can_run_on(sm100f, 11, 0));
-  EXPECT_FALSE(can_run_on(sm100f, 12, 0));
+  EXPECT_TRUE(can_run_on(sm100f, {10, 0}));
+  EXPECT_TRUE(can_run_on(sm100f, {10, 3}));
+  EXPECT_FALSE(can_run_on(sm100f, {11, 0}));
+  EXPECT_FALSE(can_run_on(sm100f, {12, 0}));
   const auto sm103f = target(image_kind::cubin, 103, arch_variant::family_specific);
-  EXPECT_FALSE(can_run_on(sm103f, 10, 0));
+  EXPECT_FALSE(can_run_on(sm103f, {10, 0}));
   const auto compute100f = target(image_kind::ptx, 100, arch_variant::family_specific);
-  EXPECT_TRUE(can_run_on(compute100f, 10, 3));
-  EXPECT_FALSE(can_run_on(compute100f, 12, 0));
+  EXPECT_TRUE(can_run_on(compute100f, {10, 3}));
+  EXPECT_FALSE(can_run_on(compute100f, {12, 0}));
 }
 
 TEST(ImageCompatibility, PtxJitsForAnyLaterDevice) {
   using cubridge::can_run_on;
   const auto compute90 = target(image_kind::ptx, 90, arch_variant::generic);
-  EXPECT_TRUE(can_run_on(compute90, 9, 0));
-  EXPECT_TRUE(can_run_on(compute90, 10, 0));
-  EXPECT_TRUE(can_run_on(compute90, 12, 1));
-  EXPECT_FALSE(can_run_on(compute90, 8, 9));
+  EXPECT_TRUE(can_run_on(compute90, {9, 0}));
+  EXPECT_TRUE(can_run_on(compute90, {10, 0}));
+  EXPECT_TRUE(can_run_on(compute90, {12, 1}));
+  EXPECT_FALSE(can_run_on(compute90, {8, 9}));
   const auto compute86 = target(image_kind::ptx, 86, arch_variant::generic);
-  EXPECT_FALSE(can_run_on(compute86, 8, 0));
-  EXPECT_TRUE(can_run_on(compute86, 9, 0));
+  EXPECT_FALSE(can_run_on(compute86, {8, 0}));
+  EXPECT_TRUE(can_run_on(compute86, {9, 0}));
 }
 
 TEST(ImageCompatibility, BadCapabilitiesArePreconditionErrors) {
@@ -1026,7 +1026,7 @@ TEST(ImageCompatibility, BadCapabilitiesArePreconditionErrors) {
   for (auto [major, minor] :
        {std::pair{0, 0}, std::pair{8, -1}, std::pair{8, 10}, std::pair{-1, 0}}) {
     try {
-      (void)cubridge::can_run_on(sm80, major, minor);
+      (void)cubridge::can_run_on(sm80, cubridge::compute_capability{major, minor});
       ADD_FAILURE() << major << "." << minor << " accepted";
     } catch (const cubridge::image_error& e) {
       ADD_FAILURE() << "an image_error for a bad capability: " << e.what();
@@ -1038,12 +1038,12 @@ TEST(ImageCompatibility, BadCapabilitiesArePreconditionErrors) {
 
 TEST(ImageCompatibility, RequireRunsOnNamesBothSides) {
   const auto fatbin = inspect(read_file(CUBRIDGE_IMAGE_FATBIN_MULTI));
-  EXPECT_NO_THROW(cubridge::require_runs_on(fatbin, 8, 6, "module 'm'"));   // sm_80
-  EXPECT_NO_THROW(cubridge::require_runs_on(fatbin, 9, 0, "module 'm'"));   // sm_90a
-  EXPECT_NO_THROW(cubridge::require_runs_on(fatbin, 10, 3, "module 'm'"));  // sm_100f
-  EXPECT_NO_THROW(cubridge::require_runs_on(fatbin, 12, 0, "module 'm'"));  // compute_90
+  EXPECT_NO_THROW(cubridge::require_runs_on(fatbin, {8, 6}, "module 'm'"));   // sm_80
+  EXPECT_NO_THROW(cubridge::require_runs_on(fatbin, {9, 0}, "module 'm'"));   // sm_90a
+  EXPECT_NO_THROW(cubridge::require_runs_on(fatbin, {10, 3}, "module 'm'"));  // sm_100f
+  EXPECT_NO_THROW(cubridge::require_runs_on(fatbin, {12, 0}, "module 'm'"));  // compute_90
   try {
-    cubridge::require_runs_on(fatbin, 7, 5, "module 'filters'");
+    cubridge::require_runs_on(fatbin, {7, 5}, "module 'filters'");
     ADD_FAILURE() << "sm_75 accepted";
   } catch (const cubridge::image_error& e) {
     EXPECT_TRUE(e.is(cubridge::errc::incompatible_image));
@@ -1053,9 +1053,9 @@ TEST(ImageCompatibility, RequireRunsOnNamesBothSides) {
       EXPECT_NE(m.find(part), std::string::npos) << part << " missing from: " << m;
   }
   const auto sm90a = inspect(read_file(CUBRIDGE_IMAGE_CUBIN_SM_90A));
-  EXPECT_NO_THROW(cubridge::require_runs_on(sm90a, 9, 0, "k"));
+  EXPECT_NO_THROW(cubridge::require_runs_on(sm90a, {9, 0}, "k"));
   try {
-    cubridge::require_runs_on(sm90a, 10, 0, "kernels.cubin");
+    cubridge::require_runs_on(sm90a, {10, 0}, "kernels.cubin");
     ADD_FAILURE() << "sm_90a accepted on sm_100";
   } catch (const cubridge::image_error& e) {
     const std::string m = e.what();
@@ -1065,8 +1065,57 @@ TEST(ImageCompatibility, RequireRunsOnNamesBothSides) {
         std::string::npos)
         << m;
   }
+  // The two-number overloads say the same.
   EXPECT_TRUE(cubridge::can_run_on(fatbin, 8, 0));
   EXPECT_FALSE(cubridge::can_run_on(fatbin, 7, 5));
+  EXPECT_TRUE(cubridge::can_run_on(fatbin.targets[0], 8, 0));
+  EXPECT_THROW(cubridge::require_runs_on(fatbin, 7, 5, "m"), cubridge::image_error);
+}
+
+TEST(ImageCompatibility, TheDevicesVariantIsNotLookedAt) {
+  // A bundle's target "sm_90a" is checked as the device 9.0 it names.
+  const auto sm90a = target(image_kind::cubin, 90, arch_variant::arch_specific);
+  const auto sm100f = target(image_kind::cubin, 100, arch_variant::family_specific);
+  using cubridge::can_run_on;
+  using cubridge::compute_capability;
+  EXPECT_TRUE(can_run_on(sm90a, compute_capability{9, 0, arch_variant::arch_specific}));
+  EXPECT_TRUE(can_run_on(sm90a, compute_capability{9, 0, arch_variant::family_specific}));
+  EXPECT_FALSE(can_run_on(sm90a, compute_capability{9, 1, arch_variant::arch_specific}));
+  EXPECT_TRUE(can_run_on(sm100f, compute_capability{10, 3, arch_variant::arch_specific}));
+  try {
+    cubridge::require_runs_on(inspect(read_file(CUBRIDGE_IMAGE_CUBIN_SM_90A)),
+                              compute_capability{10, 0, arch_variant::arch_specific}, "k");
+    ADD_FAILURE() << "sm_90a accepted on sm_100a";
+  } catch (const cubridge::image_error& e) {
+    // The device is named without a suffix, as the device itself reports it.
+    EXPECT_NE(std::string(e.what()).find("device of sm_100 (compute capability 10.0)"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(ImageCompatibility, TargetsGiveTheirCapabilityWithItsVariant) {
+  using cubridge::compute_capability;
+  EXPECT_EQ(target(image_kind::cubin, 90, arch_variant::arch_specific).capability(),
+            (compute_capability{9, 0, arch_variant::arch_specific}));
+  EXPECT_EQ(target(image_kind::ptx, 120, arch_variant::generic).capability(),
+            (compute_capability{12, 0}));
+  const auto multi = inspect(read_file(CUBRIDGE_IMAGE_FATBIN_MULTI));
+  for (const auto& t : multi.targets) {
+    SCOPED_TRACE(t.arch_name);
+    // arch_name is spelt as compute_capability's one formatter spells it, prefix aside.
+    const auto name = cubridge::to_string(t.capability());
+    EXPECT_EQ(t.arch_name.substr(t.arch_name.find('_')), name.substr(name.find('_')));
+  }
+}
+
+TEST(ImageCompatibility, InspectImageCallsAreCounted) {
+  const auto cubin = read_file(CUBRIDGE_IMAGE_CUBIN_SM_90);
+  const auto before = cubridge::detail::inspect_image_calls();
+  (void)inspect(cubin);
+  (void)cubridge::inspect_image_file(CUBRIDGE_IMAGE_CUBIN_SM_90);
+  EXPECT_THROW((void)cubridge::inspect_image({}), cubridge::image_error);
+  EXPECT_EQ(cubridge::detail::inspect_image_calls() - before, 3u);
 }
 
 // --------------------------------------------------------------------------------------------

@@ -20,6 +20,8 @@ using cubridge::testing::write_text;
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 
+constexpr cubridge::compute_capability sm90{9, 0};
+
 std::string kernel_source(unsigned answer) {
   return "#include \"answer.h\"\nextern \"C\" __global__ void write_version(unsigned* out) {\n"
          "  out[blockIdx.x * blockDim.x + threadIdx.x] = ANSWER_BASE + " +
@@ -35,18 +37,26 @@ TEST(MachineCodeFromFile, CompilesCudaSourceWithIncludesNextToIt) {
   temp_dir dir;
   write_text(dir.path / "answer.h", "#define ANSWER_BASE 40\n");
   write_text(dir.path / "v2.cu", kernel_source(2));
-  const auto code = cubridge::machine_code_from_file(dir.path / "v2.cu", "sm_90");
+  const auto code = cubridge::machine_code_from_file(dir.path / "v2.cu", sm90);
   EXPECT_TRUE(has_kernel(code, "write_version"));
   EXPECT_EQ(cubridge::inspect_image(code).targets.front().arch_name, "sm_90");
 }
 
 TEST(MachineCodeFromFile, LinksPtxAndPassesMachineCodeThrough) {
-  const auto from_ptx =
-      cubridge::machine_code_from_file(cubridge::testing::test_ptx_path(), "sm_90");
+  const auto from_ptx = cubridge::machine_code_from_file(cubridge::testing::test_ptx_path(), sm90);
   EXPECT_TRUE(has_kernel(from_ptx, "fill_u32"));
-  const auto cubin =
-      cubridge::machine_code_from_file(cubridge::testing::test_cubin_path(), "sm_90");
+  const auto cubin = cubridge::machine_code_from_file(cubridge::testing::test_cubin_path(), sm90);
   EXPECT_EQ(cubin, cubridge::read_file_bytes(cubridge::testing::test_cubin_path()));
+  // Machine code for another GPU is refused here, naming the file, not by the loader later.
+  try {
+    (void)cubridge::machine_code_from_file(cubridge::testing::test_cubin_other_path(), sm90);
+    FAIL() << "an sm_80 cubin passed for sm_90";
+  } catch (const cubridge::image_error& e) {
+    EXPECT_TRUE(e.is(cubridge::errc::incompatible_image)) << e.what();
+    EXPECT_NE(std::string(e.what()).find("test_kernels.sm_80.cubin: cubin has code for sm_80"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(MachineCodeFromFile, UsesTheCacheWhenGiven) {
@@ -54,14 +64,14 @@ TEST(MachineCodeFromFile, UsesTheCacheWhenGiven) {
   write_text(dir.path / "answer.h", "#define ANSWER_BASE 40\n");
   write_text(dir.path / "v3.cu", kernel_source(3));
   auto cache = cubridge::compile_cache::open(cache_dir.path);
-  const auto first = cubridge::machine_code_from_file(dir.path / "v3.cu", "sm_90", {}, &cache);
-  const auto second = cubridge::machine_code_from_file(dir.path / "v3.cu", "sm_90", {}, &cache);
+  const auto first = cubridge::machine_code_from_file(dir.path / "v3.cu", sm90, {}, &cache);
+  const auto second = cubridge::machine_code_from_file(dir.path / "v3.cu", sm90, {}, &cache);
   EXPECT_EQ(first, second);
   EXPECT_EQ(cache.stats().misses, 1u);
   EXPECT_EQ(cache.stats().hits, 1u);
   // The header next to the source is part of the key.
   write_text(dir.path / "answer.h", "#define ANSWER_BASE 50\n");
-  (void)cubridge::machine_code_from_file(dir.path / "v3.cu", "sm_90", {}, &cache);
+  (void)cubridge::machine_code_from_file(dir.path / "v3.cu", sm90, {}, &cache);
   EXPECT_EQ(cache.stats().misses, 2u);
 }
 
@@ -69,7 +79,7 @@ TEST(MachineCodeFromFile, RefusesOtherFilesAndCarriesCompilerLogs) {
   temp_dir dir;
   write_text(dir.path / "notes.txt", "hello");
   try {
-    (void)cubridge::machine_code_from_file(dir.path / "notes.txt", "sm_90");
+    (void)cubridge::machine_code_from_file(dir.path / "notes.txt", sm90);
     FAIL() << "no throw";
   } catch (const cubridge::error& e) {
     EXPECT_TRUE(e.is(cubridge::errc::precondition));
@@ -78,7 +88,7 @@ TEST(MachineCodeFromFile, RefusesOtherFilesAndCarriesCompilerLogs) {
   }
   write_text(dir.path / "broken.cu", "extern \"C\" __global__ void k() { undeclared = 1; }\n");
   try {
-    (void)cubridge::machine_code_from_file(dir.path / "broken.cu", "sm_90");
+    (void)cubridge::machine_code_from_file(dir.path / "broken.cu", sm90);
     FAIL() << "no throw";
   } catch (const cubridge::compile_error& e) {
     EXPECT_NE(e.log().find("undeclared"), std::string::npos) << e.log();

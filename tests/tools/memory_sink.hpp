@@ -5,6 +5,7 @@
 
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -13,8 +14,8 @@ namespace cubridge::testing {
 
 class memory_sink final : public cubridge::module_sink {
  public:
-  explicit memory_sink(int sm = 90) : sm_(sm) {}
-  int device_sm() const override { return sm_; }
+  explicit memory_sink(cubridge::compute_capability device = {9, 0}) : device_(device) {}
+  std::optional<cubridge::compute_capability> device_capability() const override { return device_; }
   std::uint64_t current_version(std::string_view name) const override {
     std::lock_guard lock(mutex_);
     const auto it = modules_.find(std::string(name));
@@ -52,7 +53,7 @@ class memory_sink final : public cubridge::module_sink {
   }
 
  private:
-  int sm_;
+  cubridge::compute_capability device_;
   mutable std::mutex mutex_;
   std::map<std::string, std::pair<std::uint64_t, std::uint64_t>> modules_;
   std::map<std::string, std::vector<std::byte>> payloads_;

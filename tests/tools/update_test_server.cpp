@@ -29,7 +29,7 @@ int main(int argc, char** argv) {
     return 64;
   }
   try {
-    cubridge::testing::memory_sink sink(sm);
+    cubridge::testing::memory_sink sink(cubridge::compute_capability{sm / 10, sm % 10});
     cubridge::update_endpoint_options options;
     options.keys.add(cubridge::read_public_key_file(trust));
     cubridge::update_endpoint endpoint(sink, options);

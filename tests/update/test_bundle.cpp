@@ -86,7 +86,7 @@ TEST_F(BundleTest, RoundTrip) {
   EXPECT_EQ(verified.manifest.name, "filters");
   EXPECT_EQ(verified.version(), 3u);
   EXPECT_EQ(verified.manifest.target, "sm_90");
-  EXPECT_EQ(verified.manifest.target_sm, 90);
+  EXPECT_EQ(verified.manifest.target_capability, (cubridge::compute_capability{9, 0}));
   EXPECT_EQ(verified.manifest.kind, cubridge::payload_kind::cubin);
   EXPECT_EQ(verified.manifest.payload_size, cubin.size());
   EXPECT_EQ(verified.manifest.payload_sha256.size(), 64u);
@@ -109,7 +109,42 @@ TEST_F(BundleTest, FatbinAndSourceRoundTrip) {
       input("s", 2, "sm_100a", cubridge::payload_kind::cuda_source), source, keys.secret_key);
   const auto v2 = cubridge::verify_bundle(b2, trusted);
   EXPECT_EQ(v2.payload, source);
-  EXPECT_EQ(v2.manifest.target_sm, 100);
+  EXPECT_EQ(v2.manifest.target_capability,
+            (cubridge::compute_capability{10, 0, cubridge::arch_variant::arch_specific}));
+  EXPECT_FALSE(v2.image) << "CUDA source is text: there is no image to hand on";
+}
+
+// verify_bundle parses the payload once and hands on what it found, so that the receiver (the
+// update endpoint, the sink) does not parse it again.
+TEST_F(BundleTest, VerifiedBundleHoldsThePayloadsImage) {
+  const auto bundle = cubridge::sign_bundle(input(), cubin, keys.secret_key);
+  const auto calls = cubridge::detail::inspect_image_calls();
+  const auto verified = cubridge::verify_bundle(bundle, trusted);
+  EXPECT_EQ(cubridge::detail::inspect_image_calls() - calls, 1u);
+  ASSERT_TRUE(verified.image);
+  const auto expected = cubridge::inspect_image(cubin);
+  EXPECT_EQ(verified.image->kind, cubridge::image_kind::cubin);
+  ASSERT_EQ(verified.image->targets.size(), 1u);
+  EXPECT_EQ(verified.image->targets[0].arch_name, "sm_90");
+  ASSERT_EQ(verified.image->kernels.size(), expected.kernels.size());
+  ASSERT_FALSE(expected.kernels.empty());
+  for (std::size_t i = 0; i < expected.kernels.size(); ++i) {
+    EXPECT_EQ(verified.image->kernels[i].name, expected.kernels[i].name);
+    EXPECT_EQ(verified.image->kernels[i].parameter_sizes, expected.kernels[i].parameter_sizes);
+  }
+  EXPECT_NE(verified.image->find_kernel("fill_u32"), nullptr);
+
+  const auto fatbin = read_file(cubridge::testing::test_fatbin_path());  // sm_80, sm_90, compute_90
+  const auto from_fatbin = cubridge::verify_bundle(
+      cubridge::sign_bundle(input("f", 1, "sm_90", cubridge::payload_kind::fatbin), fatbin,
+                            keys.secret_key),
+      trusted);
+  ASSERT_TRUE(from_fatbin.image);
+  EXPECT_EQ(from_fatbin.image->kind, cubridge::image_kind::fatbin);
+  std::vector<std::string> archs;
+  for (const auto& t : from_fatbin.image->targets) archs.push_back(t.arch_name);
+  std::sort(archs.begin(), archs.end());
+  EXPECT_EQ(archs, (std::vector<std::string>{"compute_90", "sm_80", "sm_90"}));
 }
 
 TEST_F(BundleTest, ErrorIsACubridgeError) {

@@ -49,7 +49,7 @@ class HotModuleSink : public cubridge::testing::hot_module_fixture {
 };
 
 TEST_F(HotModuleSink, AppliesCubinAndSourceRefusesBrokenAndRollsBack) {
-  EXPECT_EQ(sink_->device_sm(), cubridge::device::get(0).capability().as_int());
+  EXPECT_EQ(sink_->device_capability(), cubridge::device::get(0).capability());
   EXPECT_EQ(sink_->current_version("versions"), 1u);
   EXPECT_EQ(run_write_version(), 1u);
 

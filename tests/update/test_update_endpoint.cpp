@@ -68,12 +68,12 @@ std::string as_text(const bytes& b) {
 // applied and when.
 class fake_sink final : public cubridge::module_sink {
  public:
-  int sm = 90;
+  std::optional<cubridge::compute_capability> device = cubridge::compute_capability{9, 0};
   bool creates_modules = true;
   // Runs inside apply (e.g. to refuse a version or to be slow); nullopt: apply normally.
   std::function<std::optional<sink_result>(const cubridge::verified_bundle&)> hook;
 
-  int device_sm() const override { return sm; }
+  std::optional<cubridge::compute_capability> device_capability() const override { return device; }
   std::uint64_t current_version(std::string_view name) const override {
     std::lock_guard lock(mutex_);
     const auto it = modules_.find(std::string(name));
@@ -577,7 +577,7 @@ TEST_F(UpdateEndpointTest, UrlNameMustBeTheSignedName) {
 }
 
 TEST_F(UpdateEndpointTest, PayloadForAnotherGpuIs422) {
-  sink.sm = 80;  // an sm_90 cubin cannot run here
+  sink.device = cubridge::compute_capability{8, 0};  // an sm_90 cubin cannot run here
   start();
   const auto before = sink.state();
   const auto r = push("filters", bundle("filters", 3));
@@ -589,6 +589,29 @@ TEST_F(UpdateEndpointTest, PayloadForAnotherGpuIs422) {
   cubridge::bundle_manifest_input in{"filters", 3, "sm_80"};
   const auto ok = push("filters", cubridge::sign_bundle(in, other, keys.secret_key));
   EXPECT_EQ(ok.status, 200) << ok.body.dump();
+}
+
+// verify_bundle inspects a pushed cubin once; the endpoint decides the device from that image
+// (it does not parse the payload again), and the sink gets it with the bundle.
+TEST_F(UpdateEndpointTest, APushedPayloadIsInspectedOnce) {
+  start();
+  std::mutex seen_mutex;
+  std::vector<std::string> kernels_seen;
+  sink.hook = [&](const cubridge::verified_bundle& b) -> std::optional<sink_result> {
+    std::lock_guard lock(seen_mutex);
+    if (b.image)
+      for (const auto& k : b.image->kernels) kernels_seen.push_back(k.name);
+    return std::nullopt;
+  };
+  const auto calls = cubridge::detail::inspect_image_calls();
+  const auto r = push("filters", bundle("filters", 3));
+  ASSERT_EQ(r.status, 200) << r.body.dump();
+  EXPECT_EQ(cubridge::detail::inspect_image_calls() - calls, 1u);
+  std::vector<std::string> expected;
+  for (const auto& k : cubridge::inspect_image(cubin).kernels) expected.push_back(k.name);
+  std::lock_guard lock(seen_mutex);
+  EXPECT_EQ(kernels_seen, expected);
+  EXPECT_FALSE(kernels_seen.empty());
 }
 
 TEST_F(UpdateEndpointTest, StageRefusalIs422AndReported) {

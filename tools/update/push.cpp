@@ -7,7 +7,8 @@
 #include "update/signing.hpp"
 #include "update/update_commands.hpp"
 
-#include <cubridge/compile/compile.hpp>
+#include <cubridge/compile/machine_code.hpp>
+#include <cubridge/core/compute_capability.hpp>
 #include <cubridge/core/detail/file_io.hpp>
 #include <cubridge/update/rollback_request.hpp>
 
@@ -45,15 +46,6 @@ std::uint64_t number_field(const json& body, const char* key, std::uint64_t fall
 bool says_true(const json& body, const char* field) {
   const auto it = body.find(field);
   return it != body.end() && it->is_boolean() && it->get<bool>();
-}
-
-// "sm_90", "sm_100a": the only GPU names taken from an endpoint as a compile target.
-bool is_gpu_name(std::string_view s) {
-  if (!s.starts_with("sm_")) return false;
-  s.remove_prefix(3);
-  if (s.ends_with('a') || s.ends_with('f')) s.remove_suffix(1);
-  return (s.size() == 2 || s.size() == 3) &&
-         std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 
 class endpoint_client {
@@ -239,8 +231,10 @@ int update_commands::push() const {
         if (request.target.empty()) {
           const auto [code, status] = endpoint.call("GET", "/v1/modules");
           if (code != 200) return report_refusal(code, status);
+          // "sm_90", "sm_100a": the only GPU names taken from an endpoint as a compile target.
           const auto gpu = status.find("gpu");
-          if (gpu == status.end() || !gpu->is_string() || !is_gpu_name(gpu->get<std::string>())) {
+          if (gpu == status.end() || !gpu->is_string() ||
+              !parse_compute_capability(gpu->get<std::string>())) {
             std::cerr << "cubridge: " << endpoint.url() << " does not say its GPU ("
                       << (gpu == status.end() ? "no \"gpu\"" : printable(gpu->dump()))
                       << "); give --target\n";
@@ -248,18 +242,21 @@ int update_commands::push() const {
           }
           request.target = gpu->get<std::string>();
         }
-        compile_options options;
-        options.architecture = request.target;
-        options.include_paths.push_back(file.parent_path().empty() ? "." : file.parent_path());
-        const auto compiled = nvrtc_compile(
-            {file.filename().string(),
-             std::string(reinterpret_cast<const char*>(input.bytes.data()), input.bytes.size())},
-            options);
+        const auto target = parse_compute_capability(request.target);
+        if (!target)
+          detail::throw_errc(errc::precondition, "push",
+                             "--target '" + printable(request.target) +
+                                 "' is not a GPU architecture sm_NN[a|f] (e.g. sm_90)");
+        build_options options;
+        options.compile.include_paths.push_back(file.parent_path().empty() ? "."
+                                                                           : file.parent_path());
+        const auto compiled = build_machine_code(source_kind::cuda_source, input.bytes,
+                                                 file.filename().string(), *target, options);
         std::cout << "compiled " << file.string() << " for " << request.target << " ("
-                  << compiled.cubin.size() << " bytes)\n";
+                  << compiled.size() << " bytes)\n";
         // Signed from memory: the machine code never passes through a file another user could
         // plant or swap.
-        bundle = sign_payload(request, compiled.cubin, false, key.key, &m);
+        bundle = sign_payload(request, compiled, false, key.key, &m);
       } else {
         bundle = sign_payload(request, input.bytes, false, key.key, &m);
       }

@@ -2,6 +2,7 @@
 // A CUDA device, as the driver numbers it.
 
 #include <cuda.h>
+#include <cubridge/core/compute_capability.hpp>
 #include <cubridge/core/error.hpp>
 
 #include <array>
@@ -9,14 +10,6 @@
 #include <string>
 
 namespace cubridge {
-
-/// Compute capability, e.g. {9, 0} for an H100/H200.
-struct compute_capability {
-  int major = 0;
-  int minor = 0;
-  [[nodiscard]] int as_int() const noexcept { return major * 10 + minor; }
-  friend bool operator==(const compute_capability&, const compute_capability&) = default;
-};
 
 /// State of a device's primary context as the driver reports it (cuDevicePrimaryCtxGetState).
 struct primary_context_state {

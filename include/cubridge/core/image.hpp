@@ -10,6 +10,7 @@
 
 #include <compare>
 #include <cstddef>
+#include <cstdint>
 #include <filesystem>
 #include <optional>
 #include <span>
@@ -17,6 +18,7 @@
 #include <string_view>
 #include <vector>
 
+#include "cubridge/core/compute_capability.hpp"
 #include "cubridge/core/error.hpp"
 
 namespace cubridge {
@@ -32,13 +34,6 @@ enum class image_kind {
 
 /// "cubin", "fatbin", "ptx" or "lto_ir".
 [[nodiscard]] std::string_view to_string(image_kind kind) noexcept;
-
-/// The suffix of an architecture name, which decides which devices the code runs on.
-enum class arch_variant {
-  generic,          ///< no suffix (sm_80, compute_80)
-  family_specific,  ///< "f" (sm_100f): runs on the same major compute capability, minor >= its own
-  arch_specific,    ///< "a" (sm_90a): runs only on exactly that compute capability
-};
 
 /// A PTX ISA version, e.g. 9.0 for ".version 9.0".
 struct ptx_isa_version {
@@ -82,6 +77,11 @@ struct image_target {
   [[nodiscard]] int sm_major() const noexcept { return sm / 10; }
   /// Minor compute capability (sm % 10).
   [[nodiscard]] int sm_minor() const noexcept { return sm % 10; }
+  /// The architecture as a compute capability with its variant: {9, 0, arch_specific} for
+  /// sm_90a and compute_90a alike.
+  [[nodiscard]] compute_capability capability() const noexcept {
+    return {sm_major(), sm_minor(), variant};
+  }
 };
 
 /// What inspect_image found.
@@ -115,25 +115,47 @@ struct image_info {
 /// than 2 GiB.
 [[nodiscard]] image_info inspect_image_file(const std::filesystem::path& path);
 
-/// True if code of `target` can run on a device of compute capability sm_major.sm_minor:
-/// SASS (cubin) of a generic or "f" architecture sm_XY runs on major X with minor >= Y, of an
-/// "a" architecture only on exactly X.Y; generic PTX compute_XY can be JIT-compiled for any
-/// device >= X.Y, "f" PTX for major X with minor >= Y, "a" PTX only for exactly X.Y; LTO IR
-/// never runs as is.
-/// Throws cubridge::error (errc::precondition) unless 1 <= sm_major <= 99 and 0 <= sm_minor <= 9.
-[[nodiscard]] bool can_run_on(const image_target& target, int sm_major, int sm_minor);
+/// True if code of `target` can run on a device of compute capability `device` (its variant is
+/// not looked at: a device has none): SASS (cubin) of a generic or "f" architecture sm_XY runs
+/// on major X with minor >= Y, of an "a" architecture only on exactly X.Y; generic PTX
+/// compute_XY can be JIT-compiled for any device >= X.Y, "f" PTX for major X with minor >= Y,
+/// "a" PTX only for exactly X.Y; LTO IR never runs as is.
+/// Throws cubridge::error (errc::precondition) unless 1 <= device.major <= 99 and
+/// 0 <= device.minor <= 9.
+[[nodiscard]] bool can_run_on(const image_target& target, compute_capability device);
 
-/// True if some target of `image` can run on a device of compute capability
-/// sm_major.sm_minor (see the image_target overload for the rules).
-/// Throws cubridge::error (errc::precondition) unless 1 <= sm_major <= 99 and 0 <= sm_minor <= 9.
-[[nodiscard]] bool can_run_on(const image_info& image, int sm_major, int sm_minor);
+/// True if some target of `image` can run on a device of compute capability `device` (see the
+/// image_target overload for the rules).
+/// Throws cubridge::error (errc::precondition) unless 1 <= device.major <= 99 and
+/// 0 <= device.minor <= 9.
+[[nodiscard]] bool can_run_on(const image_info& image, compute_capability device);
 
-/// Does nothing if can_run_on(image, sm_major, sm_minor); otherwise throws
-/// cubridge::image_error (errc::incompatible_image) whose message names `what` (e.g. the
-/// module's name), the image's targets and the device, e.g.
-/// "module 'filters': image has code for sm_80, compute_90a; device is sm_86 (compute
-/// capability 8.6)".
-/// Throws cubridge::error (errc::precondition) unless 1 <= sm_major <= 99 and 0 <= sm_minor <= 9.
-void require_runs_on(const image_info& image, int sm_major, int sm_minor, std::string_view what);
+/// Does nothing if can_run_on(image, device); otherwise throws cubridge::image_error
+/// (errc::incompatible_image) whose message names `what` (e.g. the module's name), the image's
+/// targets and the device, e.g. "module 'filters': cubin has code for sm_80, compute_90a, none
+/// of which runs on a device of sm_86 (compute capability 8.6)".
+/// Throws cubridge::error (errc::precondition) unless 1 <= device.major <= 99 and
+/// 0 <= device.minor <= 9.
+void require_runs_on(const image_info& image, compute_capability device, std::string_view what);
+
+/// The overloads above with the capability as two numbers, as the module loader and the
+/// `cubridge inspect --sm` option still call them.
+[[nodiscard]] inline bool can_run_on(const image_target& target, int sm_major, int sm_minor) {
+  return can_run_on(target, compute_capability{sm_major, sm_minor});
+}
+[[nodiscard]] inline bool can_run_on(const image_info& image, int sm_major, int sm_minor) {
+  return can_run_on(image, compute_capability{sm_major, sm_minor});
+}
+inline void require_runs_on(const image_info& image, int sm_major, int sm_minor,
+                            std::string_view what) {
+  require_runs_on(image, compute_capability{sm_major, sm_minor}, what);
+}
+
+namespace detail {
+/// Test seam: how many times inspect_image has run in this process (inspect_image_file
+/// included), so tests can tell that a path parses its bytes once. One relaxed atomic increment
+/// per call.
+[[nodiscard]] std::uint64_t inspect_image_calls() noexcept;
+}  // namespace detail
 
 }  // namespace cubridge

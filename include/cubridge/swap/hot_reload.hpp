@@ -6,6 +6,8 @@
 
 #include <cubridge/compile/compile.hpp>
 #include <cubridge/compile/compile_cache.hpp>
+#include <cubridge/compile/machine_code.hpp>
+#include <cubridge/core/compute_capability.hpp>
 #include <cubridge/swap/directory_watcher.hpp>
 #include <cubridge/swap/hot_module.hpp>
 
@@ -19,12 +21,15 @@
 
 namespace cubridge {
 
-/// Machine code for `architecture` (e.g. "sm_90") from a file: .cu compiled by NVRTC (through
-/// `cache` when given), .ptx linked by nvJitLink, .cubin / .fatbin read as they are.
-/// @throws error (errc::precondition) for another extension, compile_error with the compiler's
-///         log, error (errc::io) for a file that cannot be read.
+/// Machine code for a device of `target` from a file, by build_machine_code (machine_code.hpp)
+/// with the kind its extension names: .cu compiled by NVRTC, with the file's directory first
+/// among the include paths (as nvcc looks for quoted includes), .ptx linked by nvJitLink (both
+/// through `cache` when given), .cubin / .fatbin as they are once checked to run on `target`.
+/// @throws error (errc::precondition) for another extension, error (errc::io) for a file that
+///         cannot be read, and as build_machine_code (compile_error with the compiler's log,
+///         image_error for machine code with no code for `target`).
 [[nodiscard]] std::vector<std::byte> machine_code_from_file(const std::filesystem::path& file,
-                                                            const std::string& architecture,
+                                                            compute_capability target,
                                                             compile_options options = {},
                                                             compile_cache* cache = nullptr);
 

@@ -21,6 +21,8 @@
 #include <string_view>
 #include <vector>
 
+#include <cubridge/core/compute_capability.hpp>
+#include <cubridge/core/image.hpp>
 #include <cubridge/update/error.hpp>
 
 namespace cubridge {
@@ -158,7 +160,8 @@ struct bundle_manifest_input {
   std::string name;
   /// Module version, > 0; a receiver accepts only versions above its current one.
   std::uint64_t version = 0;
-  /// Target GPU architecture: "sm_" and 2 or 3 digits, optionally "a" or "f" ("sm_90").
+  /// Target GPU architecture: "sm_" and 2 or 3 digits, optionally "a" or "f" ("sm_90"), as
+  /// parse_compute_capability reads it (to_string of a compute_capability writes it).
   std::string target;
   payload_kind kind = payload_kind::cubin;
   /// Creation time; the current time when not given. Whole seconds (sub-seconds are cut).
@@ -172,9 +175,10 @@ struct bundle_manifest_input {
 struct bundle_manifest {
   std::string name;
   std::uint64_t version = 0;
+  /// The target as signed ("sm_90a"): the wire form, kept as it was.
   std::string target;
-  /// The target's compute capability as major * 10 + minor (90 for "sm_90a").
-  int target_sm = 0;
+  /// The target as parse_compute_capability reads it ({9, 0, arch_specific} for "sm_90a").
+  compute_capability target_capability;
   payload_kind kind = payload_kind::cubin;
   /// Lower-case hex SHA-256 of the payload (64 characters).
   std::string payload_sha256;
@@ -207,6 +211,10 @@ struct verify_limits {
 struct verified_bundle {
   bundle_manifest manifest;
   std::vector<std::byte> payload;
+  /// What inspect_image found in the payload while verifying it (kind, targets, kernels and
+  /// their parameters), for the receiver to use rather than parse the payload again; nullopt
+  /// for cuda_source (text, compiled by the receiver).
+  std::optional<image_info> image;
   /// The module version (for the receiver's replay check: accept only versions above current).
   [[nodiscard]] std::uint64_t version() const noexcept { return manifest.version; }
 };
@@ -219,7 +227,8 @@ struct verified_bundle {
                                                  std::span<const std::byte> payload,
                                                  const secret_key& key);
 
-/// Verifies a bundle and returns its manifest and payload. Checks, in this order, each failure
+/// Verifies a bundle and returns its manifest, payload and (cubin, fatbin) the payload's
+/// image_info. Checks, in this order, each failure
 /// with its own bundle_reason: total size, magic, format version, lengths, manifest JSON and
 /// schema (a NUL byte or invalid UTF-8 anywhere in the manifest: malformed_manifest), key id
 /// trusted, signature (all-zero: unsigned_bundle), expiry against `limits.now` (expired: now at

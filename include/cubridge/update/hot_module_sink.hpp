@@ -2,7 +2,8 @@
 // A module_sink over cubridge::hot_module: what the update endpoint (update_endpoint.hpp) uses in
 // a real service. A pushed cubin or fatbin is staged (loaded and validated against the module's
 // interface) and promoted; CUDA C++ source is first compiled with NVRTC for the exact
-// architecture of the module's device (compile.hpp), so the driver never JITs in the service.
+// architecture of the module's device (build_machine_code, machine_code.hpp), so the driver
+// never JITs in the service.
 //
 // The sink keeps no versions of its own: each pushed version is staged with the bundle's version
 // and key (stage_options::bundle_version, key_id), and which bundle version serves, and which one
@@ -17,6 +18,8 @@
 //   endpoint.start();
 
 #include <cubridge/compile/compile.hpp>
+#include <cubridge/compile/machine_code.hpp>
+#include <cubridge/core/compute_capability.hpp>
 #include <cubridge/swap/hot_module.hpp>
 #include <cubridge/update/module_sink.hpp>
 
@@ -24,9 +27,13 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 
 namespace cubridge {
+
+/// The source kind (machine_code.hpp) of a bundle's payload kind: cubin, fatbin, cuda_source.
+[[nodiscard]] source_kind source_kind_of(payload_kind kind) noexcept;
 
 /// Loads pushed versions into hot modules. Thread-safe. Lives in cubridge::update.
 class hot_module_sink final : public module_sink {
@@ -43,8 +50,8 @@ class hot_module_sink final : public module_sink {
   /// module on a device of another compute capability; error when the device cannot be queried.
   void add(hot_module& module, stage_options stage = {});
 
-  /// The compute capability of the modules' device; 0 before add().
-  [[nodiscard]] int device_sm() const override;
+  /// The compute capability of the modules' device; nullopt before add().
+  [[nodiscard]] std::optional<compute_capability> device_capability() const override;
   /// The serving version's origin().bundle_version, from the module's chain.
   [[nodiscard]] std::uint64_t current_version(std::string_view name) const override;
   /// Compiles (cuda_source), stages with the bundle's version and key, and promotes. Outcomes:
@@ -63,7 +70,7 @@ class hot_module_sink final : public module_sink {
   struct entry;
   compile_options compile_;
   mutable std::mutex mutex_;
-  int sm_ = 0;
+  std::optional<compute_capability> device_;
   std::map<std::string, std::unique_ptr<entry>, std::less<>> modules_;
   entry* find(std::string_view name) const;
 };

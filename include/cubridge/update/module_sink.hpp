@@ -10,9 +10,11 @@
 // a direct promote() or rollback()) is what current_version() and status() report, and what the
 // endpoint's replay and rollback checks see.
 
+#include <cubridge/core/compute_capability.hpp>
 #include <cubridge/update/bundle.hpp>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -62,9 +64,10 @@ class module_sink {
  public:
   virtual ~module_sink() = default;
 
-  /// The device's compute capability as major * 10 + minor (90 for an H200): bundles whose
-  /// payload cannot run on it are refused before apply() is called.
-  [[nodiscard]] virtual int device_sm() const = 0;
+  /// The compute capability of the device the sink loads into ({9, 0} for an H200): bundles
+  /// whose payload cannot run on it are refused before apply() is called. nullopt while the
+  /// sink knows no device (then every bundle reaches apply()).
+  [[nodiscard]] virtual std::optional<compute_capability> device_capability() const = 0;
   /// The bundle version of `name` serving now, 0 when none (or no such module).
   [[nodiscard]] virtual std::uint64_t current_version(std::string_view name) const = 0;
   /// Stages and promotes `bundle` as the new version of its module (bundle.manifest.name).

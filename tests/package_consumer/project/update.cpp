@@ -12,7 +12,9 @@ namespace {
 
 class empty_sink final : public cubridge::module_sink {
  public:
-  int device_sm() const override { return 90; }
+  std::optional<cubridge::compute_capability> device_capability() const override {
+    return cubridge::compute_capability{9, 0};
+  }
   std::uint64_t current_version(std::string_view) const override { return 0; }
   cubridge::sink_result apply(const cubridge::verified_bundle&) override {
     return {cubridge::sink_outcome::unknown_module, 0, "holds no module"};

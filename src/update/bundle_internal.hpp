@@ -1,0 +1,43 @@
+#pragma once
+// What the sources of cubridge_bundle share: bundle.cpp (the container, signing and verifying),
+// bundle_manifest.cpp (the manifest's schema, its strict reader and its JSON) and bundle_keys.cpp
+// (keys, key files and detached signatures). Internal to the library; not installed.
+
+#include <cubridge/update/bundle.hpp>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <source_location>
+#include <span>
+#include <string>
+#include <string_view>
+
+namespace cubridge::bundle_internal {
+
+/// Throws bundle_error(reason, call, involved) from `where`.
+[[noreturn]] void refuse(bundle_reason reason, std::string call, std::string involved,
+                         std::source_location where = std::source_location::current());
+
+inline const unsigned char* as_uchar(const std::byte* p) {
+  return reinterpret_cast<const unsigned char*>(p);
+}
+inline unsigned char* as_uchar(std::byte* p) {
+  return reinterpret_cast<unsigned char*>(p);
+}
+
+/// Lower-case hex SHA-256 of `payload` (the manifest's payload_sha256).
+[[nodiscard]] std::string sha256_hex(std::span<const std::byte> payload);
+
+/// A name from untrusted input for messages: quoted, printable ASCII only, at most 64 bytes.
+[[nodiscard]] std::string printable(std::string_view name);
+
+/// "YYYY-MM-DDTHH:MM:SSZ".
+[[nodiscard]] std::string format_time_text(std::chrono::sys_seconds t);
+
+/// The manifest of a bundle, read strictly (one flat JSON object, the schema of
+/// docs/bundle-format.md). Throws bundle_error (malformed_manifest, invalid_manifest).
+[[nodiscard]] bundle_manifest read_manifest(std::string_view bytes);
+
+}  // namespace cubridge::bundle_internal
