@@ -89,12 +89,12 @@ std::vector<std::string> library_kernel_names(CUlibrary handle, const std::strin
 /// (as a file's bytes usually are), a terminated copy. Machine code is never copied.
 class driver_image {
  public:
-  /// Inspects `image` and checks its targets. @throws image_error
-  driver_image(std::span<const std::byte> image, const load_options& options,
-               std::optional<compute_capability> target, const std::string& what)
+  /// Checks the targets of `image`, whose inspect_image is `info`. @throws image_error
+  driver_image(std::span<const std::byte> image, const image_info& info,
+               const load_options& options, std::optional<compute_capability> target,
+               const std::string& what)
       : image_(image) {
-    const image_info info = inspect_image(image);
-    if (options.check_target && target) require_runs_on(info, target->major, target->minor, what);
+    if (options.check_target && target) require_runs_on(info, *target, what);
     if (target)
       expected_kernels_ = detail::kernels_every_entry_defines(info, target->major, target->minor);
     if (info.kind == image_kind::ptx && (image.empty() || image.back() != std::byte{0})) {
@@ -145,10 +145,15 @@ struct module::state {
 };
 
 module module::load(context_arg ctx, std::span<const std::byte> image, load_options options) {
+  return load(std::move(ctx), image, inspect_image(image), std::move(options));
+}
+
+module module::load(context_arg ctx, std::span<const std::byte> image, const image_info& info,
+                    load_options options) {
   if (options.name.empty()) options.name = "<memory>";
   const std::string what = "module '" + options.name + "' in " + ctx.ref().describe();
   const auto target = ctx.ref().device().capability();
-  const driver_image bytes(image, options, target, what);
+  const driver_image bytes(image, info, options, target, what);
   scoped_current guard(ctx.ref());
   jit_logs logs(options);
   CUmodule handle = nullptr;
@@ -225,7 +230,7 @@ library library::load(std::span<const std::byte> image, load_options options) {
   const auto current = context_ref::current();
   const std::optional<compute_capability> target =
       (current ? current.device() : device::get(0)).capability();
-  const driver_image bytes(image, options, target, what);
+  const driver_image bytes(image, inspect_image(image), options, target, what);
   jit_logs logs(options);
   CUlibrary handle = nullptr;
   const CUresult r = driver::api().cuLibraryLoadData(

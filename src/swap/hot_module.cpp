@@ -50,8 +50,7 @@ std::string what_of(const std::exception_ptr& e) {
   }
 }
 
-std::vector<std::string> interface_of(std::span<const std::byte> image, const std::string& name) {
-  const auto info = inspect_image(image);
+std::vector<std::string> interface_of(const image_info& info, const std::string& name) {
   std::vector<std::string> names;
   for (const auto& k : info.kernels) names.push_back(k.name);
   if (names.empty())
@@ -327,8 +326,9 @@ struct hot_module::state {
 
 hot_module hot_module::load(context_arg ctx, std::string name, std::span<const std::byte> image,
                             hot_module_options options) {
-  auto names = interface_of(image, name);
-  auto loaded = module::load(ctx, image, {.name = name + " v1"});
+  const auto info = inspect_image(image);  // once, for the interface and the loader
+  auto names = interface_of(info, name);
+  auto loaded = module::load(ctx, image, info, {.name = name + " v1"});
   hot_version first{std::move(loaded), {}, {}};
   for (const auto& k : names) {
     first.kernels.push_back(first.loaded.get_kernel(k));
@@ -348,10 +348,24 @@ hot_module::state& hot_module::checked() const {
 staged_version hot_module::stage(std::span<const std::byte> image,
                                  const stage_options& options) const {
   auto& s = checked();
+  std::optional<image_info> info;
+  try {
+    info.emplace(inspect_image(image));
+  } catch (const image_error&) {
+    s.rejected.fetch_add(1);
+    throw;
+  }
+  return stage(image, *info, options);
+}
+
+staged_version hot_module::stage(std::span<const std::byte> image, const image_info& info,
+                                 const stage_options& options) const {
+  auto& s = checked();
   const std::string source = options.source_name.empty() ? "memory" : options.source_name;
   std::optional<module> loaded;
   try {
-    loaded.emplace(module::load(s.ctx, image, {.name = s.name + " (staged from " + source + ")"}));
+    loaded.emplace(
+        module::load(s.ctx, image, info, {.name = s.name + " (staged from " + source + ")"}));
   } catch (const image_error&) {
     s.rejected.fetch_add(1);
     throw;

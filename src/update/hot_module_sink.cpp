@@ -83,7 +83,10 @@ sink_result hot_module_sink::apply(const verified_bundle& bundle) {
     options.source_name = e->stage.source_name + " v" + std::to_string(m.version);
     options.bundle_version = m.version;
     options.key_id = to_hex(m.key_id);
-    (void)e->module->promote(e->module->stage(image, options));
+    // Machine code as verify_bundle inspected it (not parsed again); compiled code afresh.
+    (void)e->module->promote(bundle.image && compiled.empty()
+                                 ? e->module->stage(image, *bundle.image, options)
+                                 : e->module->stage(image, options));
     std::lock_guard lock(e->mutex);
     e->last_error.clear();
     return {sink_outcome::done, m.version, {}};

@@ -8,6 +8,7 @@
 #include <cubridge/core/context_ref.hpp>
 #include <cubridge/core/device_span.hpp>
 #include <cubridge/core/error.hpp>
+#include <cubridge/core/image.hpp>
 #include <cubridge/core/kernel.hpp>
 
 #include <cuda.h>
@@ -41,6 +42,11 @@ class module {
   /// refuses it.
   [[nodiscard]] static module load(context_arg ctx, std::span<const std::byte> image,
                                    load_options options = {});
+  /// As load(ctx, image, options), for bytes inspected already: `info` is what
+  /// inspect_image(image) returned (e.g. verified_bundle::image), and the bytes are not parsed
+  /// again. @throws as load().
+  [[nodiscard]] static module load(context_arg ctx, std::span<const std::byte> image,
+                                   const image_info& info, load_options options = {});
   /// Reads and loads a file. @throws error (errc::io) naming the path, and as load().
   [[nodiscard]] static module load_file(context_arg ctx, const std::filesystem::path& path,
                                         load_options options = {});

@@ -182,6 +182,11 @@ class hot_module {
   /// @throws version_rejected_error naming the cause; image_error for bad bytes or another GPU.
   [[nodiscard]] staged_version stage(std::span<const std::byte> image,
                                      const stage_options& options = {}) const;
+  /// As stage(image, options), for bytes inspected already: `info` is what inspect_image(image)
+  /// returned (verified_bundle::image for a pushed bundle), and the bytes are not parsed again.
+  /// @throws as stage().
+  [[nodiscard]] staged_version stage(std::span<const std::byte> image, const image_info& info,
+                                     const stage_options& options = {}) const;
   /// Makes `version` current: every launch that starts after promote() returns uses it, on every
   /// thread; launches already issued finish on the version they started with. All or nothing:
   /// first the launch shapes used so far are checked against it again (launches since stage()
