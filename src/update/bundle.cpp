@@ -2,6 +2,7 @@
 // manifest's schema and JSON are bundle_manifest.cpp; keys and signatures bundle_keys.cpp.
 #include <cubridge/core/detail/enum_names.hpp>
 #include <cubridge/core/detail/hex.hpp>
+#include <cubridge/core/detail/printable.hpp>
 #include <cubridge/core/image.hpp>
 #include <cubridge/update/bundle.hpp>
 #include <cubridge/update/detail/signing.hpp>
@@ -265,7 +266,7 @@ verified_bundle verify_bundle(std::span<const std::byte> bytes, const trusted_ke
                                        parts.manifest.size());
   bundle_manifest manifest = read_manifest(manifest_text);
   const std::string who =
-      "module " + printable(manifest.name) + " v" + std::to_string(manifest.version);
+      "module " + detail::printable(manifest.name) + " v" + std::to_string(manifest.version);
   check_signature(manifest, manifest_text, parts.signature, keys, who);  // 5, 6
   check_expiry(manifest, limits, who);                                   // 7
   auto image = check_payload(manifest, parts.payload, who);              // 8, 9

@@ -30,9 +30,6 @@ inline unsigned char* as_uchar(std::byte* p) {
 /// Lower-case hex SHA-256 of `payload` (the manifest's payload_sha256).
 [[nodiscard]] std::string sha256_hex(std::span<const std::byte> payload);
 
-/// A name from untrusted input for messages: quoted, printable ASCII only, at most 64 bytes.
-[[nodiscard]] std::string printable(std::string_view name);
-
 /// "YYYY-MM-DDTHH:MM:SSZ".
 [[nodiscard]] std::string format_time_text(std::chrono::sys_seconds t);
 

@@ -2,6 +2,7 @@
 // verifying, the strict reader of a received manifest, and the JSON a signer writes.
 #include <cubridge/core/detail/enum_names.hpp>
 #include <cubridge/core/detail/hex.hpp>
+#include <cubridge/core/detail/printable.hpp>
 #include <cubridge/update/bundle.hpp>
 #include <cubridge/update/detail/signing.hpp>
 
@@ -161,7 +162,7 @@ struct manifest_reader {
   }
   bool key(json::string_t& k) {
     for (const auto& f : fields)
-      if (f.key == k) return stop("duplicate field " + printable(k));
+      if (f.key == k) return stop("duplicate field " + detail::printable(k));
     fields.push_back({std::move(k), std::nullopt, std::nullopt});
     return true;
   }
@@ -180,7 +181,7 @@ struct manifest_reader {
   }
   // The field being read, for messages: from untrusted input, so printable and bounded.
   std::string current() const {
-    return fields.empty() ? std::string("(top level)") : printable(fields.back().key);
+    return fields.empty() ? std::string("(top level)") : detail::printable(fields.back().key);
   }
 };
 
@@ -233,7 +234,7 @@ bundle_manifest read_manifest(std::string_view bytes) {
       "payload_size", "created", "key_id", "expires"};  // the last one optional
   for (const auto& f : fields)
     if (std::find(known.begin(), known.end(), f.key) == known.end())
-      refuse(bundle_reason::invalid_manifest, call, "unknown field " + printable(f.key));
+      refuse(bundle_reason::invalid_manifest, call, "unknown field " + detail::printable(f.key));
   auto find = [&](std::string_view key) -> const manifest_reader::field& {
     for (const auto& f : fields)
       if (f.key == key) return f;
@@ -291,13 +292,6 @@ bundle_manifest read_manifest(std::string_view bytes) {
   return m;
 }
 
-std::string printable(std::string_view name) {
-  // Names in messages come from untrusted input: show printable ASCII only.
-  std::string out = "'";
-  for (char c : name.substr(0, 64)) out += (c >= 0x20 && c < 0x7F) ? c : '?';
-  return out + (name.size() > 64 ? "...'" : "'");
-}
-
 }  // namespace bundle_internal
 
 using namespace bundle_internal;
@@ -320,7 +314,7 @@ std::string manifest_json(const bundle_manifest_input& input, std::span<const st
   if (input.version == 0) refuse(bundle_reason::invalid_manifest, call, "version is 0");
   if (!parse_compute_capability(input.target))
     refuse(bundle_reason::invalid_manifest, call,
-           "target is not sm_NN[a|f]: " + printable(input.target));
+           "target is not sm_NN[a|f]: " + detail::printable(input.target));
   detail::ensure_sodium();
   const auto created = std::chrono::floor<std::chrono::seconds>(
       input.created.value_or(std::chrono::system_clock::now()));
@@ -362,10 +356,6 @@ std::optional<std::chrono::sys_seconds> parse_time(std::string_view text) {
 
 std::string check_signed_text(std::string_view text) {
   return signed_text_problem(text);
-}
-
-std::string printable(std::string_view text) {
-  return bundle_internal::printable(text);
 }
 
 }  // namespace detail

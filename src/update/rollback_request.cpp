@@ -1,4 +1,5 @@
 // Signed rollback requests; the format is specified in docs/update-endpoint.md.
+#include <cubridge/core/detail/printable.hpp>
 #include <cubridge/update/detail/signing.hpp>
 #include <cubridge/update/rollback_request.hpp>
 

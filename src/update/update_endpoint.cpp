@@ -3,6 +3,7 @@
 // update_routes.cpp. See update_endpoint.hpp.
 #include "update_endpoint_impl.hpp"
 
+#include <cubridge/core/detail/printable.hpp>
 #include <cubridge/update/detail/signing.hpp>
 
 #include <algorithm>
@@ -125,23 +126,13 @@ std::string update_endpoint::impl::bounded_detail(std::string detail) {
 }
 
 // What the status keeps of a refusal: printable ASCII, with '\' as "\\" and every other
-// byte (control characters, terminal escapes, UTF-8) as "\xNN", at most max_summary_bytes.
+// byte (control characters, terminal escapes, UTF-8) as "\xnn", at most max_summary_bytes
+// with the "..." of a cut.
 std::string update_endpoint::impl::status_summary(std::string_view text) {
-  static constexpr char digits[] = "0123456789abcdef";
-  std::string out;
-  for (const char c : text) {
-    const auto u = static_cast<unsigned char>(c);
-    std::string piece;
-    if (c == '\\')
-      piece = "\\\\";
-    else if (u >= 0x20 && u < 0x7F)
-      piece = std::string(1, c);
-    else
-      piece = {'\\', 'x', digits[u >> 4], digits[u & 0xF]};
-    if (out.size() + piece.size() > max_summary_bytes - 3) return out + "...";
-    out += piece;
-  }
-  return out;
+  return detail::printable(text, {.max_bytes = max_summary_bytes - 3,
+                                  .quoted = false,
+                                  .escape = detail::printable_escape::c_string,
+                                  .cut = detail::printable_cut::ellipsis});
 }
 
 // Answers a refusal, its detail bounded. With `e`, also the module's last_refusal: pass it only

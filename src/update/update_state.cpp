@@ -2,6 +2,7 @@
 // docs/update-endpoint.md ("Replay state").
 #include <cubridge/core/detail/enum_names.hpp>
 #include <cubridge/core/detail/file_io.hpp>
+#include <cubridge/core/detail/printable.hpp>
 #include <cubridge/update/bundle.hpp>
 #include <cubridge/update/detail/signing.hpp>
 #include <cubridge/update/update_state.hpp>

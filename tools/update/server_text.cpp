@@ -1,26 +1,17 @@
 #include "update/server_text.hpp"
 
+#include <cubridge/core/detail/printable.hpp>
+
 namespace cubridge::tool {
 namespace {
 constexpr char hex_digits[] = "0123456789ABCDEF";
 }  // namespace
 
 std::string printable(std::string_view text, std::size_t max_bytes) {
-  std::string out;
-  const auto shown = text.substr(0, max_bytes);
-  for (const char ch : shown) {
-    const auto c = static_cast<unsigned char>(ch);
-    if (c >= 0x20 && c < 0x7f && c != '\\') {
-      out += ch;
-    } else {
-      out += "\\x";
-      out += hex_digits[c >> 4];
-      out += hex_digits[c & 0xf];
-    }
-  }
-  if (text.size() > shown.size())
-    out += "... (" + std::to_string(text.size() - shown.size()) + " more bytes)";
-  return out;
+  return detail::printable(text, {.max_bytes = max_bytes,
+                                  .quoted = false,
+                                  .escape = detail::printable_escape::hex,
+                                  .cut = detail::printable_cut::counted});
 }
 
 std::string percent_encode(std::string_view segment) {

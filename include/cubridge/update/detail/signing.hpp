@@ -20,10 +20,6 @@ namespace cubridge::detail {
 /// sequences), each named with its byte offset. Run before the JSON parser sees `text`.
 [[nodiscard]] std::string check_signed_text(std::string_view text);
 
-/// `text` from untrusted input as it may appear in a message: quoted, its first 64 bytes with
-/// anything but printable ASCII shown as '?', "..." when longer.
-[[nodiscard]] std::string printable(std::string_view text);
-
 /// Fills `out` with cryptographically random bytes.
 void random_bytes(std::span<std::byte> out);
 
