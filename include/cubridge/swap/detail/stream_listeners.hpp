@@ -1,8 +1,9 @@
 #pragma once
 // The swap layer's listeners told that a stream is about to be destroyed, while its handle is
-// still valid: hot modules record a last event on it (hot_module.cpp). The first listener installs
-// the swap layer behind the core's one stream-destroy hook (set_stream_destroy_hook, stream.hpp),
-// which stream's destructor and before_stream_destroy() call; the core knows nothing of this.
+// still valid: hot modules record a last event on it (hot_module_reclaim.cpp). The first listener
+// installs the swap layer behind the core's one stream-destroy hook (set_stream_destroy_hook,
+// stream.hpp), which stream's destructor and before_stream_destroy() call; the core knows nothing
+// of this.
 
 #include <cubridge/core/driver.hpp>
 

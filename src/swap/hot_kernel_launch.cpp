@@ -1,0 +1,62 @@
+// The launch path of hot kernels: the current version pinned for each launch, the stream noted
+// once per thread through a per-thread cache, the launch shape raised for later versions to fit.
+// hot_kernel::launch (hot_module.hpp) calls acquire() and finish() for every launch.
+#include "hot_module_state.hpp"
+
+#include <cubridge/swap/detail/stream_listeners.hpp>
+#include <cubridge/swap/hot_module.hpp>
+
+namespace cubridge {
+
+namespace hot_module_internal {
+
+void refuse_per_thread_stream(const std::string& what) {
+  detail::throw_errc(errc::precondition, "hot launch",
+                     what +
+                         " on the per-thread default stream (CU_STREAM_PER_THREAD): it is "
+                         "another stream on every thread, so the event that lets its "
+                         "version be unloaded could not follow this thread's work. Launch on "
+                         "a stream of your own (cubridge::stream) or the legacy default stream");
+}
+
+}  // namespace hot_module_internal
+
+hot_kernel::chain::lease hot_kernel::acquire() const {
+  CUBRIDGE_EXPECTS(state_ != nullptr, "a moved-from hot_kernel");
+  return state_->versions.acquire();
+}
+
+hot_kernel::chain::lease hot_kernel::acquire(const launch_config& config) const {
+  if (config.stream.is_per_thread()) [[unlikely]]
+    hot_module_internal::refuse_per_thread_stream("hot kernel '" + name_ + "' of module '" +
+                                                  (state_ ? state_->name : std::string("?")) +
+                                                  "' launched");
+  return acquire();
+}
+
+void hot_kernel::finish(const chain::lease& lease, const launch_config& config) const {
+  // A serving thread launches the same version on the same stream again and again; noting the
+  // stream once is enough (the note holds until the version is unpinned and retired, after which
+  // no lease on it exists), so repeats skip the version's mutex.
+  // A destroyed stream's handle may come back for a new stream: the generation tells.
+  thread_local std::uint64_t noted_serial = 0;
+  thread_local CUstream noted_stream = nullptr;
+  thread_local std::uint64_t noted_generation = 0;
+  const CUstream stream = config.stream.get();
+  const auto generation = detail::stream_generation();
+  if (noted_serial != lease.serial() || noted_stream != stream || noted_generation != generation) {
+    lease.note(stream);
+    noted_serial = lease.serial();
+    noted_stream = stream;
+    noted_generation = generation;
+  }
+  note_usage(config);
+}
+
+void hot_kernel::note_usage(const launch_config& config) const noexcept {
+  auto& usage = state_->usage[index_];
+  hot_module_internal::raise_to(usage.threads_per_block, config.block.volume());
+  hot_module_internal::raise_to(usage.dynamic_shared_bytes, config.dynamic_shared_bytes);
+}
+
+}  // namespace cubridge

@@ -1,0 +1,154 @@
+// Tracked CUDA graphs of a hot module: their kernel nodes follow the current version (retargeted
+// on promote and rollback, all or nothing), and launch_graph() keeps the version it ran loaded.
+#include "hot_module_state.hpp"
+
+#include <cubridge/core/detail/check.hpp>
+#include <cubridge/core/driver.hpp>
+#include <cubridge/swap/hot_module.hpp>
+
+#include <mutex>
+
+namespace cubridge {
+
+void hot_module::state::set_node_function(tracked_graph& g, CUgraphNode node, std::size_t index,
+                                          CUfunction function, std::uint64_t to_id, int& steps) {
+  const auto what = [&] {
+    return "kernel node of '" + kernel_names[index] + "' in a graph of module '" + name +
+           "', retargeted to version " + std::to_string(to_id);
+  };
+  CUDA_KERNEL_NODE_PARAMS params{};
+  CUBRIDGE_CU(cuGraphKernelNodeGetParams, (node, &params), what());
+  params.func = function;
+  params.kern = nullptr;
+  params.ctx = nullptr;
+  CUBRIDGE_CU(cuGraphExecKernelNodeSetParams, (g.exec, node, &params), what());
+  steps = 1;
+  // After the exec: a node's update may free the argument storage `params` points into.
+  CUBRIDGE_CU(cuGraphKernelNodeSetParams, (node, &params), what());
+  steps = 2;
+}
+
+bool hot_module::state::restore_node_function(tracked_graph& g, CUgraphNode node,
+                                              CUfunction function, int steps) noexcept {
+  const auto& cu = driver::api();
+  CUDA_KERNEL_NODE_PARAMS params{};
+  if (cu.cuGraphKernelNodeGetParams(node, &params) != CUDA_SUCCESS) return false;
+  params.func = function;
+  params.kern = nullptr;
+  params.ctx = nullptr;
+  if (steps >= 1 && cu.cuGraphExecKernelNodeSetParams(g.exec, node, &params) != CUDA_SUCCESS)
+    return false;
+  if (steps >= 2 && cu.cuGraphKernelNodeSetParams(node, &params) != CUDA_SUCCESS) return false;
+  return true;
+}
+
+void hot_module::state::retarget(tracked_graph& g, const hot_version& to, std::uint64_t to_id) {
+  if (g.bound_version == to_id) return;
+  for (const auto& [node, index] : g.nodes) {
+    int steps = 0;
+    set_node_function(g, node, index, to.kernels[index].launch_handle(), to_id, steps);
+  }
+  g.bound_version = to_id;
+}
+
+void hot_module::state::retarget_all(const hot_version& from, const hot_version& to,
+                                     std::uint64_t to_id) {
+  struct change {
+    tracked_graph* graph;
+    CUgraphNode node;
+    std::size_t index;
+    int steps;
+  };
+  std::vector<change> changes;
+  try {
+    for (auto& g : graphs) {
+      if (g->bound_version == to_id) continue;
+      for (const auto& [node, index] : g->nodes) {
+        changes.push_back({g.get(), node, index, 0});
+        set_node_function(*g, node, index, to.kernels[index].launch_handle(), to_id,
+                          changes.back().steps);
+      }
+    }
+  } catch (...) {
+    for (auto it = changes.rbegin(); it != changes.rend(); ++it)
+      if (it->steps > 0 &&
+          !restore_node_function(*it->graph, it->node, from.kernels[it->index].launch_handle(),
+                                 it->steps))
+        it->graph->bound_version = 0;  // unknown: launch_graph() retargets before launching
+    throw;
+  }
+}
+
+void hot_module::track_graph(CUgraph graph, CUgraphExec exec) {
+  auto& s = checked();
+  auto tracked = std::make_unique<state::tracked_graph>();
+  tracked->graph = graph;
+  tracked->exec = exec;
+  const std::string what = "tracking a graph of module '" + s.name + "'";
+  std::size_t count = 0;
+  CUBRIDGE_CU(cuGraphGetNodes, (graph, nullptr, &count), what);
+  std::vector<CUgraphNode> nodes(count);
+  CUBRIDGE_CU(cuGraphGetNodes, (graph, nodes.data(), &count), what);
+  // Under the list's lock: no promote or rollback can switch between reading the nodes and
+  // tracking them, so bound_version is the version they launch.
+  std::lock_guard lock(s.graphs_mutex);
+  const auto current = s.versions.acquire();
+  for (CUgraphNode node : nodes) {
+    CUgraphNodeType type{};
+    CUBRIDGE_CU(cuGraphNodeGetType, (node, &type), what);
+    if (type != CU_GRAPH_NODE_TYPE_KERNEL) continue;
+    CUDA_KERNEL_NODE_PARAMS params{};
+    CUBRIDGE_CU(cuGraphKernelNodeGetParams, (node, &params), what);
+    const auto& kernels = current.payload().kernels;
+    for (std::size_t i = 0; i < kernels.size(); ++i)
+      if (params.func == kernels[i].launch_handle()) tracked->nodes.emplace_back(node, i);
+  }
+  if (tracked->nodes.empty())
+    detail::throw_errc(
+        errc::precondition, "hot_module::track_graph",
+        "no kernel node of the graph launches the current version of module '" + s.name + "'");
+  tracked->bound_version = current.id();
+  s.graphs.push_back(std::move(tracked));
+}
+
+void hot_module::untrack_graph(CUgraphExec exec) {
+  auto& s = checked();
+  std::lock_guard lock(s.graphs_mutex);
+  std::erase_if(s.graphs, [&](const auto& g) { return g->exec == exec; });
+}
+
+std::uint64_t hot_module::launch_graph(CUgraphExec exec, stream_ref stream) const {
+  auto& s = checked();
+  if (stream.is_per_thread()) [[unlikely]]
+    hot_module_internal::refuse_per_thread_stream("a graph of module '" + s.name + "'");
+  state::tracked_graph* g = nullptr;
+  {
+    std::lock_guard lock(s.graphs_mutex);
+    for (auto& candidate : s.graphs)
+      if (candidate->exec == exec) g = candidate.get();
+  }
+  CUBRIDGE_EXPECTS(g != nullptr, "launch_graph of a graph that module '" + s.name +
+                                     "' does not track (track_graph first)");
+  std::lock_guard lock(g->mutex);
+  const auto lease = s.versions.acquire();
+  s.retarget(*g, lease.payload(), lease.id());  // a failed undo may have left it unknown
+  CUBRIDGE_CU(cuGraphLaunch, (exec, stream.get()),
+              "a graph of module '" + s.name + "' on version " + std::to_string(lease.id()));
+  lease.note(stream.get());
+  return lease.id();
+}
+
+CUgraphNode hot_kernel::add_node(CUgraph graph, const kernel& k, const launch_config& c,
+                                 void** arguments) const {
+  CUDA_KERNEL_NODE_PARAMS params{};
+  params.func = k.launch_handle();
+  detail::set_launch_shape(params, c);
+  params.kernelParams = arguments;
+  CUgraphNode node = nullptr;
+  CUBRIDGE_CU(cuGraphAddKernelNode, (&node, graph, nullptr, 0, &params),
+              "kernel node of '" + name_ + "' in module '" + state_->name + "'");
+  note_usage(c);
+  return node;
+}
+
+}  // namespace cubridge

@@ -1,0 +1,158 @@
+#pragma once
+// The state of a hot module, shared by its sources: hot_module.cpp (the version state, promote
+// and rollback), hot_module_stage.cpp (staging a version against the interface),
+// hot_module_reclaim.cpp (the reclaimer thread, sealing dying streams), hot_module_graphs.cpp
+// (tracked graphs) and hot_kernel_launch.cpp (the launch path and its per-thread cache).
+// Internal to the swap layer; not installed.
+
+#include <cubridge/core/scoped_current.hpp>
+#include <cubridge/swap/hot_module.hpp>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace cubridge {
+
+namespace hot_module_internal {
+
+/// Largest launch configuration a kernel has been launched with: a new version must fit it.
+struct launch_usage {
+  std::atomic<unsigned long long> threads_per_block{0};
+  std::atomic<unsigned> dynamic_shared_bytes{0};
+};
+
+/// Raises `slot` to `value` if it is smaller (hot_kernel::note_usage, on every launch).
+template <class T>
+void raise_to(std::atomic<T>& slot, T value) noexcept {
+  T seen = slot.load(std::memory_order_relaxed);
+  while (value > seen && !slot.compare_exchange_weak(seen, value, std::memory_order_relaxed)) {
+  }
+}
+
+/// A number no other hot module of this process has (hot_module.cpp).
+std::uint64_t next_module_serial() noexcept;
+
+/// What `k` allows (hot_module_stage.cpp).
+kernel_limits limits_of(const kernel& k);
+
+/// Refuses a hot launch (or graph launch) on the per-thread default stream, saying why
+/// (hot_kernel_launch.cpp). @throws error (errc::precondition), always.
+[[noreturn]] void refuse_per_thread_stream(const std::string& what);
+
+}  // namespace hot_module_internal
+
+struct hot_module::state {
+  /// Starts the stream listener and the reclaimer thread (hot_module.cpp).
+  state(context_arg c, std::string n, std::vector<std::string> names, hot_version first,
+        hot_module_options o);
+
+  state(const state&) = delete;
+  state& operator=(const state&) = delete;
+
+  ~state();
+
+  // The reclaim path (hot_module_reclaim.cpp).
+
+  /// Counts a failure on the reclaim path and reports it; never throws.
+  void report_reclaim_failure(const std::string& what) noexcept;
+  /// Unloads what can be unloaded; never throws: failures are counted and reported.
+  detail::reclaim_pass reclaim_now(std::size_t* unloaded = nullptr) noexcept;
+  /// An event recorded on `s` now: complete once everything queued on `s` so far is.
+  event last_event_on(CUstream s);
+  /// `s` is about to be destroyed: every version that launched on it gets its last event now,
+  /// while the handle is valid (reclaim could not record one later).
+  void seal(CUstream s) noexcept;
+
+  // Validation of a new version (hot_module_stage.cpp).
+
+  [[noreturn]] void reject(const std::string& source, const std::string& cause);
+  /// Why `v` cannot serve the launch shapes used so far ("kernel 'k' is launched with 1024
+  /// threads per block, <who> allows 128"), or empty if it can.
+  std::string misfit(const hot_version& v, const std::string& who) const;
+  /// The kernel of interface index `index` in `staged`, if it takes the parameters `serving`
+  /// takes; otherwise rejects the version from `source`.
+  kernel staged_kernel(const module& staged, std::size_t index, const kernel& serving,
+                       const std::string& source);
+  /// Rejects the version from `source` unless each of `variables` is in both modules with the
+  /// same size.
+  void check_carried_globals(const module& serving, const module& staged,
+                             const std::vector<std::string>& variables, const std::string& source);
+  /// Runs the smoke test of `options`, if any, on `staged`; rejects the version if it throws.
+  void run_smoke_test(const stage_options& options, const module& staged,
+                      const std::string& source);
+
+  // Tracked graphs (hot_module_graphs.cpp).
+
+  /// An instantiated graph that follows the current version.
+  struct tracked_graph {
+    CUgraph graph = nullptr;
+    CUgraphExec exec = nullptr;
+    std::vector<std::pair<CUgraphNode, std::size_t>> nodes;  // node, interface kernel index
+    /// The version its nodes launch; 0 when unknown (a failed undo): launch_graph() retargets.
+    std::uint64_t bound_version = 0;
+    std::mutex mutex;  // a graph exec is not thread-safe: retarget and launch one at a time
+  };
+
+  /// Makes `node` of `g` launch `function`: in the instantiated graph first, then in the graph
+  /// itself (so that later instantiations agree). `steps` counts what changed, for undo.
+  void set_node_function(tracked_graph& g, CUgraphNode node, std::size_t index, CUfunction function,
+                         std::uint64_t to_id, int& steps);
+  /// Puts back what set_node_function changed (`steps`), pointing at `function`. Never throws;
+  /// false if the driver refused.
+  static bool restore_node_function(tracked_graph& g, CUgraphNode node, CUfunction function,
+                                    int steps) noexcept;
+  /// Points `g`'s nodes at version `to_id`'s kernels, if they point elsewhere (launch_graph(),
+  /// which retries after a failure). Caller holds g.mutex.
+  void retarget(tracked_graph& g, const hot_version& to, std::uint64_t to_id);
+  /// Points every tracked graph at `to`, all or nothing: on a failure, every node changed so
+  /// far is pointed back at `from` and the error rethrown (a graph whose undo the driver
+  /// refused is marked unknown, for launch_graph() to retarget). Caller holds graphs_mutex and
+  /// every graph's mutex, and sets bound_version once the switch is made.
+  void retarget_all(const hot_version& from, const hot_version& to, std::uint64_t to_id);
+
+  /// A switch (promote or rollback) under way: the swap mutex, the graph list and every
+  /// tracked graph locked (no graph launches meanwhile), and the context current if needed.
+  struct switching {
+    explicit switching(state& s, bool needs_context) : swap(s.swap_mutex), list(s.graphs_mutex) {
+      for (auto& g : s.graphs) each.emplace_back(g->mutex);
+      if (needs_context || !s.graphs.empty()) current.emplace(s.ctx.ref());
+    }
+    std::lock_guard<std::mutex> swap;
+    std::lock_guard<std::mutex> list;
+    std::vector<std::unique_lock<std::mutex>> each;
+    std::optional<scoped_current> current;
+  };
+
+  context_arg ctx;
+  std::string name;
+  // Staged versions name their module by it.
+  const std::uint64_t serial = hot_module_internal::next_module_serial();
+  std::vector<std::string> kernel_names;
+  // Per kernel, same order as kernel_names.
+  std::vector<hot_module_internal::launch_usage> usage;
+  hot_kernel::chain versions;
+  std::atomic<std::uint64_t> rejected{0};
+  std::mutex swap_mutex;  // one promote or rollback at a time, before graphs_mutex
+  std::mutex graphs_mutex;
+  std::vector<std::unique_ptr<tracked_graph>> graphs;
+
+  hot_module_options options;
+  std::atomic<std::uint64_t> reclaim_failures{0};
+  std::mutex failure_mutex;
+  std::string last_reclaim_failure;
+
+  std::uint64_t stream_listener;  // removed first in ~state, before anything it uses dies
+
+  detail::reclaim_signal signal;
+  std::thread reclaimer;  // last: starts once everything above exists
+};
+
+}  // namespace cubridge
