@@ -5,6 +5,7 @@
 #include "inspect.hpp"
 #include "update/update_commands.hpp"
 
+#include <cubridge/core/compute_capability.hpp>
 #include <cubridge/core/error.hpp>
 #include <cubridge/core/image.hpp>
 
@@ -12,6 +13,22 @@
 
 #include <cstdio>
 #include <iostream>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace {
+
+/// The device compute capability `inspect --sm` takes, "90" or "sm_90", read by the one parser
+/// (compute_capability.hpp); nullopt for anything else. A device's has no "a" or "f" suffix.
+std::optional<cubridge::compute_capability> parse_sm_option(std::string_view text) {
+  const auto capability = cubridge::parse_compute_capability(
+      text.starts_with("sm_") ? std::string(text) : "sm_" + std::string(text));
+  if (!capability || capability->variant != cubridge::arch_variant::generic) return std::nullopt;
+  return capability;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   using namespace cubridge::tool;
@@ -27,13 +44,18 @@ int main(int argc, char** argv) {
       app.add_subcommand("inspect", "What a cubin, fatbin or PTX file holds (no GPU needed)");
   std::string image_path;
   bool inspect_json = false;
-  int check_sm = 0;
+  std::string check_sm;
   inspect->add_option("file", image_path, "The image file")->required();
   inspect->add_flag("--json", inspect_json, "Print the result as JSON");
   inspect
       ->add_option("--sm", check_sm,
-                   "Also say whether it runs on this compute capability (e.g. 90)")
-      ->check(CLI::Range(10, 999));
+                   "Also say whether it runs on this compute capability (e.g. 90 or sm_90)")
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            if (parse_sm_option(text)) return {};
+            return "'" + text + "' is not a device compute capability: give e.g. 90 or sm_90";
+          },
+          "SM", "compute capability"));
 
   // `coldstart`, and `coldstart-probe`, the hidden child it runs once per measurement.
   coldstart::command coldstart_command(app);
@@ -51,16 +73,15 @@ int main(int argc, char** argv) {
   try {
     if (inspect->parsed()) {
       const auto info = cubridge::inspect_image_file(image_path);
+      const auto device = check_sm.empty() ? std::nullopt : parse_sm_option(check_sm);
       if (inspect_json) {
         auto out = describe_image(info);
-        if (check_sm)
-          out["runs_on_sm_" + std::to_string(check_sm)] =
-              cubridge::can_run_on(info, check_sm / 10, check_sm % 10);
+        if (device) out["runs_on_" + to_string(*device)] = cubridge::can_run_on(info, *device);
         std::cout << out.dump(2) << "\n";
       } else {
         std::cout << render_image(info, image_path);
-        if (check_sm) cubridge::require_runs_on(info, check_sm / 10, check_sm % 10, image_path);
-        if (check_sm) std::cout << "  runs on sm_" << check_sm << "\n";
+        if (device) cubridge::require_runs_on(info, *device, image_path);
+        if (device) std::cout << "  runs on " << to_string(*device) << "\n";
       }
     }
     if (doctor->parsed()) {

@@ -1,6 +1,7 @@
 // `cubridge doctor`: what this process would pay at start-up, and why.
 #include "doctor.hpp"
 
+#include <cubridge/core/compute_capability.hpp>
 #include <cubridge/core/device.hpp>
 #include <cubridge/core/driver.hpp>
 #include <cubridge/core/error.hpp>
@@ -65,6 +66,7 @@ nlohmann::json diagnose() {
         {{"ordinal", i},
          {"name", dev.name()},
          {"compute_capability", std::to_string(cc.major) + "." + std::to_string(cc.minor)},
+         {"arch", to_string(cc)},
          {"memory_bytes", dev.total_memory()},
          {"multiprocessors", dev.multiprocessor_count()},
          {"primary_context_active", state.active},
@@ -90,8 +92,7 @@ std::string render_table(const nlohmann::json& r) {
   if (r.contains("devices")) {
     for (const auto& dev : r["devices"]) {
       out << "device " << dev["ordinal"].get<int>() << "          "
-          << dev["name"].get<std::string>() << ", sm_"
-          << dev["compute_capability"].get<std::string>() << ", "
+          << dev["name"].get<std::string>() << ", " << dev["arch"].get<std::string>() << ", "
           << dev["memory_bytes"].get<std::size_t>() / (1024 * 1024) << " MiB, "
           << dev["multiprocessors"].get<int>() << " SMs, primary context "
           << (dev["primary_context_active"].get<bool>() ? "active" : "inactive") << " (flags "

@@ -58,9 +58,9 @@ arch_variant stronger(arch_variant a, arch_variant b) {
   return static_cast<int>(a) >= static_cast<int>(b) ? a : b;
 }
 
-std::string arch_name_of(image_kind kind, int sm, arch_variant v) {
+std::string arch_name_of(image_kind kind, compute_capability capability) {
   // The one spelling of sm_90a (compute_capability.hpp), with the prefix of the code's kind.
-  const std::string name = to_string(compute_capability{sm / 10, sm % 10, v});
+  const std::string name = to_string(capability);
   if (kind == image_kind::ptx) return "compute_" + name.substr(3);
   if (kind == image_kind::lto_ir) return "lto_" + name.substr(3);
   return name;
@@ -246,9 +246,8 @@ std::uint64_t inspect_image_calls() noexcept {
   return inspect_calls.load(std::memory_order_relaxed);
 }
 
-std::vector<std::string> kernels_every_entry_defines(const image_info& info, int sm_major,
-                                                     int sm_minor) {
-  const compute_capability device{sm_major, sm_minor};
+std::vector<std::string> kernels_every_entry_defines(const image_info& info,
+                                                     compute_capability device) {
   std::optional<std::vector<std::string>> common;
   for (const auto& t : info.targets) {
     if (t.kind == image_kind::lto_ir || !can_run_on(t, device)) continue;

@@ -72,7 +72,7 @@ class cubin_parser {
     out.target.kind = image_kind::cubin;
     out.target.sm = sm_;
     out.target.variant = variant_from_sections();
-    out.target.arch_name = arch_name_of(image_kind::cubin, sm_, out.target.variant);
+    out.target.arch_name = arch_name_of(image_kind::cubin, out.target.capability());
     out.target.address_bits = 64;
     out.kernels = read_kernels();
     return out;

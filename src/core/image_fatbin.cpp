@@ -195,13 +195,14 @@ void read_entry_code(const source& content, const source& entry, image_target& t
   if (target.kind == image_kind::cubin) {
     code = parse_cubin(content, budget);
     if (code.target.sm != target.sm)
-      entry.fail("the entry header says sm_" + std::to_string(target.sm) + " but its cubin is sm_" +
-                 std::to_string(code.target.sm));
+      entry.fail("the entry header says " + to_string(target.capability().numbers()) +
+                 " but its cubin is " + to_string(code.target.capability().numbers()));
   } else {
     code = parse_ptx(content, budget);
     if (code.target.sm != target.sm)
-      entry.fail("the entry header says compute_" + std::to_string(target.sm) +
-                 " but its PTX targets sm_" + std::to_string(code.target.sm));
+      entry.fail("the entry header says " +
+                 arch_name_of(image_kind::ptx, target.capability().numbers()) +
+                 " but its PTX targets " + to_string(code.target.capability().numbers()));
     target.ptx_version = code.target.ptx_version;
   }
   target.variant = stronger(target.variant, code.target.variant);
@@ -226,8 +227,8 @@ std::uint64_t read_entry(byte_span d, std::uint64_t off, std::uint64_t end, std:
   auto target = target_of(h, entry);
   if (!target) return next;
   entry.ctx = "fatbin entry " + std::to_string(index) + " (" +
-              arch_name_of(target->kind, target->sm, target->variant) + ", offset " +
-              std::to_string(off) + ")";
+              arch_name_of(target->kind, target->capability()) + ", offset " + std::to_string(off) +
+              ")";
   if (target->kind != image_kind::lto_ir) {
     if ((h.flags & fatbin_flag_lz4) && (h.flags & fatbin_flag_zstd))
       entry.fail("flags " + hex(h.flags) + " claim both LZ4 and zstd compression");
@@ -240,7 +241,7 @@ std::uint64_t read_entry(byte_span d, std::uint64_t off, std::uint64_t end, std:
       read_entry_code(source{payload, h.payload_at, entry.ctx}, entry, *target, kernels, budget);
     }
   }
-  target->arch_name = arch_name_of(target->kind, target->sm, target->variant);
+  target->arch_name = arch_name_of(target->kind, target->capability());
   info.targets.push_back(std::move(*target));
   return next;
 }

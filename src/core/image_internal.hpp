@@ -100,7 +100,7 @@ class work_budget {
 /// The stronger of two suffixes (generic < "f" < "a").
 arch_variant stronger(arch_variant a, arch_variant b);
 /// "sm_90a", "compute_90", "lto_90".
-std::string arch_name_of(image_kind kind, int sm, arch_variant v);
+std::string arch_name_of(image_kind kind, compute_capability capability);
 
 /// Kernels deduplicated by name, in order of first appearance; parameter sizes must agree.
 class kernel_set {

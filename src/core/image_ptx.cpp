@@ -129,7 +129,7 @@ class ptx_parser {
     if (!have_target) s_.fail("no .target directive");
     out.target.kind = image_kind::ptx;
     out.target.address_bits = address_bits;
-    out.target.arch_name = arch_name_of(image_kind::ptx, out.target.sm, out.target.variant);
+    out.target.arch_name = arch_name_of(image_kind::ptx, out.target.capability());
     out.kernels = std::move(kernels_);
     return out;
   }

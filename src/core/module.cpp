@@ -95,8 +95,7 @@ class driver_image {
                const std::string& what)
       : image_(image) {
     if (options.check_target && target) require_runs_on(info, *target, what);
-    if (target)
-      expected_kernels_ = detail::kernels_every_entry_defines(info, target->major, target->minor);
+    if (target) expected_kernels_ = detail::kernels_every_entry_defines(info, *target);
     if (info.kind == image_kind::ptx && (image.empty() || image.back() != std::byte{0})) {
       terminated_.assign(image.begin(), image.end());
       terminated_.push_back(std::byte{0});

@@ -51,7 +51,7 @@ void expect_cubin_for_sm90(const cubridge::image_info& info) {
   EXPECT_EQ(info.targets[0].sm, 90);
   EXPECT_EQ(info.targets[0].variant, cubridge::arch_variant::generic);
   EXPECT_EQ(info.targets[0].arch_name, "sm_90");
-  EXPECT_TRUE(cubridge::can_run_on(info, 9, 0));
+  EXPECT_TRUE(cubridge::can_run_on(info, {9, 0}));
 }
 
 TEST(Compile, KernelToCubinForSm90) {

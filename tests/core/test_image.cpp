@@ -605,11 +605,11 @@ TEST(ImageFatbin, LtoIrEntries) {
   ASSERT_EQ(info.targets.size(), 2u);
   EXPECT_EQ(info.targets[0].kind, image_kind::lto_ir);
   EXPECT_EQ(info.targets[0].arch_name, "lto_90");
-  EXPECT_FALSE(cubridge::can_run_on(info.targets[0], 9, 0));
+  EXPECT_FALSE(cubridge::can_run_on(info.targets[0], {9, 0}));
   expect_target(info.targets[1], image_kind::cubin, 80, arch_variant::generic, "sm_80", false);
   EXPECT_TRUE(info.kernels_complete);
-  EXPECT_FALSE(cubridge::can_run_on(info, 9, 0));
-  EXPECT_TRUE(cubridge::can_run_on(info, 8, 6));
+  EXPECT_FALSE(cubridge::can_run_on(info, {9, 0}));
+  EXPECT_TRUE(cubridge::can_run_on(info, {8, 6}));
 }
 
 TEST(ImageFatbin, HandMadeEntries) {
@@ -785,11 +785,12 @@ TEST(ImageLoadedKernels, EveryRunnableEntryDecidesWhatTheDriverMustHave) {
   auto as_set = [](const std::vector<std::string>& v) {
     return std::set<std::string>(v.begin(), v.end());
   };
-  EXPECT_EQ(as_set(kernels_every_entry_defines(multi, 9, 0)), all);  // sm_90a cubin and compute_90
-  EXPECT_EQ(as_set(kernels_every_entry_defines(multi, 8, 0)), all);  // sm_80 cubin only
-  EXPECT_TRUE(kernels_every_entry_defines(multi, 7, 5).empty());     // nothing runs there
+  // sm_90a cubin and compute_90:
+  EXPECT_EQ(as_set(kernels_every_entry_defines(multi, {9, 0})), all);
+  EXPECT_EQ(as_set(kernels_every_entry_defines(multi, {8, 0})), all);  // sm_80 cubin only
+  EXPECT_TRUE(kernels_every_entry_defines(multi, {7, 5}).empty());     // nothing runs there
   EXPECT_EQ(as_set(kernels_every_entry_defines(inspect(read_file(CUBRIDGE_IMAGE_FATBIN_MODE_SIZE)),
-                                               9, 0)),
+                                               {9, 0})),
             all);
   // Entries that differ: only what both define is required, whichever the driver picks.
   const std::string ptx =
@@ -797,11 +798,11 @@ TEST(ImageLoadedKernels, EveryRunnableEntryDecidesWhatTheDriverMustHave) {
       ".entry no_params { ret; }\n.entry only_in_ptx { ret; }\n";
   const auto cubin = read_file(CUBRIDGE_IMAGE_CUBIN_SM_80);
   const auto mixed = inspect(make_fatbin({{2, 80, 0x11, cubin}, {1, 80, 0x11, from_text(ptx)}}));
-  EXPECT_EQ(kernels_every_entry_defines(mixed, 8, 0), std::vector<std::string>{"no_params"});
+  EXPECT_EQ(kernels_every_entry_defines(mixed, {8, 0}), std::vector<std::string>{"no_params"});
   // compute_80 PTX alone runs on sm_90: then it decides.
-  EXPECT_EQ(as_set(kernels_every_entry_defines(mixed, 9, 0)),
+  EXPECT_EQ(as_set(kernels_every_entry_defines(mixed, {9, 0})),
             (std::set<std::string>{"no_params", "only_in_ptx"}));
-  EXPECT_THROW((void)kernels_every_entry_defines(mixed, 0, 0), cubridge::error);
+  EXPECT_THROW((void)kernels_every_entry_defines(mixed, {0, 0}), cubridge::error);
 }
 
 TEST(ImageLoadedKernels, AKernelTheDriverLacksIsNamed) {
@@ -1065,11 +1066,6 @@ TEST(ImageCompatibility, RequireRunsOnNamesBothSides) {
         std::string::npos)
         << m;
   }
-  // The two-number overloads say the same.
-  EXPECT_TRUE(cubridge::can_run_on(fatbin, 8, 0));
-  EXPECT_FALSE(cubridge::can_run_on(fatbin, 7, 5));
-  EXPECT_TRUE(cubridge::can_run_on(fatbin.targets[0], 8, 0));
-  EXPECT_THROW(cubridge::require_runs_on(fatbin, 7, 5, "m"), cubridge::image_error);
 }
 
 TEST(ImageCompatibility, TheDevicesVariantIsNotLookedAt) {

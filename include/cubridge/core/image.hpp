@@ -73,15 +73,15 @@ struct image_target {
   /// image_info::kernels); empty for LTO IR.
   std::vector<std::string> kernel_names;
 
-  /// Major compute capability (sm / 10).
-  [[nodiscard]] int sm_major() const noexcept { return sm / 10; }
-  /// Minor compute capability (sm % 10).
-  [[nodiscard]] int sm_minor() const noexcept { return sm % 10; }
   /// The architecture as a compute capability with its variant: {9, 0, arch_specific} for
-  /// sm_90a and compute_90a alike.
+  /// sm_90a and compute_90a alike (`sm` is its as_int()).
   [[nodiscard]] compute_capability capability() const noexcept {
-    return {sm_major(), sm_minor(), variant};
+    return {sm / 10, sm % 10, variant};
   }
+  /// Major compute capability (capability().major).
+  [[nodiscard]] int sm_major() const noexcept { return capability().major; }
+  /// Minor compute capability (capability().minor).
+  [[nodiscard]] int sm_minor() const noexcept { return capability().minor; }
 };
 
 /// What inspect_image found.
@@ -137,19 +137,6 @@ struct image_info {
 /// Throws cubridge::error (errc::precondition) unless 1 <= device.major <= 99 and
 /// 0 <= device.minor <= 9.
 void require_runs_on(const image_info& image, compute_capability device, std::string_view what);
-
-/// The overloads above with the capability as two numbers, as the module loader and the
-/// `cubridge inspect --sm` option still call them.
-[[nodiscard]] inline bool can_run_on(const image_target& target, int sm_major, int sm_minor) {
-  return can_run_on(target, compute_capability{sm_major, sm_minor});
-}
-[[nodiscard]] inline bool can_run_on(const image_info& image, int sm_major, int sm_minor) {
-  return can_run_on(image, compute_capability{sm_major, sm_minor});
-}
-inline void require_runs_on(const image_info& image, int sm_major, int sm_minor,
-                            std::string_view what) {
-  require_runs_on(image, compute_capability{sm_major, sm_minor}, what);
-}
 
 namespace detail {
 /// Test seam: how many times inspect_image has run in this process (inspect_image_file

@@ -12,11 +12,11 @@
 namespace cubridge::detail {
 
 /// The kernels that every cubin or PTX target of `info` able to run on a device of compute
-/// capability sm_major.sm_minor defines: whichever of them the driver picks, it has these.
-/// Empty when no target can run there. Throws cubridge::error (errc::precondition) for a bad
-/// capability, as can_run_on does.
+/// capability `device` defines: whichever of them the driver picks, it has these. Empty when no
+/// target can run there. Throws cubridge::error (errc::precondition) for a bad capability, as
+/// can_run_on does.
 [[nodiscard]] std::vector<std::string> kernels_every_entry_defines(const image_info& info,
-                                                                   int sm_major, int sm_minor);
+                                                                   compute_capability device);
 
 /// Does nothing if every name of `expected` is in `loaded`; otherwise throws
 /// cubridge::image_error (errc::bad_image) from `call`, naming `what` and each missing kernel.
