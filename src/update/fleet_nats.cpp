@@ -255,9 +255,40 @@ message_ptr last_message(jsCtx* js, std::string_view stream, std::string_view su
   const auto status =
       js_GetLastMsg(&raw, js, stream_name.c_str(), subject_name.c_str(), nullptr, &js_code);
   message_ptr owned(raw);
-  if (status == NATS_NOT_FOUND) return nullptr;
+  if (status == NATS_NOT_FOUND || js_code == JSStreamNotFoundErr) return nullptr;
   check(status, "js_GetLastMsg", "subject " + subject_name + " of stream " + stream_name, js_code);
   return owned;
+}
+
+std::vector<std::string> stream_subjects(jsCtx* js, std::string_view stream,
+                                         std::string_view filter) {
+  jsOptions options;
+  check(jsOptions_Init(&options), "jsOptions_Init", "JetStream");
+  const std::string stream_name(stream), filter_text(filter);
+  options.Stream.Info.SubjectsFilter = filter_text.c_str();
+  jsStreamInfo* raw = nullptr;
+  jsErrCode js_code = static_cast<jsErrCode>(0);
+  const auto status = js_GetStreamInfo(&raw, js, stream_name.c_str(), &options, &js_code);
+  const stream_info_ptr info(raw);
+  if (status == NATS_NOT_FOUND || js_code == JSStreamNotFoundErr) return {};
+  check(status, "js_GetStreamInfo", "subjects " + filter_text + " of stream " + stream_name,
+        js_code);
+  std::vector<std::string> subjects;
+  if (const auto* list = info->State.Subjects)
+    for (int i = 0; i < list->Count; ++i)
+      if (list->List[i].Msgs > 0) subjects.emplace_back(list->List[i].Subject);
+  std::sort(subjects.begin(), subjects.end());
+  return subjects;
+}
+
+void purge_subject(jsCtx* js, std::string_view stream, std::string_view subject) {
+  jsOptions options;
+  check(jsOptions_Init(&options), "jsOptions_Init", "JetStream");
+  const std::string stream_name(stream), subject_name(subject);
+  options.Stream.Purge.Subject = subject_name.c_str();
+  jsErrCode js_code = static_cast<jsErrCode>(0);
+  check(js_PurgeStream(js, stream_name.c_str(), &options, &js_code), "js_PurgeStream",
+        "subject " + subject_name + " of stream " + stream_name, js_code);
 }
 
 void publish(jsCtx* js, natsConnection* connection, std::string_view subject,

@@ -15,6 +15,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace cubridge::fleet::detail {
 
@@ -95,9 +96,17 @@ void ensure_heartbeat_stream(jsCtx* js);
 [[nodiscard]] std::span<const std::byte> message_bytes(natsMsg* message) noexcept;
 [[nodiscard]] std::string_view message_text(natsMsg* message) noexcept;
 
-/// The last message on `subject` of `stream`, or null when there is none.
+/// The last message on `subject` of `stream`, or null when there is none (or no such stream).
 [[nodiscard]] message_ptr last_message(jsCtx* js, std::string_view stream,
                                        std::string_view subject);
+
+/// The subjects of `stream` that match `filter` ("cubridge.heartbeat.>"), each holding at least
+/// one message; empty when the stream does not exist.
+[[nodiscard]] std::vector<std::string> stream_subjects(jsCtx* js, std::string_view stream,
+                                                       std::string_view filter);
+
+/// Removes every message on `subject` from `stream`.
+void purge_subject(jsCtx* js, std::string_view stream, std::string_view subject);
 
 /// Publishes `data` on `subject` through JetStream and waits for the stream's ack.
 /// @throws cubridge::error (fleet_errc::oversized) before sending anything when `data` is over
