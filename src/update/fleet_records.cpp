@@ -1,5 +1,5 @@
-// Result records and heartbeats as JSON (fleet_records.hpp). Every text is escaped and cut on the
-// way out and again on the way in: what a reader prints never carries a terminal escape.
+// Result records and heartbeats as JSON (fleet_records.hpp). Every text is made printable and cut
+// on the way out and again on the way in: what a reader prints never carries a terminal escape.
 #include <cubridge/core/detail/printable.hpp>
 #include <cubridge/update/fleet_records.hpp>
 #include <cubridge/update/fleet_subjects.hpp>
@@ -13,10 +13,12 @@ namespace {
 
 using json = nlohmann::json;
 
+// Printable ASCII, anything else as '?', cut with "...": the same on the way in and out, so
+// that a record read and written again is unchanged.
 std::string bounded(std::string_view text, std::size_t max_bytes) {
   return detail::printable(text, {.max_bytes = max_bytes,
                                   .quoted = false,
-                                  .escape = detail::printable_escape::c_string,
+                                  .escape = detail::printable_escape::question_mark,
                                   .cut = detail::printable_cut::ellipsis});
 }
 
@@ -47,11 +49,12 @@ std::string dump(const json& j) {
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
-// Field readers: nullopt when missing or of another type.
+// Field readers: nullopt when missing or of another type. A text that to_json wrote (cut with
+// "...") comes back as it was.
 std::optional<std::string> text_field(const json& j, const char* key, std::size_t max_bytes) {
   const auto it = j.find(key);
   if (it == j.end() || !it->is_string()) return std::nullopt;
-  return bounded(it->get_ref<const std::string&>(), max_bytes);
+  return bounded(it->get_ref<const std::string&>(), max_bytes + 3);
 }
 
 std::optional<std::string> name_field(const json& j, const char* key) {

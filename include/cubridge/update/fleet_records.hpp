@@ -3,7 +3,8 @@
 // handled, on cubridge.result.<m>.<node>, and a heartbeat per interval, on
 // cubridge.heartbeat.<node>. JSON on the wire; the structs here are the parsed form. Anyone who
 // can publish to the NATS account can publish such records, so parsing checks every field and
-// every text that comes out is bounded printable ASCII (core/detail/printable.hpp).
+// every text that comes out is bounded printable ASCII (core/detail/printable.hpp: any other
+// byte as '?', so that a record read and written again is unchanged).
 
 #include <cubridge/update/update_gate.hpp>  // gate_outcome
 
@@ -19,7 +20,7 @@ namespace cubridge::fleet {
 
 /// Largest record or heartbeat parsed, in bytes.
 inline constexpr std::size_t max_record_bytes = std::size_t{64} << 10;
-/// Longest `detail` kept (escaped), and longest reason, cohort or GPU name.
+/// Longest `detail` kept (printable), and longest reason, cohort or GPU name.
 inline constexpr std::size_t max_record_detail = 1024;
 inline constexpr std::size_t max_record_token = 64;
 /// Most modules a heartbeat lists.
@@ -37,7 +38,7 @@ struct result_record {
   gate_outcome outcome = gate_outcome::refused;
   /// Empty for applied and rolled_back; else the gate's reason (bad_signature, too_large, ...).
   std::string reason;
-  /// What exactly, escaped, at most max_record_detail bytes.
+  /// What exactly, printable ASCII, at most max_record_detail bytes (and "..." when cut).
   std::string detail;
   /// Time verifying, and in the sink (stage, smoke test and promote are one module_sink call).
   double verify_ms = 0;
@@ -63,7 +64,7 @@ struct heartbeat {
   std::optional<result_record> last_result;
 };
 
-/// One line of JSON (no newline). Texts are escaped and cut as above.
+/// One line of JSON (no newline). Texts are made printable and cut as above.
 /// Throws std::bad_alloc only.
 [[nodiscard]] std::string to_json(const result_record& record);
 [[nodiscard]] std::string to_json(const heartbeat& beat);
@@ -71,7 +72,7 @@ struct heartbeat {
 /// The record or heartbeat in `text`; nullopt for anything that is not one: over
 /// max_record_bytes, not a JSON object, a field missing or of another type, a node or module
 /// name check_fleet_name refuses, an unknown outcome, a time that is not RFC 3339 UTC. Texts
-/// are escaped and cut as above. Throws std::bad_alloc only.
+/// are made printable and cut as above. Throws std::bad_alloc only.
 [[nodiscard]] std::optional<result_record> parse_result_record(std::string_view text);
 [[nodiscard]] std::optional<heartbeat> parse_heartbeat(std::string_view text);
 
