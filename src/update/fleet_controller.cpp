@@ -3,6 +3,7 @@
 // is in fleet_rollout.cpp.
 #include "update/fleet_controller_impl.hpp"
 
+#include <cubridge/core/detail/printable.hpp>
 #include <cubridge/update/fleet_subjects.hpp>
 
 #include <nlohmann/json.hpp>
@@ -135,7 +136,9 @@ std::vector<module_state> controller::modules() const {
   std::set<std::string> names;
   for (int i = 0; i < keys.Count; ++i) {
     const std::string_view key = keys.Keys[i];
-    if (const auto dot = key.rfind('.'); dot != std::string_view::npos)
+    const auto dot = key.rfind('.');
+    // Anyone who can write to the account can write keys: only fleet names are modules.
+    if (dot != std::string_view::npos && check_fleet_name(key.substr(0, dot), "m").empty())
       names.emplace(key.substr(0, dot));
   }
   kvKeysList_Destroy(&keys);
@@ -145,7 +148,9 @@ std::vector<module_state> controller::modules() const {
     if (const auto halt = impl_->get(halted_key(name))) {
       const auto parsed = json::parse(*halt, nullptr, false);
       if (parsed.is_object() && parsed.value("reason", json()).is_string()) {
-        state.halted_reason = parsed["reason"].get<std::string>();
+        state.halted_reason = cubridge::detail::printable(
+            parsed["reason"].get<std::string>(),
+            {.max_bytes = 2048, .quoted = false, .cut = cubridge::detail::printable_cut::ellipsis});
         state.halted_version = parsed.value("version", std::uint64_t{0});
       }
     }

@@ -20,9 +20,13 @@ std::string describe(natsStatus status, jsErrCode js_code) {
   std::string text = natsStatus_GetText(status);
   text += " (status " + std::to_string(static_cast<int>(status)) + ")";
   natsStatus last = NATS_OK;
-  const char* detail = nats_GetLastError(&last);
-  if (detail && *detail && text.find(detail) == std::string::npos)
-    text += ": " + std::string(detail);
+  const char* raw = nats_GetLastError(&last);
+  std::string_view detail = raw ? raw : "";
+  // libnats writes "(conn.c:2088): No server available...": the text without where it is.
+  if (detail.starts_with('('))
+    if (const auto end = detail.find("): "); end != std::string_view::npos)
+      detail.remove_prefix(end + 3);
+  if (!detail.empty() && detail != natsStatus_GetText(status)) text += ": " + std::string(detail);
   if (js_code != 0) text += " (JetStream error " + std::to_string(static_cast<int>(js_code)) + ")";
   return text;
 }
