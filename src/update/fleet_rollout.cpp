@@ -90,16 +90,18 @@ rollout_report controller::rollout(std::span<const std::byte> bundle, std::strin
   set_desired(module, "canary", version);
 
   const std::set<std::string> canaries(report.canaries.begin(), report.canaries.end());
-  std::set<std::string> applied;
+  std::set<std::string> applied, failed;
   const auto deadline = clock::now() + policy.window;
   while (applied.size() < wanted && report.halt_reason.empty()) {
     auto record = watch.next(deadline);
     if (!record) break;
     if (!canaries.contains(record->node) || record->version != version) continue;
-    if (succeeded(*record, version))
+    if (succeeded(*record, version)) {
       applied.insert(record->node);
-    else if (record->outcome != gate_outcome::duplicate)
+    } else if (record->outcome != gate_outcome::duplicate) {
+      failed.insert(record->node);
       report.halt_reason = failure_reason(*record);
+    }
     report.results.push_back(std::move(*record));
   }
   if (report.halt_reason.empty() && applied.size() < wanted)
@@ -120,7 +122,11 @@ rollout_report controller::rollout(std::span<const std::byte> bundle, std::strin
   for (const auto& node : report.canaries)
     detail::purge_subject(impl_->js.get(), bundle_stream(module),
                           bundle_subject_node(module, node));
-  report.rolled_back.assign(applied.begin(), applied.end());
+  // Every canary that did not fail may have applied it, or may still (its bundle comes before
+  // the request in the stream, and an agent handles them in order): one request for all of
+  // them, signed `from_version` = this version, which no other node serves.
+  for (const auto& node : report.canaries)
+    if (!failed.contains(node)) report.rolled_back.push_back(node);
   if (!report.rolled_back.empty())
     rollback(module, sign_rollback_request(module, version, rollback_key));
   return report;

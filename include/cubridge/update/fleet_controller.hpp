@@ -72,7 +72,8 @@ struct rollout_report {
   std::vector<result_record> results;
   /// Why the rollout halted; empty when it completed.
   std::string halt_reason;
-  /// The canaries that had applied the version and were sent a signed rollback request.
+  /// On a halt, the canaries that reported no failure (they may have applied the version, or
+  /// may yet): the signed rollback request was sent for them.
   std::vector<std::string> rolled_back;
 };
 
@@ -127,8 +128,8 @@ class controller {
   /// The canary policy: publishes to the canaries, waits for their results, then publishes to
   /// every node, or halts. On a halt the reason goes under `<m>.halted` in the bucket, the
   /// desired version of `canary` goes back to that of `all`, the canaries' bundle subjects are
-  /// purged (a canary that restarts does not get the bundle again), and the canaries that had
-  /// applied it are sent one rollback request signed with `rollback_key`.
+  /// purged (a canary that restarts does not get the bundle again), and one rollback request
+  /// from `version`, signed with `rollback_key`, goes out for the canaries that did not fail.
   /// @throws cubridge::error (errc::precondition) when fewer than policy.canaries nodes are
   ///         live, or policy.successes is over policy.canaries; as publish otherwise.
   [[nodiscard]] rollout_report rollout(std::span<const std::byte> bundle, std::string_view module,
