@@ -78,6 +78,7 @@ std::string differences(const stream_spec& spec, const jsStreamConfig& have) {
     if (is != wanted) out += (out.empty() ? "" : "; ") + field + " " + is + ", wanted " + wanted;
   };
   std::vector<std::string> subjects;
+  subjects.reserve(static_cast<std::size_t>(std::max(have.SubjectsLen, 0)));
   for (int i = 0; i < have.SubjectsLen; ++i) subjects.emplace_back(have.Subjects[i]);
   add("subjects", join(subjects), join(spec.subjects));
   add("max_msgs_per_subject", std::to_string(have.MaxMsgsPerSubject),
@@ -110,6 +111,7 @@ void refuse_if_different(const stream_spec& spec, const jsStreamInfo& info) {
 void ensure_stream(jsCtx* js, const stream_spec& spec) {
   if (auto info = find_stream(js, spec.name)) return refuse_if_different(spec, *info);
   std::vector<const char*> subjects;
+  subjects.reserve(spec.subjects.size());
   for (const auto& s : spec.subjects) subjects.push_back(s.c_str());
   jsStreamConfig config;
   jsStreamConfig_Init(&config);
