@@ -79,10 +79,10 @@ struct FleetCli : ::testing::Test {
     std::filesystem::copy_file(CUBRIDGE_TEST_CUBIN, dir.path / "filters.cubin");
   }
   void heartbeat(const std::string& node, std::map<std::string, std::uint64_t, std::less<>> v,
-                 std::chrono::sys_seconds time = now_seconds()) {
+                 std::chrono::sys_seconds time = now_seconds(), std::string gpu = "sm_90") {
     cubridge::fleet::heartbeat beat;
     beat.node = node;
-    beat.gpu = "sm_90";
+    beat.gpu = std::move(gpu);
     beat.interval = 5s;
     beat.time = time;
     beat.versions = std::move(v);
@@ -109,6 +109,41 @@ TEST_F(FleetCli, PublishSignsAndReachesEveryNode) {
   EXPECT_EQ(verified.manifest.name, "filters");
   EXPECT_EQ(verified.version(), 3u);
   EXPECT_EQ(control.desired("filters", "all"), 3u);
+}
+
+TEST_F(FleetCli, CudaSourceIsCompiledForTheNodesGpu) {
+  heartbeat("n1", {}, now_seconds(), "sm_80");  // the fleet's GPU, not the default sm_90
+  std::filesystem::copy_file(CUBRIDGE_TEST_HOT_KERNELS, dir.path / "hot.cu");
+  const auto r = run_tool({"fleet", "publish", "hot.cu", "--server", server.url(), "--key", "k.key",
+                           "--version", "2", "--name", "hot"},
+                          dir);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("compiled hot.cu for sm_80"), std::string::npos) << r.out;
+  const auto bundle = last(bundle_stream("hot"), bundle_subject_all("hot"));
+  const auto verified =
+      cubridge::verify_bundle({reinterpret_cast<const std::byte*>(bundle.data()), bundle.size()},
+                              cubridge::trusted_keys{keys.public_key});
+  EXPECT_EQ(verified.manifest.target, "sm_80");
+  EXPECT_EQ(verified.manifest.kind, cubridge::payload_kind::cubin);
+}
+
+TEST_F(FleetCli, NodesGetTheirOwnSubjectsAndWaitReportsSilence) {
+  heartbeat("n1", {});
+  const auto nodes = run_tool({"fleet", "publish", "filters.cubin", "--server", server.url(),
+                               "--key", "k.key", "--version", "3", "--nodes", "a,b"},
+                              dir);
+  ASSERT_EQ(nodes.exit_code, 0) << nodes.err;
+  EXPECT_NE(last(bundle_stream("filters"), bundle_subject_node("filters", "a")), "");
+  EXPECT_NE(last(bundle_stream("filters"), bundle_subject_node("filters", "b")), "");
+  EXPECT_EQ(last(bundle_stream("filters"), bundle_subject_all("filters")), "");
+  EXPECT_EQ(control.desired("filters", "all"), std::nullopt);
+  // n1 is live but runs no agent: --wait says so and fails.
+  const auto wait = run_tool({"fleet", "publish", "filters.cubin", "--server", server.url(),
+                              "--key", "k.key", "--version", "4", "--wait", "--window", "0.2"},
+                             dir);
+  EXPECT_EQ(wait.exit_code, 1) << wait.out;
+  EXPECT_NE(wait.err.find("1 of 1 node(s) gave no result within 0.2 s"), std::string::npos)
+      << wait.err;
 }
 
 TEST_F(FleetCli, StatusShowsNodesVersionsAndLag) {
