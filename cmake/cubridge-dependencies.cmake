@@ -58,4 +58,13 @@ if(NOT TARGET cubridge_dep::httplib)
     INTERFACE_LINK_LIBRARIES PkgConfig::CUBRIDGE_HTTPLIB)
 endif()
 find_package(OpenSSL REQUIRED)
+
+# libnats (cubridge::fleet, docs/fleet.md): the NATS C client, found by its header and library
+# (Debian's libnats-dev ships the shared library only). Optional: without it there is no fleet
+# target, and the installed package has no cubridge::fleet.
+find_path(CUBRIDGE_NATS_INCLUDE_DIR nats/nats.h)
+find_library(CUBRIDGE_NATS_LIBRARY nats)
+if(CUBRIDGE_NATS_INCLUDE_DIR AND CUBRIDGE_NATS_LIBRARY)
+  _cubridge_dep_library(nats CUBRIDGE_NATS_LIBRARY INCLUDE_DIR CUBRIDGE_NATS_INCLUDE_DIR)
+endif()
 unset(_cubridge_dep_scope)

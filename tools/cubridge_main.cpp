@@ -2,6 +2,7 @@
 #include "coldstart/coldstart.hpp"
 #include "doctor.hpp"
 #include "exit_codes.hpp"
+#include "fleet/fleet_commands.hpp"
 #include "inspect.hpp"
 #include "update/update_commands.hpp"
 
@@ -61,6 +62,10 @@ int main(int argc, char** argv) {
   coldstart::command coldstart_command(app);
   // `keygen`, `sign`, `push`: signed module bundles and the update endpoint.
   update_commands update_command(app);
+#ifdef CUBRIDGE_TOOL_FLEET
+  // `fleet publish | status | rollback | watch`: rollout over NATS JetStream.
+  fleet_commands fleet_command(app);
+#endif
 
   try {
     app.parse(argc, argv);
@@ -69,6 +74,9 @@ int main(int argc, char** argv) {
   }
   if (coldstart_command.parsed()) return coldstart_command.run();  // reports its own errors
   if (update_command.parsed()) return update_command.run();        // reports its own errors
+#ifdef CUBRIDGE_TOOL_FLEET
+  if (fleet_command.parsed()) return fleet_command.run();  // reports its own errors
+#endif
 
   try {
     if (inspect->parsed()) {

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <exception>
+#include <map>
 
 namespace cubridge {
 namespace {
@@ -16,31 +17,6 @@ using endpoint_internal::answer;
 using endpoint_internal::modules_prefix;
 using endpoint_internal::parse_module_path;
 using endpoint_internal::rollback_suffix;
-
-int status_of(bundle_reason reason) {
-  switch (reason) {
-    case bundle_reason::too_large:
-      return 413;
-    case bundle_reason::unsigned_bundle:
-      return 401;
-    case bundle_reason::unknown_key:
-    case bundle_reason::bad_signature:
-    case bundle_reason::expired:
-    case bundle_reason::payload_mismatch:
-      return 403;
-    case bundle_reason::payload_kind_mismatch:
-    case bundle_reason::target_mismatch:
-      return 422;
-    case bundle_reason::bad_magic:
-    case bundle_reason::unsupported_version:
-    case bundle_reason::malformed:
-    case bundle_reason::malformed_manifest:
-    case bundle_reason::invalid_manifest:
-    case bundle_reason::bad_key:
-      return 400;
-  }
-  return 400;
-}
 
 // The largest body of a request to `path` (percent-decoded, as httplib routes it): what the
 // route reads, 0 for the routes that take none.
@@ -57,11 +33,23 @@ std::size_t body_limit(std::string_view method, std::string_view path, std::size
 
 namespace endpoint_internal {
 
-refusal refusal_of(const bundle_error& e) {
-  // "expired_bundle", beside the endpoint's own "expired_request" for rollbacks.
-  const std::string error =
-      e.reason() == bundle_reason::expired ? "expired_bundle" : std::string(to_string(e.reason()));
-  return {status_of(e.reason()), error, e.involved()};
+int status_of(std::string_view reason) {
+  static const std::map<std::string_view, int, std::less<>> statuses{
+      {"unsigned_bundle", 401},  {"unknown_key", 403},
+      {"bad_signature", 403},    {"expired_bundle", 403},
+      {"payload_mismatch", 403}, {"expired_request", 403},
+      {"unknown_module", 404},   {"replayed_version", 409},
+      {"older_version", 409},    {"replayed_request", 409},
+      {"version_mismatch", 409}, {"no_previous_version", 409},
+      {"too_large", 413},        {"payload_kind_mismatch", 422},
+      {"target_mismatch", 422},  {"wrong_device", 422},
+      {"stage_refused", 422},    {"apply_failed", 500},
+      {"state_failed", 500},     {"busy", 503},
+  };
+  // Everything else is the request's fault: bad_magic, unsupported_version, malformed,
+  // malformed_manifest, invalid_manifest, bad_key, name_mismatch, bad_request.
+  const auto it = statuses.find(reason);
+  return it == statuses.end() ? 400 : it->second;
 }
 
 void answer(httplib::Response& res, int status, const json& body) {
@@ -96,10 +84,6 @@ std::optional<module_path> parse_module_path(const std::string& method, std::str
 }  // namespace endpoint_internal
 
 // --- bookkeeping and refusals -----------------------------------------------------------------
-
-std::chrono::system_clock::time_point update_endpoint::impl::now() const {
-  return options.clock ? options.clock() : std::chrono::system_clock::now();
-}
 
 update_endpoint::impl::module_entry& update_endpoint::impl::entry(const std::string& name) {
   std::lock_guard lock(entries_mutex);
@@ -239,13 +223,6 @@ http_internal::reception_options update_endpoint::impl::transport_options() cons
   return o;
 }
 
-// The replay state, before anything listens: a file that cannot be read stops the start
-// (ignoring it would accept every old bundle again).
-void update_endpoint::impl::load_state() {
-  state.load();
-  for (const auto& [name, floor] : options.version_floor) state.raise_highest_version(name, floor);
-}
-
 void update_endpoint::impl::start_reception() {
   reception = std::make_unique<http_internal::http_reception>(
       transport_options(), [this](httplib::Server& s) { set_up_routes(s); },
@@ -254,6 +231,11 @@ void update_endpoint::impl::start_reception() {
 }
 
 // --- the endpoint -----------------------------------------------------------------------------
+
+update_gate_options update_endpoint_options::gate_options() const {
+  return {keys,           max_body_bytes, state_file,      version_floor,
+          require_expiry, max_bundle_age, rollback_window, clock};
+}
 
 update_endpoint::update_endpoint(module_sink& sink, update_endpoint_options options)
     : impl_(std::make_unique<impl>(sink, std::move(options))) {}
@@ -286,7 +268,7 @@ void update_endpoint::start() {
     CUBRIDGE_EXPECTS(
         check_module_name(name).empty() && detail::check_signed_text(name).empty(),
         "update_endpoint_options::version_floor names no module: " + detail::printable(name));
-  d.load_state();
+  d.gate.start();  // the replay state, before anything listens
   const bool want_tls = !d.options.tls_certificate.empty() || !d.options.tls_private_key.empty();
   if (want_tls)
     CUBRIDGE_EXPECTS(!d.options.tls_certificate.empty() && !d.options.tls_private_key.empty(),

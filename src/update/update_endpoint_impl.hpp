@@ -1,15 +1,15 @@
 #pragma once
-// The update endpoint's policy, what its requests mean (update_endpoint.hpp): the routes, bundle
-// and rollback verification, the replay floor (update_state), the answers. The set-up, the
-// answers and start/stop are in update_endpoint.cpp, the push, rollback and status handlers in
-// update_routes.cpp; the HTTP transport under it in http_reception.hpp. Internal to
-// cubridge_update; not installed.
+// The update endpoint over its policy (update_gate.hpp: verification, the replay floor, the
+// sink): the routes and the answers. The set-up, the answers and start/stop are in
+// update_endpoint.cpp, the push, rollback and status handlers in update_routes.cpp; the HTTP
+// transport under it in http_reception.hpp. Internal to cubridge_update; not installed.
 #include "http_reception.hpp"
 
 #include <cubridge/update/bundle.hpp>
 #include <cubridge/update/module_sink.hpp>
 #include <cubridge/update/rollback_request.hpp>
 #include <cubridge/update/update_endpoint.hpp>
+#include <cubridge/update/update_gate.hpp>
 #include <cubridge/update/update_state.hpp>
 
 #include <httplib.h>
@@ -42,8 +42,8 @@ struct refusal {
   json extra = json::object();
 };
 
-/// The refusal for a bundle (or rollback request) that failed verification.
-refusal refusal_of(const bundle_error& e);
+/// The HTTP status of a gate's reason (update_gate.hpp), as update_endpoint.hpp lists them.
+int status_of(std::string_view reason);
 /// Answers `body` as JSON with `status`.
 void answer(httplib::Response& res, int status, const json& body);
 void answer(httplib::Response& res, const refusal& r);
@@ -64,19 +64,20 @@ struct update_endpoint::impl {
   using refusal = endpoint_internal::refusal;
 
   impl(module_sink& s, update_endpoint_options o)
-      : sink(s), options(std::move(o)), state(options.state_file) {}
+      : sink(s), options(std::move(o)), gate(s, options.gate_options()) {}
 
-  // Per-module bookkeeping of the endpoint: the apply lock and the last refusal (the replay
-  // check's memory is `state`). Created only for modules the sink knows or that got a verified
-  // bundle, so unauthenticated requests cannot grow it.
+  // Per-module notes of the endpoint: the last refusal (the apply lock and the replay memory
+  // are the gate's). Created only for modules the sink knows or that got a verified request
+  // (module_note), so unauthenticated requests cannot grow it.
   struct module_entry {
-    std::mutex apply;  // serialises apply/rollback of this module: a version is applied once
     std::mutex text;
     std::string last_refusal;  // status_summary() of the last refusal of a verified request
   };
 
   module_sink& sink;
   update_endpoint_options options;
+  // The policy: verification, replay floor and state, the sink under the module's lock.
+  update_gate gate;
   std::unique_ptr<http_internal::http_reception> reception;  // while running
   std::atomic<bool> is_running{false};
   std::atomic<std::uint16_t> bound_port{0};
@@ -87,15 +88,11 @@ struct update_endpoint::impl {
   std::mutex entries_mutex;
   std::map<std::string, std::unique_ptr<module_entry>, std::less<>> entries;
 
-  // Highest versions and rollback nonces, in memory or persisted (options.state_file).
-  update_state state;
-  static constexpr std::size_t max_nonces = 100000;
   // What a client is told and what the status keeps of a refusal (see refuse()).
   static constexpr std::size_t max_detail_bytes = 4096;
   static constexpr std::size_t max_summary_bytes = 256;
 
   // update_endpoint.cpp: bookkeeping, refusals, set-up, starting.
-  std::chrono::system_clock::time_point now() const;
   module_entry& entry(const std::string& name);
   module_entry* find_entry(std::string_view name);
   static std::string bounded_detail(std::string detail);
@@ -106,27 +103,14 @@ struct update_endpoint::impl {
   void answer_exception(httplib::Response& res, std::exception_ptr ep);
   void set_up_routes(httplib::Server& s);
   http_internal::reception_options transport_options() const;
-  void load_state();
   void start_reception();
 
-  // update_routes.cpp: the handlers.
+  // update_routes.cpp: the handlers, each a gate decision answered.
   bool read_body(const httplib::Request& req, httplib::Response& res,
                  const httplib::ContentReader& content, std::size_t limit);
-  std::optional<refusal> check_device(const verified_bundle& bundle) const;
   void put_module(const httplib::Request& req, httplib::Response& res);
-  std::optional<verified_bundle> verify_push(const httplib::Request& req, httplib::Response& res);
-  void keep_floor(const std::string& name, std::uint64_t current);
-  sink_result apply_recorded(const verified_bundle& bundle, std::uint64_t current,
-                             std::uint64_t seen);
-  void answer_push(httplib::Response& res, const sink_result& result, const bundle_manifest& m,
-                   std::uint64_t current, module_entry& e);
   void rollback_module(const httplib::Request& req, httplib::Response& res);
-  std::optional<rollback_request> verify_rollback(const httplib::Request& req,
-                                                  httplib::Response& res, const std::string& name);
-  bool fresh_rollback(httplib::Response& res, const rollback_request& request,
-                      std::chrono::sys_seconds now);
-  void answer_rollback(httplib::Response& res, const sink_result& result, const std::string& name,
-                       std::uint64_t current, module_entry& e);
+  void refuse_decision(httplib::Response& res, const gate_decision& d, const std::string& name);
   void list_modules(httplib::Response& res);
 };
 

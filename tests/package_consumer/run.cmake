@@ -141,5 +141,14 @@ run_consumer(consumer_bundle "cubridge consumer bundle: signed and verified [0-9
 run_consumer(consumer_update "cubridge consumer update: endpoint listened at http://127\\.0\\.0\\.1:[0-9]+")
 run_consumer(consumer_swap "cubridge consumer swap: watcher stopped, version 1 serves 7")
 run_consumer(consumer_isolation "cubridge consumer isolation: refused \\((start_failed|CUBRIDGE_[A-Z_]+)\\)")
+# cubridge::fleet, where cubridge was built with libnats: exported, links no NVRTC or swap, runs.
+if(EXISTS ${moved}/lib/libcubridge_fleet.a)
+  if(NOT exported MATCHES "add_library\\(cubridge::fleet STATIC IMPORTED\\)")
+    message(FATAL_ERROR "the package does not export cubridge::fleet")
+  endif()
+  expect_not_linked(consumer_fleet nvrtc nvJitLink cubridge_compile cubridge_swap
+                    cubridge_isolation cubridge_hot_module_sink)
+  run_consumer(consumer_fleet "cubridge consumer fleet: unreachable \\(CUBRIDGE_FLEET_UNREACHABLE\\)")
+endif()
 run_consumer(consumer_all "cubridge consumer core: (driver [0-9]+|no GPU: .+)")
 run_consumer(consumer_cuda "cubridge consumer cuda: (kernel wrote 7|no GPU: .+)")

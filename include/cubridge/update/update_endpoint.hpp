@@ -57,6 +57,7 @@
 
 #include <cubridge/update/bundle.hpp>
 #include <cubridge/update/module_sink.hpp>
+#include <cubridge/update/update_gate.hpp>
 #include <cubridge/update/update_state.hpp>  // update_state_error, raised by start()
 
 #include <chrono>
@@ -128,6 +129,10 @@ struct update_endpoint_options {
   std::optional<std::chrono::seconds> max_bundle_age;
   /// The clock for bundle expiry and the rollback window; empty: the system clock.
   std::function<std::chrono::system_clock::time_point()> clock;
+
+  /// The policy half of these options, as the endpoint hands it to its update_gate
+  /// (max_body_bytes is the gate's max_bundle_bytes).
+  [[nodiscard]] update_gate_options gate_options() const;
 };
 
 /// Counters, for reports and tests.

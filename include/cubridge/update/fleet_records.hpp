@@ -1,0 +1,79 @@
+#pragma once
+// What the nodes of a fleet tell the control side (docs/fleet.md): a result record per message
+// handled, on cubridge.result.<m>.<node>, and a heartbeat per interval, on
+// cubridge.heartbeat.<node>. JSON on the wire; the structs here are the parsed form. Anyone who
+// can publish to the NATS account can publish such records, so parsing checks every field and
+// every text that comes out is bounded printable ASCII (core/detail/printable.hpp: any other
+// byte as '?', so that a record read and written again is unchanged).
+
+#include <cubridge/update/update_gate.hpp>  // gate_outcome
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace cubridge::fleet {
+
+/// Largest record or heartbeat parsed, in bytes.
+inline constexpr std::size_t max_record_bytes = std::size_t{64} << 10;
+/// Longest `detail` kept (printable), and longest reason, cohort or GPU name.
+inline constexpr std::size_t max_record_detail = 1024;
+inline constexpr std::size_t max_record_token = 64;
+/// Most modules a heartbeat lists.
+inline constexpr std::size_t max_heartbeat_modules = 256;
+
+/// What one node did with one message (a bundle or a rollback request).
+struct result_record {
+  std::string node;
+  std::string module;
+  /// The bundle's version (0 when it did not verify); for a rollback, the version rolled back
+  /// to (when done).
+  std::uint64_t version = 0;
+  /// The version serving on the node after the message.
+  std::uint64_t serving_version = 0;
+  gate_outcome outcome = gate_outcome::refused;
+  /// Empty for applied and rolled_back; else the gate's reason (bad_signature, too_large, ...).
+  std::string reason;
+  /// What exactly, printable ASCII, at most max_record_detail bytes (and "..." when cut).
+  std::string detail;
+  /// Time verifying, and in the sink (stage, smoke test and promote are one module_sink call).
+  double verify_ms = 0;
+  double apply_ms = 0;
+  /// When the node decided, whole seconds.
+  std::chrono::sys_seconds time{};
+};
+
+/// A node's periodic state.
+struct heartbeat {
+  std::string node;
+  /// The node's own label ("all" unless configured); the canary cohort is chosen by the
+  /// publisher.
+  std::string cohort = "all";
+  /// The node's GPU ("sm_90"), empty when the sink knows none.
+  std::string gpu;
+  /// The interval the node sends heartbeats at, so that a reader can tell a silent node.
+  std::chrono::milliseconds interval{0};
+  std::chrono::sys_seconds time{};
+  /// Per module, the version serving.
+  std::map<std::string, std::uint64_t, std::less<>> versions;
+  bool connected = true;
+  std::optional<result_record> last_result;
+};
+
+/// One line of JSON (no newline). Texts are made printable and cut as above.
+/// Throws std::bad_alloc only.
+[[nodiscard]] std::string to_json(const result_record& record);
+[[nodiscard]] std::string to_json(const heartbeat& beat);
+
+/// The record or heartbeat in `text`; nullopt for anything that is not one: over
+/// max_record_bytes, not a JSON object, a field missing or of another type, a node or module
+/// name check_fleet_name refuses, an unknown outcome, a time that is not RFC 3339 UTC. Texts
+/// are made printable and cut as above. Throws std::bad_alloc only.
+[[nodiscard]] std::optional<result_record> parse_result_record(std::string_view text);
+[[nodiscard]] std::optional<heartbeat> parse_heartbeat(std::string_view text);
+
+}  // namespace cubridge::fleet

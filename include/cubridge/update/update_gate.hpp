@@ -1,0 +1,136 @@
+#pragma once
+// The receiving policy of the update layer, without a transport: what the HTTP endpoint
+// (update_endpoint.hpp) and the fleet agent (fleet_agent.hpp) decide about a pushed bundle or a
+// signed rollback request, written once. A gate verifies (size, verify_bundle against the trusted
+// keys, module name, device), checks the replay floor (update_state: a version at or below the
+// highest applied is refused; with a state file also across restarts), records the new version
+// before the sink sees it, and applies it through the module_sink under the module's lock. The
+// reasons are the endpoint's "error" strings (docs/update-endpoint.md); the endpoint maps them
+// to its HTTP statuses.
+
+#include <cubridge/update/bundle.hpp>
+#include <cubridge/update/module_sink.hpp>
+#include <cubridge/update/update_state.hpp>  // update_state_error, raised by start()
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+
+namespace cubridge {
+
+/// What a gate accepts (the policy half of update_endpoint_options, which hands these over).
+struct update_gate_options {
+  /// Keys whose bundles and rollback requests are accepted. Empty: everything is refused.
+  trusted_keys keys;
+  /// Largest bundle, in bytes; a larger one is refused (too_large) without being parsed.
+  std::size_t max_bundle_bytes = std::size_t{64} << 20;
+  /// The replay state file (update_state.hpp); empty: in memory only.
+  std::filesystem::path state_file;
+  /// Per module, a version at or below which every bundle is refused; merged at start().
+  std::map<std::string, std::uint64_t, std::less<>> version_floor;
+  /// Refuse (expired_bundle) bundles that carry no `expires` field.
+  bool require_expiry = false;
+  /// Refuse (expired_bundle) bundles whose signed `created` is older than this.
+  std::optional<std::chrono::seconds> max_bundle_age;
+  /// Rollback requests are accepted when created within this much of the gate's clock.
+  std::chrono::seconds rollback_window{300};
+  /// The clock for bundle expiry and the rollback window; empty: the system clock.
+  std::function<std::chrono::system_clock::time_point()> clock;
+};
+
+/// What became of a bundle or a rollback request.
+enum class gate_outcome {
+  applied,      ///< the bundle's version serves now
+  duplicate,    ///< the bundle's version serves already; nothing changed (reason replayed_version)
+  refused,      ///< refused before the sink changed anything (see the reason)
+  failed,       ///< the sink failed (apply_failed) or the replay state could not be written
+  rolled_back,  ///< the previous version serves again
+};
+
+/// "applied", "duplicate", ... (the enumerator's name).
+[[nodiscard]] std::string_view to_string(gate_outcome outcome) noexcept;
+/// The outcome named `name` exactly; nullopt for any other text.
+[[nodiscard]] std::optional<gate_outcome> parse_gate_outcome(std::string_view name) noexcept;
+
+/// Whether a caller that keeps notes per module (the endpoint's last_refusal) may write this
+/// decision under the module's name: only for requests signed by a trusted key, so that nobody
+/// else can write there or make the caller hold an entry per name.
+enum class module_note {
+  none,        ///< not verified (or not about one module): note nothing
+  if_present,  ///< verified, but the module may be unknown: note only where a note exists
+  always,      ///< verified and about a known or verified module: note it
+};
+
+/// A gate's answer.
+struct gate_decision {
+  gate_outcome outcome = gate_outcome::refused;
+  /// For anything but applied and rolled_back: the endpoint's error string (bad_signature,
+  /// unknown_key, too_large, unknown_module, wrong_device, replayed_version, older_version,
+  /// stage_refused, apply_failed, state_failed, version_mismatch, replayed_request, ...).
+  std::string reason;
+  /// What exactly, at most 4 KiB (cut at a UTF-8 boundary, saying how much was cut). Not escaped:
+  /// escape it (core/detail/printable.hpp) before it reaches a terminal or a log line.
+  std::string detail;
+  /// The module as signed; empty when the request did not pass verification.
+  std::string module;
+  /// The bundle's version; for a rollback the version rolled back to (when done).
+  std::uint64_t version = 0;
+  /// The version serving before the request, and after it.
+  std::uint64_t previous_version = 0;
+  std::uint64_t serving_version = 0;
+  /// For replayed_version and older_version: the highest version seen (serving or floor).
+  std::uint64_t highest_version = 0;
+  /// The verified manifest of a pushed bundle; nullopt when it did not verify.
+  std::optional<bundle_manifest> manifest;
+  module_note note = module_note::none;
+  /// Time spent verifying, and in the sink (module_sink::apply stages, smoke-tests and
+  /// promotes in one call; rollback: module_sink::rollback).
+  std::chrono::microseconds verify_time{0};
+  std::chrono::microseconds apply_time{0};
+};
+
+/// The gate. Thread-safe: push and rollback may be called from any threads at once; one module
+/// is never applied or rolled back twice at once. Not copyable or movable.
+class update_gate {
+ public:
+  /// A gate over `sink`, which must outlive it. Reads nothing yet: see start().
+  update_gate(module_sink& sink, update_gate_options options);
+  update_gate(const update_gate&) = delete;
+  update_gate& operator=(const update_gate&) = delete;
+  ~update_gate();
+
+  /// Loads the replay state (state_file) and merges version_floor into it.
+  /// @throws error (errc::precondition) when a version_floor name is no module name;
+  ///         update_state_error (errc::io) when the state file is unreadable, too large or
+  ///         corrupt.
+  void start();
+
+  /// Decides about a pushed bundle and, when it passes, applies it. `expected_module`, when not
+  /// empty, is the name the transport addressed (refused as name_mismatch when the signed name
+  /// differs). Never throws but std::bad_alloc.
+  [[nodiscard]] gate_decision push(std::span<const std::byte> body,
+                                   std::string_view expected_module = {});
+  /// Decides about a signed rollback request (rollback_request.hpp) and, when it passes, rolls
+  /// the module back. `expected_module` as for push. Never throws but std::bad_alloc.
+  [[nodiscard]] gate_decision rollback(std::string_view signed_request,
+                                       std::string_view expected_module = {});
+
+  /// The highest version recorded for `module` in the replay state; 0 when none.
+  [[nodiscard]] std::uint64_t highest_version(std::string_view module) const;
+  [[nodiscard]] module_sink& sink() const noexcept;
+  [[nodiscard]] const update_gate_options& options() const noexcept;
+
+ private:
+  struct impl;
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace cubridge

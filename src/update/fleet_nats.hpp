@@ -1,0 +1,117 @@
+#pragma once
+// The NATS C client (libnats) as cubridge::fleet uses it, private to the fleet target: owners of
+// its handles, one check that turns a natsStatus (and a JetStream error code) into a
+// cubridge::error, connecting with the fleet's reconnect policy, and the streams and bucket of
+// docs/fleet.md made or checked idempotently.
+
+#include <cubridge/update/fleet_error.hpp>
+
+#include <nats/nats.h>
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <source_location>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace cubridge::fleet::detail {
+
+/// Destroys a libnats object with its own destroy function.
+template <class T, auto Destroy>
+struct nats_deleter {
+  void operator()(T* object) const noexcept { Destroy(object); }
+};
+template <class T, auto Destroy>
+using nats_ptr = std::unique_ptr<T, nats_deleter<T, Destroy>>;
+
+using connection_ptr = nats_ptr<natsConnection, natsConnection_Destroy>;  // closes it too
+using options_ptr = nats_ptr<natsOptions, natsOptions_Destroy>;
+using jetstream_ptr = nats_ptr<jsCtx, jsCtx_Destroy>;
+using kv_store_ptr = nats_ptr<kvStore, kvStore_Destroy>;
+using subscription_ptr = nats_ptr<natsSubscription, natsSubscription_Destroy>;
+using message_ptr = nats_ptr<natsMsg, natsMsg_Destroy>;
+using kv_entry_ptr = nats_ptr<kvEntry, kvEntry_Destroy>;
+using kv_watcher_ptr = nats_ptr<kvWatcher, kvWatcher_Destroy>;
+using stream_info_ptr = nats_ptr<jsStreamInfo, jsStreamInfo_Destroy>;
+using pub_ack_ptr = nats_ptr<jsPubAck, jsPubAck_Destroy>;
+
+/// Throws cubridge::error (domain "fleet") unless `status` is NATS_OK: fleet_errc::unreachable
+/// for a connection that is closed, lost or was never made, else fleet_errc::nats_failed. The
+/// message names `call`, the status, libnats's last error text, the JetStream error code when
+/// not 0, and `involved` ("stream CUBRIDGE_RESULTS at nats://127.0.0.1:4222").
+void check(natsStatus status, std::string_view call, std::string_view involved,
+           jsErrCode js_code = static_cast<jsErrCode>(0),
+           std::source_location where = std::source_location::current());
+
+/// Throws cubridge::error of `code` with the message `description`.
+[[noreturn]] void fail(fleet_errc code, std::string description, std::string_view call,
+                       std::string_view involved,
+                       std::source_location where = std::source_location::current());
+
+/// How to connect.
+struct connect_options {
+  std::string url;   ///< "nats://127.0.0.1:4222" (several, comma-separated)
+  std::string name;  ///< the client's name, as the server's monitoring shows it
+  /// Reconnect forever after a lost connection, waiting 250 ms doubling to 2 s, with jitter.
+  /// Off: a lost connection closes it (calls then fail with fleet_errc::unreachable).
+  bool reconnect = true;
+  /// Keep trying in the background when no server answers at first (a service starts while the
+  /// server is down): connect() then returns a connection that is not connected yet. Off: no
+  /// server is fleet_errc::unreachable at once (the control side).
+  bool retry_on_failed_connect = false;
+  /// How long one attempt to open a connection may take.
+  std::chrono::milliseconds connect_timeout{2000};
+};
+
+/// The delay before reconnect attempt `attempt` (1, 2, ...): 250 ms doubling to 2 s, each
+/// shortened by a random jitter of up to a quarter.
+[[nodiscard]] std::chrono::milliseconds reconnect_delay(int attempt) noexcept;
+
+/// natsOptions for `options`; the caller may add callbacks before connect().
+/// @throws cubridge::error (fleet_errc::nats_failed) for a URL libnats does not take.
+[[nodiscard]] options_ptr make_options(const connect_options& options);
+
+/// Connects with `options` (from make_options). With retry_on_failed_connect a connection that
+/// is not yet connected is returned (NATS_NOT_YET_CONNECTED).
+/// @throws cubridge::error (fleet_errc::unreachable) when no server answers at `url`.
+[[nodiscard]] connection_ptr connect(natsOptions* options, std::string_view url);
+[[nodiscard]] connection_ptr connect(const connect_options& options);
+
+/// The JetStream context of `connection`; its API requests wait at most `wait`.
+[[nodiscard]] jetstream_ptr jetstream(natsConnection* connection,
+                                      std::chrono::milliseconds wait = std::chrono::seconds(5));
+
+/// The streams and bucket of docs/fleet.md, made when missing. One that exists with another
+/// configuration is refused with cubridge::error (fleet_errc::config_mismatch) naming each
+/// field that differs and both values.
+void ensure_bundle_stream(jsCtx* js, std::string_view module);
+void ensure_result_stream(jsCtx* js);
+void ensure_heartbeat_stream(jsCtx* js);
+[[nodiscard]] kv_store_ptr ensure_desired_bucket(jsCtx* js);
+
+/// The bytes of a message.
+[[nodiscard]] std::span<const std::byte> message_bytes(natsMsg* message) noexcept;
+[[nodiscard]] std::string_view message_text(natsMsg* message) noexcept;
+
+/// The last message on `subject` of `stream`, or null when there is none (or no such stream).
+[[nodiscard]] message_ptr last_message(jsCtx* js, std::string_view stream,
+                                       std::string_view subject);
+
+/// The subjects of `stream` that match `filter` ("cubridge.heartbeat.>"), each holding at least
+/// one message; empty when the stream does not exist.
+[[nodiscard]] std::vector<std::string> stream_subjects(jsCtx* js, std::string_view stream,
+                                                       std::string_view filter);
+
+/// Removes every message on `subject` from `stream`.
+void purge_subject(jsCtx* js, std::string_view stream, std::string_view subject);
+
+/// Publishes `data` on `subject` through JetStream and waits for the stream's ack.
+/// @throws cubridge::error (fleet_errc::oversized) before sending anything when `data` is over
+///         the connection's max payload; otherwise as check().
+void publish(jsCtx* js, natsConnection* connection, std::string_view subject,
+             std::span<const std::byte> data, std::string_view what);
+
+}  // namespace cubridge::fleet::detail

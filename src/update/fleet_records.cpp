@@ -1,0 +1,175 @@
+// Result records and heartbeats as JSON (fleet_records.hpp). Every text is made printable and cut
+// on the way out and again on the way in: what a reader prints never carries a terminal escape.
+#include <cubridge/core/detail/printable.hpp>
+#include <cubridge/update/fleet_records.hpp>
+#include <cubridge/update/fleet_subjects.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+
+namespace cubridge::fleet {
+namespace {
+
+using json = nlohmann::json;
+
+// Printable ASCII, anything else as '?', cut with "...": the same on the way in and out, so
+// that a record read and written again is unchanged.
+std::string bounded(std::string_view text, std::size_t max_bytes) {
+  return detail::printable(text, {.max_bytes = max_bytes,
+                                  .quoted = false,
+                                  .escape = detail::printable_escape::question_mark,
+                                  .cut = detail::printable_cut::ellipsis});
+}
+
+// Whether `name` is a module name or node id as a fleet takes them (a record naming another is
+// refused when read).
+bool valid_name(std::string_view name) {
+  return check_fleet_name(name, "name").empty();
+}
+
+double milliseconds(double value) {
+  return std::isfinite(value) && value >= 0 ? value : 0;
+}
+
+json record_json(const result_record& r) {
+  return {{"node", bounded(r.node, max_fleet_name)},
+          {"module", bounded(r.module, max_fleet_name)},
+          {"version", r.version},
+          {"serving_version", r.serving_version},
+          {"outcome", std::string(to_string(r.outcome))},
+          {"reason", bounded(r.reason, max_record_token)},
+          {"detail", bounded(r.detail, max_record_detail)},
+          {"verify_ms", milliseconds(r.verify_ms)},
+          {"apply_ms", milliseconds(r.apply_ms)},
+          {"time", cubridge::detail::format_time(r.time)}};
+}
+
+std::string dump(const json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+// Field readers: nullopt when missing or of another type. A text that to_json wrote (cut with
+// "...") comes back as it was.
+std::optional<std::string> text_field(const json& j, const char* key, std::size_t max_bytes) {
+  const auto it = j.find(key);
+  if (it == j.end() || !it->is_string()) return std::nullopt;
+  return bounded(it->get_ref<const std::string&>(), max_bytes + 3);
+}
+
+std::optional<std::string> name_field(const json& j, const char* key) {
+  const auto it = j.find(key);
+  if (it == j.end() || !it->is_string() || !valid_name(it->get_ref<const std::string&>()))
+    return std::nullopt;
+  return it->get<std::string>();
+}
+
+std::optional<std::uint64_t> count_field(const json& j, const char* key) {
+  const auto it = j.find(key);
+  if (it == j.end() || !it->is_number_unsigned()) return std::nullopt;
+  return it->get<std::uint64_t>();
+}
+
+std::optional<double> ms_field(const json& j, const char* key) {
+  const auto it = j.find(key);
+  if (it == j.end() || !it->is_number()) return std::nullopt;
+  return milliseconds(it->get<double>());
+}
+
+std::optional<std::chrono::sys_seconds> time_field(const json& j, const char* key) {
+  const auto it = j.find(key);
+  if (it == j.end() || !it->is_string()) return std::nullopt;
+  return cubridge::detail::parse_time(it->get_ref<const std::string&>());
+}
+
+std::optional<json> parse_object(std::string_view text) {
+  if (text.size() > max_record_bytes) return std::nullopt;
+  auto j = json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return std::nullopt;
+  return j;
+}
+
+std::optional<result_record> record_of(const json& j) {
+  if (!j.is_object()) return std::nullopt;
+  result_record r;
+  const auto node = name_field(j, "node");
+  const auto module = name_field(j, "module");
+  const auto version = count_field(j, "version");
+  const auto serving = count_field(j, "serving_version");
+  const auto outcome_text = text_field(j, "outcome", max_record_token);
+  const auto outcome = outcome_text ? parse_gate_outcome(*outcome_text) : std::nullopt;
+  const auto reason = text_field(j, "reason", max_record_token);
+  const auto detail = text_field(j, "detail", max_record_detail);
+  const auto verify_ms = ms_field(j, "verify_ms");
+  const auto apply_ms = ms_field(j, "apply_ms");
+  const auto time = time_field(j, "time");
+  if (!node || !module || !version || !serving || !outcome || !reason || !detail || !verify_ms ||
+      !apply_ms || !time)
+    return std::nullopt;
+  return result_record{*node,   *module, *version,   *serving,  *outcome,
+                       *reason, *detail, *verify_ms, *apply_ms, *time};
+}
+
+}  // namespace
+
+std::string to_json(const result_record& record) {
+  return dump(record_json(record));
+}
+
+std::string to_json(const heartbeat& beat) {
+  json versions = json::object();
+  std::size_t listed = 0;
+  for (const auto& [name, version] : beat.versions) {
+    if (listed++ == max_heartbeat_modules) break;
+    versions[bounded(name, max_fleet_name)] = version;
+  }
+  json j{{"node", bounded(beat.node, max_fleet_name)},
+         {"cohort", bounded(beat.cohort, max_record_token)},
+         {"gpu", bounded(beat.gpu, max_record_token)},
+         {"interval_ms", beat.interval.count() > 0 ? beat.interval.count() : 0},
+         {"time", cubridge::detail::format_time(beat.time)},
+         {"versions", std::move(versions)},
+         {"connected", beat.connected},
+         {"last_result", beat.last_result ? record_json(*beat.last_result) : json(nullptr)}};
+  return dump(j);
+}
+
+std::optional<result_record> parse_result_record(std::string_view text) {
+  const auto j = parse_object(text);
+  return j ? record_of(*j) : std::nullopt;
+}
+
+std::optional<heartbeat> parse_heartbeat(std::string_view text) {
+  const auto j = parse_object(text);
+  if (!j) return std::nullopt;
+  heartbeat h;
+  const auto node = name_field(*j, "node");
+  const auto cohort = text_field(*j, "cohort", max_record_token);
+  const auto gpu = text_field(*j, "gpu", max_record_token);
+  const auto interval = count_field(*j, "interval_ms");
+  const auto time = time_field(*j, "time");
+  const auto versions = j->find("versions");
+  const auto connected = j->find("connected");
+  const auto last = j->find("last_result");
+  if (!node || !cohort || !gpu || !interval || !time || versions == j->end() ||
+      !versions->is_object() || versions->size() > max_heartbeat_modules || connected == j->end() ||
+      !connected->is_boolean() || last == j->end())
+    return std::nullopt;
+  h.node = *node;
+  h.cohort = *cohort;
+  h.gpu = *gpu;
+  h.interval = std::chrono::milliseconds(*interval);
+  h.time = *time;
+  for (const auto& [name, version] : versions->items()) {
+    if (!valid_name(name) || !version.is_number_unsigned()) return std::nullopt;
+    h.versions[name] = version.get<std::uint64_t>();
+  }
+  h.connected = connected->get<bool>();
+  if (!last->is_null()) {
+    h.last_result = record_of(*last);
+    if (!h.last_result) return std::nullopt;
+  }
+  return h;
+}
+
+}  // namespace cubridge::fleet

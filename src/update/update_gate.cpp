@@ -1,0 +1,431 @@
+// The receiving policy (update_gate.hpp): size, verification, device, replay floor, the replay
+// state written before the sink applies, and the sink called under the module's lock. Moved out
+// of the endpoint's handlers unchanged (the details are the endpoint's words).
+#include <cubridge/core/detail/enum_names.hpp>
+#include <cubridge/core/detail/printable.hpp>
+#include <cubridge/core/error.hpp>
+#include <cubridge/core/image.hpp>
+#include <cubridge/update/detail/signing.hpp>
+#include <cubridge/update/rollback_request.hpp>
+#include <cubridge/update/update_gate.hpp>
+
+#include <algorithm>
+#include <array>
+#include <mutex>
+
+namespace cubridge {
+namespace {
+
+constexpr std::array<detail::enum_name<gate_outcome>, 5> gate_outcome_names{{
+    {gate_outcome::applied, "applied"},
+    {gate_outcome::duplicate, "duplicate"},
+    {gate_outcome::refused, "refused"},
+    {gate_outcome::failed, "failed"},
+    {gate_outcome::rolled_back, "rolled_back"},
+}};
+static_assert(detail::lists_values_in_order(gate_outcome_names));
+
+constexpr std::size_t max_detail_bytes = 4096;
+constexpr std::size_t max_nonces = 100000;
+
+// `detail` cut to max_detail_bytes (at a UTF-8 character boundary), saying how much was cut.
+std::string bounded_detail(std::string detail) {
+  if (detail.size() <= max_detail_bytes) return detail;
+  std::size_t cut = max_detail_bytes - 32;
+  while (cut > 0 && (static_cast<unsigned char>(detail[cut]) & 0xC0) == 0x80) --cut;
+  const auto more = detail.size() - cut;
+  detail.resize(cut);
+  return detail + " ... (" + std::to_string(more) + " more bytes)";
+}
+
+// The reason of a bundle or rollback request that failed verification: "expired_bundle",
+// beside the gate's own "expired_request" for rollbacks.
+std::string reason_of(const bundle_error& e) {
+  return e.reason() == bundle_reason::expired ? "expired_bundle"
+                                              : std::string(to_string(e.reason()));
+}
+
+std::string gpu_name(const std::optional<compute_capability>& device) {
+  return device ? to_string(*device) : "";
+}
+
+std::chrono::microseconds since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() -
+                                                               start);
+}
+
+}  // namespace
+
+std::string_view to_string(gate_outcome outcome) noexcept {
+  return detail::name_of(gate_outcome_names, outcome, "unknown");
+}
+
+std::optional<gate_outcome> parse_gate_outcome(std::string_view name) noexcept {
+  return detail::value_of(gate_outcome_names, name);
+}
+
+struct update_gate::impl {
+  impl(module_sink& s, update_gate_options o)
+      : sink(s), options(std::move(o)), state(options.state_file) {}
+
+  module_sink& sink;
+  update_gate_options options;
+  // Highest versions and rollback nonces, in memory or persisted (options.state_file).
+  update_state state;
+  // One lock per module, serialising its apply and rollback: a version is applied once. Made
+  // only for modules the sink knows or that got a verified bundle, so unauthenticated
+  // requests cannot grow the map.
+  std::mutex locks_mutex;
+  std::map<std::string, std::unique_ptr<std::mutex>, std::less<>> locks;
+
+  std::chrono::system_clock::time_point now() const {
+    return options.clock ? options.clock() : std::chrono::system_clock::now();
+  }
+  std::mutex& lock_of(const std::string& name) {
+    std::lock_guard lock(locks_mutex);
+    auto& slot = locks[name];
+    if (!slot) slot = std::make_unique<std::mutex>();
+    return *slot;
+  }
+  std::mutex* find_lock(std::string_view name) {
+    std::lock_guard lock(locks_mutex);
+    const auto it = locks.find(name);
+    return it == locks.end() ? nullptr : it->second.get();
+  }
+
+  static gate_decision& refuse(gate_decision& d, std::string reason, std::string detail,
+                               gate_outcome outcome = gate_outcome::refused) {
+    d.outcome = outcome;
+    d.reason = std::move(reason);
+    d.detail = bounded_detail(std::move(detail));
+    return d;
+  }
+
+  std::optional<verified_bundle> verify(std::span<const std::byte> body, gate_decision& d);
+  bool runs_here(const verified_bundle& bundle, gate_decision& d) const;
+  void keep_floor(const std::string& name, std::uint64_t current);
+  void apply_recorded(const verified_bundle& bundle, std::uint64_t seen, gate_decision& d);
+  std::optional<rollback_request> verify_rollback(std::string_view body, std::string_view expected,
+                                                  gate_decision& d);
+  bool fresh_rollback(const rollback_request& request, gate_decision& d);
+  void apply_rollback(const std::string& name, gate_decision& d);
+};
+
+// --- push -------------------------------------------------------------------------------------
+
+// The size check and verify_bundle; nothing when refused (decided in `d`).
+std::optional<verified_bundle> update_gate::impl::verify(std::span<const std::byte> body,
+                                                         gate_decision& d) {
+  if (body.size() > options.max_bundle_bytes) {
+    refuse(
+        d, "too_large",
+        std::to_string(body.size()) + " bytes, limit " + std::to_string(options.max_bundle_bytes));
+    return std::nullopt;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    verify_limits limits;
+    limits.max_bundle_bytes = options.max_bundle_bytes;
+    limits.now = now();
+    limits.require_expiry = options.require_expiry;
+    limits.max_age = options.max_bundle_age;
+    auto bundle = verify_bundle(body, options.keys, limits);
+    d.verify_time = since(start);
+    return bundle;
+  } catch (const bundle_error& e) {
+    refuse(d, reason_of(e), e.involved());
+  } catch (const std::exception& e) {
+    refuse(d, "bad_request", e.what());
+  }
+  d.verify_time = since(start);
+  return std::nullopt;
+}
+
+// Whether `bundle`'s payload runs on the sink's device; refused in `d` when not.
+bool update_gate::impl::runs_here(const verified_bundle& bundle, gate_decision& d) const {
+  const auto device = sink.device_capability();
+  if (!device) return true;
+  const auto& m = bundle.manifest;
+  bool runs = false;
+  if (m.kind == payload_kind::cuda_source) {
+    // Compiled here for exactly this device.
+    runs = m.target_capability.numbers() == device->numbers();
+  } else if (bundle.image) {  // as verify_bundle inspected it: not parsed again
+    try {
+      runs = can_run_on(*bundle.image, *device);
+    } catch (const std::exception&) {
+      runs = false;
+    }
+  }
+  if (runs) return true;
+  refuse(d, "wrong_device",
+         "module '" + m.name + "' v" + std::to_string(m.version) + " targets " + m.target +
+             ", this service's GPU is " + gpu_name(device));
+  return false;
+}
+
+// A version promoted past the gate (a hot_reloader, a direct promote) is a floor too: kept even
+// after a rollback below it. Best effort; the refusal it comes with stands either way.
+void update_gate::impl::keep_floor(const std::string& name, std::uint64_t current) {
+  try {
+    state.store_highest_version(name, current);
+  } catch (const std::exception&) {
+  }
+}
+
+// Hands the bundle, its version recorded already, to the sink. Not applied, the same version
+// may come again, so the record goes back to `seen` (the serving version if that was higher);
+// should that write fail, the version stays refused (the safe side), and the detail says so.
+void update_gate::impl::apply_recorded(const verified_bundle& bundle, std::uint64_t seen,
+                                       gate_decision& d) {
+  const auto& m = bundle.manifest;
+  const auto start = std::chrono::steady_clock::now();
+  sink_result result;
+  try {
+    result = sink.apply(bundle);
+  } catch (const std::exception& x) {
+    result = {sink_outcome::failed, d.previous_version, std::string("sink threw: ") + x.what()};
+  } catch (...) {
+    result = {sink_outcome::failed, d.previous_version, "sink threw a non-standard exception"};
+  }
+  d.apply_time = since(start);
+  if (result.outcome != sink_outcome::done) {
+    try {
+      state.store_highest_version(m.name, seen);
+    } catch (const std::exception& x) {
+      result.detail +=
+          std::string(" (v") + std::to_string(m.version) + " stays refused: " + x.what() + ")";
+    }
+  }
+  switch (result.outcome) {
+    case sink_outcome::done:
+      d.outcome = gate_outcome::applied;
+      d.serving_version = m.version;
+      return;
+    case sink_outcome::unknown_module:
+      refuse(d, "unknown_module", result.detail);
+      break;
+    case sink_outcome::rejected:
+      refuse(d, "stage_refused", result.detail);
+      break;
+    case sink_outcome::no_previous_version:
+    case sink_outcome::failed:
+      refuse(d, "apply_failed", result.detail, gate_outcome::failed);
+      break;
+  }
+  d.serving_version = sink.current_version(m.name);
+}
+
+gate_decision update_gate::push(std::span<const std::byte> body, std::string_view expected_module) {
+  auto& g = *impl_;
+  gate_decision d;
+  const auto bundle = g.verify(body, d);
+  if (!bundle) return d;
+  const auto& m = bundle->manifest;
+  d.module = m.name;
+  d.version = m.version;
+  d.manifest = m;
+  if (!expected_module.empty() && m.name != expected_module) {
+    d.note = module_note::if_present;
+    return g.refuse(d, "name_mismatch",
+                    "URL names module '" + std::string(expected_module) +
+                        "', the signed manifest '" + m.name + "'");
+  }
+  d.note = module_note::always;  // signed by a trusted key: worth remembering
+  auto& module_lock = g.lock_of(m.name);
+  if (!g.runs_here(*bundle, d)) {
+    d.previous_version = d.serving_version = g.sink.current_version(m.name);
+    return d;
+  }
+
+  std::lock_guard serial(module_lock);
+  // The serving version is the module's (the sink reads it from the module's chain, whoever
+  // promoted); the replay state is the floor: the highest version ever seen applied.
+  const std::uint64_t current = g.sink.current_version(m.name);
+  const std::uint64_t highest = g.state.highest_version(m.name);  // applied before, or a floor
+  const std::uint64_t seen = std::max(current, highest);
+  d.previous_version = d.serving_version = current;
+  d.highest_version = seen;
+  if (m.version <= seen) {
+    if (current > highest) g.keep_floor(m.name, current);
+    return g.refuse(d, m.version == seen ? "replayed_version" : "older_version",
+                    "module '" + m.name + "' v" + std::to_string(m.version) + " is not above v" +
+                        std::to_string(seen) +
+                        (seen == current ? " (serving)" : " (applied before, or the floor)"),
+                    m.version == current ? gate_outcome::duplicate : gate_outcome::refused);
+  }
+  // Recorded (and with a state file written) before the sink sees it: a version that may
+  // have been applied is never accepted again, even after a crash between apply and answer.
+  try {
+    g.state.store_highest_version(m.name, m.version);
+  } catch (const std::exception& x) {
+    return g.refuse(d, "state_failed", x.what(), gate_outcome::failed);
+  }
+  g.apply_recorded(*bundle, seen, d);
+  return d;
+}
+
+// --- rollback ---------------------------------------------------------------------------------
+
+// verify_rollback_request and the expected name = the signed name; nothing when refused.
+std::optional<rollback_request> update_gate::impl::verify_rollback(std::string_view body,
+                                                                   std::string_view expected,
+                                                                   gate_decision& d) {
+  const auto start = std::chrono::steady_clock::now();
+  rollback_request request;
+  try {
+    request = verify_rollback_request(body, options.keys);
+  } catch (const bundle_error& e) {
+    refuse(d, reason_of(e), e.involved());  // not verified: not noted under the module's name
+  } catch (const std::exception& e) {
+    refuse(d, "bad_request", e.what());
+  }
+  d.verify_time = since(start);
+  if (!d.reason.empty()) return std::nullopt;
+  d.module = request.module;
+  d.note = module_note::if_present;
+  if (!expected.empty() && request.module != expected) {
+    refuse(d, "name_mismatch",
+           "URL names module '" + std::string(expected) + "', the signed request '" +
+               request.module + "'");
+    return std::nullopt;
+  }
+  return request;
+}
+
+// Whether `request` was created within the rollback window and its nonce is new (then
+// remembered); refused in `d` otherwise.
+bool update_gate::impl::fresh_rollback(const rollback_request& request, gate_decision& d) {
+  const auto now = std::chrono::floor<std::chrono::seconds>(this->now());
+  const auto skew = request.created > now ? request.created - now : now - request.created;
+  if (skew > options.rollback_window) {
+    refuse(d, "expired_request",
+           "request created " + detail::format_time(request.created) + ", endpoint time " +
+               detail::format_time(now) + ", window " +
+               std::to_string(options.rollback_window.count()) + " s");
+    return false;
+  }
+  // A nonce is remembered (and with a state file written, before anything is done) while its
+  // request could still be fresh; older ones are dropped.
+  nonce_outcome fresh = nonce_outcome::full;
+  try {
+    fresh = state.remember_nonce(request.nonce, request.created, now - 2 * options.rollback_window,
+                                 max_nonces);
+  } catch (const std::exception& x) {
+    refuse(d, "state_failed", x.what(), gate_outcome::failed);
+    return false;
+  }
+  if (fresh == nonce_outcome::replayed) {
+    refuse(d, "replayed_request", "nonce " + request.nonce + " was used before");
+    return false;
+  }
+  if (fresh == nonce_outcome::full) {
+    d.note = module_note::none;
+    refuse(d, "busy", "too many rollback requests in the window");
+    return false;
+  }
+  return true;
+}
+
+// The sink's rollback, its outcome in `d`; the caller holds the module's lock.
+void update_gate::impl::apply_rollback(const std::string& name, gate_decision& d) {
+  const auto start = std::chrono::steady_clock::now();
+  sink_result result;
+  try {
+    result = sink.rollback(name);
+  } catch (const std::exception& x) {
+    result = {sink_outcome::failed, d.previous_version, std::string("sink threw: ") + x.what()};
+  } catch (...) {
+    result = {sink_outcome::failed, d.previous_version, "sink threw a non-standard exception"};
+  }
+  d.apply_time = since(start);
+  switch (result.outcome) {
+    case sink_outcome::done:
+      d.outcome = gate_outcome::rolled_back;
+      d.version = d.serving_version = result.version;
+      return;
+    case sink_outcome::unknown_module:
+      refuse(d, "unknown_module", result.detail);
+      break;
+    case sink_outcome::no_previous_version:
+      refuse(d, "no_previous_version", result.detail);
+      break;
+    case sink_outcome::rejected:
+      refuse(d, "stage_refused", result.detail);
+      break;
+    case sink_outcome::failed:
+      refuse(d, "apply_failed", result.detail, gate_outcome::failed);
+      break;
+  }
+  d.serving_version = sink.current_version(name);
+}
+
+gate_decision update_gate::rollback(std::string_view signed_request,
+                                    std::string_view expected_module) {
+  auto& g = *impl_;
+  gate_decision d;
+  const auto request = g.verify_rollback(signed_request, expected_module, d);
+  if (!request || !g.fresh_rollback(*request, d)) return d;
+  const std::string& name = request->module;
+  const std::uint64_t known = g.sink.current_version(name);
+  std::mutex* module_lock = g.find_lock(name);
+  d.previous_version = d.serving_version = known;
+  if (!module_lock && known == 0) {
+    d.note = module_note::none;
+    return g.refuse(d, "unknown_module", "no module '" + name + "'");
+  }
+  if (!module_lock) module_lock = &g.lock_of(name);
+  d.note = module_note::always;
+  std::lock_guard serial(*module_lock);
+  const std::uint64_t current = g.sink.current_version(name);
+  d.previous_version = d.serving_version = current;
+  if (request->from_version != current)
+    return g.refuse(d, "version_mismatch",
+                    "request rolls back from v" + std::to_string(request->from_version) + ", v" +
+                        std::to_string(current) + " serves");
+  // The version rolled back from was applied, by the gate or past it: it is the floor from now
+  // on (recorded before the sink is called, as for a push).
+  if (current > g.state.highest_version(name)) {
+    try {
+      g.state.store_highest_version(name, current);
+    } catch (const std::exception& x) {
+      return g.refuse(d, "state_failed", x.what(), gate_outcome::failed);
+    }
+  }
+  g.apply_rollback(name, d);
+  return d;
+}
+
+// --- the gate ---------------------------------------------------------------------------------
+
+update_gate::update_gate(module_sink& sink, update_gate_options options)
+    : impl_(std::make_unique<impl>(sink, std::move(options))) {}
+
+update_gate::~update_gate() = default;
+
+// The replay state, before anything is decided: a file that cannot be read stops the start
+// (ignoring it would accept every old bundle again).
+void update_gate::start() {
+  auto& g = *impl_;
+  for (const auto& [name, floor] : g.options.version_floor)
+    CUBRIDGE_EXPECTS(
+        check_module_name(name).empty() && detail::check_signed_text(name).empty(),
+        "update_gate_options::version_floor names no module: " + detail::printable(name));
+  g.state.load();
+  for (const auto& [name, floor] : g.options.version_floor)
+    g.state.raise_highest_version(name, floor);
+}
+
+std::uint64_t update_gate::highest_version(std::string_view module) const {
+  return impl_->state.highest_version(module);
+}
+
+module_sink& update_gate::sink() const noexcept {
+  return impl_->sink;
+}
+
+const update_gate_options& update_gate::options() const noexcept {
+  return impl_->options;
+}
+
+}  // namespace cubridge

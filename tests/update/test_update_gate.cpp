@@ -1,0 +1,160 @@
+// Tests of cubridge/update/update_gate.hpp without a transport: the decisions the endpoint and
+// the fleet agent share, over the CLI tests' memory sink (no GPU). The HTTP answers built on
+// them are test_update_endpoint's.
+#include <cubridge/update/rollback_request.hpp>
+#include <cubridge/update/update_gate.hpp>
+
+#include "temp_dir.hpp"
+#include "tools/memory_sink.hpp"
+#include "update/source_bundles.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+namespace {
+
+using cubridge::gate_decision;
+using cubridge::gate_outcome;
+using cubridge::module_note;
+using cubridge::testing::source_bundle;
+
+class UpdateGateTest : public ::testing::Test {
+ protected:
+  cubridge::keypair keys = cubridge::generate_keypair();
+  cubridge::keypair stranger = cubridge::generate_keypair();
+  cubridge::testing::memory_sink sink;
+
+  cubridge::update_gate_options options() const {
+    cubridge::update_gate_options o;
+    o.keys.add(keys.public_key);
+    o.max_bundle_bytes = 64 << 10;
+    return o;
+  }
+  std::vector<std::byte> bundle(std::uint64_t version) const {
+    return source_bundle("filters", version, keys.secret_key);
+  }
+};
+
+void expect_refused(const gate_decision& d, const std::string& reason,
+                    gate_outcome outcome = gate_outcome::refused) {
+  EXPECT_EQ(d.outcome, outcome) << d.reason << ": " << d.detail;
+  EXPECT_EQ(d.reason, reason) << d.detail;
+  EXPECT_FALSE(d.detail.empty());
+  EXPECT_LE(d.detail.size(), 4096u);
+}
+
+TEST_F(UpdateGateTest, AppliesANewerVersionAndRefusesTheSameOrAnOlderOne) {
+  cubridge::update_gate gate(sink, options());
+  gate.start();
+  const auto v3 = gate.push(bundle(3));
+  ASSERT_EQ(v3.outcome, gate_outcome::applied) << v3.reason << ": " << v3.detail;
+  EXPECT_EQ(v3.module, "filters");
+  EXPECT_EQ(v3.version, 3u);
+  EXPECT_EQ(v3.previous_version, 0u);
+  EXPECT_EQ(v3.serving_version, 3u);
+  ASSERT_TRUE(v3.manifest);
+  EXPECT_EQ(v3.manifest->target, "sm_90");
+  EXPECT_TRUE(v3.reason.empty());
+
+  const auto again = gate.push(bundle(3));
+  expect_refused(again, "replayed_version", gate_outcome::duplicate);
+  EXPECT_EQ(again.serving_version, 3u);
+  EXPECT_EQ(again.note, module_note::always);
+  const auto older = gate.push(bundle(2));
+  expect_refused(older, "older_version");
+  EXPECT_EQ(older.highest_version, 3u);
+  EXPECT_EQ(sink.current_version("filters"), 3u);
+  EXPECT_EQ(gate.highest_version("filters"), 3u);
+}
+
+TEST_F(UpdateGateTest, UnverifiedBundlesAreRefusedWithTheirReasonAndNoteNothing) {
+  cubridge::update_gate gate(sink, options());
+  gate.start();
+  auto tampered = bundle(3);  // the payload, just before the 64-byte signature
+  tampered[tampered.size() - 70] ^= std::byte{1};
+  auto forged = bundle(3);  // the signed manifest says v7
+  const std::string text(reinterpret_cast<const char*>(forged.data()), forged.size());
+  forged[text.find("\"version\":3") + 10] = std::byte{'7'};
+  auto unsigned_bundle = bundle(3);
+  std::fill(unsigned_bundle.end() - 64, unsigned_bundle.end(), std::byte{0});
+  const auto oversized = source_bundle("filters", 3, keys.secret_key, "sm_90", 70 << 10);
+
+  for (const auto& [body, reason] : std::vector<std::pair<std::vector<std::byte>, std::string>>{
+           {tampered, "payload_mismatch"},
+           {forged, "bad_signature"},
+           {unsigned_bundle, "unsigned_bundle"},
+           {source_bundle("filters", 3, stranger.secret_key), "unknown_key"},
+           {oversized, "too_large"},
+           {std::vector<std::byte>(10, std::byte{'x'}), "bad_magic"}}) {
+    const auto d = gate.push(body);
+    expect_refused(d, reason);
+    EXPECT_EQ(d.note, module_note::none) << reason;
+    EXPECT_TRUE(d.module.empty()) << reason;
+  }
+  EXPECT_EQ(sink.current_version("filters"), 0u);
+  EXPECT_EQ(gate.highest_version("filters"), 0u);
+  EXPECT_EQ(gate.push(bundle(3)).outcome, gate_outcome::applied);
+}
+
+TEST_F(UpdateGateTest, RefusesAnotherDeviceOrAnotherName) {
+  cubridge::update_gate gate(sink, options());
+  gate.start();
+  expect_refused(gate.push(source_bundle("filters", 3, keys.secret_key, "sm_80")), "wrong_device");
+  const auto named = gate.push(bundle(3), "other");
+  expect_refused(named, "name_mismatch");
+  EXPECT_EQ(named.note, module_note::if_present);
+  EXPECT_EQ(sink.current_version("filters"), 0u);
+  EXPECT_EQ(gate.push(bundle(3), "filters").outcome, gate_outcome::applied);
+}
+
+TEST_F(UpdateGateTest, TheReplayFloorSurvivesARestartWithAStateFile) {
+  cubridge::testing::temp_dir dir;
+  auto o = options();
+  o.state_file = dir.path / "state.json";
+  {
+    cubridge::update_gate gate(sink, o);
+    gate.start();
+    ASSERT_EQ(gate.push(bundle(4)).outcome, gate_outcome::applied);
+  }
+  cubridge::testing::memory_sink fresh;  // the service restarted empty
+  cubridge::update_gate gate(fresh, o);
+  gate.start();
+  // v4 does not serve here, so it is no duplicate: a refused replay.
+  expect_refused(gate.push(bundle(4)), "replayed_version");
+  EXPECT_EQ(fresh.current_version("filters"), 0u);
+  EXPECT_EQ(gate.push(bundle(5)).outcome, gate_outcome::applied);
+}
+
+TEST_F(UpdateGateTest, ASignedRollbackIsHonouredOnce) {
+  cubridge::update_gate gate(sink, options());
+  gate.start();
+  ASSERT_EQ(gate.push(bundle(2)).outcome, gate_outcome::applied);
+  ASSERT_EQ(gate.push(bundle(3)).outcome, gate_outcome::applied);
+  expect_refused(gate.rollback(cubridge::sign_rollback_request("filters", 2, keys.secret_key)),
+                 "version_mismatch");
+  expect_refused(gate.rollback(cubridge::sign_rollback_request("filters", 3, stranger.secret_key)),
+                 "unknown_key");
+  const auto request = cubridge::sign_rollback_request("filters", 3, keys.secret_key);
+  const auto d = gate.rollback(request, "filters");
+  ASSERT_EQ(d.outcome, gate_outcome::rolled_back) << d.reason << ": " << d.detail;
+  EXPECT_EQ(d.version, 2u);
+  EXPECT_EQ(d.previous_version, 3u);
+  EXPECT_EQ(sink.current_version("filters"), 2u);
+  expect_refused(gate.rollback(request), "replayed_request");
+  // v3 served: it stays the floor after the rollback.
+  expect_refused(gate.push(bundle(3)), "replayed_version");
+  EXPECT_EQ(sink.current_version("filters"), 2u);
+}
+
+TEST_F(UpdateGateTest, ARollbackOfAnUnknownModuleIsRefusedWithoutANote) {
+  cubridge::update_gate gate(sink, options());
+  gate.start();
+  const auto d = gate.rollback(cubridge::sign_rollback_request("nothing", 1, keys.secret_key));
+  expect_refused(d, "unknown_module");
+  EXPECT_EQ(d.note, module_note::none);
+}
+
+}  // namespace
