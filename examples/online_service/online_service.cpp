@@ -19,10 +19,13 @@
 // The update endpoint (update_endpoint.hpp) listens on a second port and promotes pushed bundles
 // signed by a trusted key; every promotion is logged on stdout in one line:
 //   t=+12.345s module kernels: version 1 -> 2 (pushed, key 3f9a0c2d11e4b6a7)
+// With --fleet-server and --node it is also a fleet node (docs/fleet.md): a fleet_agent beside
+// the endpoint, over the same sink and keys, whose promotions read "(fleet, key ...)".
 // New versions must pass a smoke test (respond on known input) before they can serve.
 //
 //   online_service --trusted-key release.pub [--port 8080] [--update-port 7070] [--duration S]
 //                  [--log requests.csv] [--module kernels_v1.cubin] [--threads 8]
+//                  [--fleet-server nats://127.0.0.1:4222 --node node-1 [--fleet-heartbeat S]]
 // Port 0 picks a free port; the "ready" line says which. Exit: 0 after --duration or
 // SIGINT/SIGTERM, 1 on failure, 64 bad command line, 77 no GPU (one line).
 #include <cubridge/core/context.hpp>
@@ -40,6 +43,9 @@
 #include <cubridge/update/hot_module_sink.hpp>
 #include <cubridge/update/update_endpoint.hpp>
 
+#include "fleet_node.hpp"
+#include "service_log.hpp"
+
 #include <cublas_v2.h>
 #include <httplib.h>
 #include <sys/socket.h>
@@ -53,7 +59,6 @@
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -68,8 +73,11 @@ extern "C" int vendor_add_one(cubridge_sandbox_args* args);  // the vendor libra
 
 namespace {
 
+using online_service::first_line;
+using online_service::line_log;
+using online_service::unix_seconds;
 using json = nlohmann::json;
-using wall_clock = std::chrono::system_clock;
+using wall_clock = online_service::wall_clock;
 using steady_clock = std::chrono::steady_clock;
 
 constexpr unsigned input_size = 256;   // n: elements of `in` and `out`
@@ -81,29 +89,6 @@ void on_stop_signal(int) {
   stop_requested = 1;
 }
 
-double unix_seconds(wall_clock::time_point t) {
-  return std::chrono::duration<double>(t.time_since_epoch()).count();
-}
-
-// Whole lines on stdout from any thread, each stamped with the time since start.
-class line_log {
- public:
-  line_log() : start_(wall_clock::now()) {}
-  [[nodiscard]] wall_clock::time_point start() const { return start_; }
-  [[nodiscard]] double seconds_since_start() const {
-    return std::chrono::duration<double>(wall_clock::now() - start_).count();
-  }
-  void line(const std::string& text) {
-    std::lock_guard lock(mutex_);
-    std::printf("t=+%.3fs %s\n", seconds_since_start(), text.c_str());
-    std::fflush(stdout);
-  }
-
- private:
-  wall_clock::time_point start_;
-  std::mutex mutex_;
-};
-
 // Waits for `stream`, at most `timeout`: a hung GPU becomes an error, not a hung request.
 void synchronize_within(cubridge::stream_ref stream, std::chrono::milliseconds timeout) {
   const auto deadline = steady_clock::now() + timeout;
@@ -114,57 +99,6 @@ void synchronize_within(cubridge::stream_ref stream, std::chrono::milliseconds t
     std::this_thread::yield();
   }
 }
-
-// The first line of a (possibly multi-line) message, for one-line logs.
-std::string first_line(const std::string& text) {
-  const auto end = text.find('\n');
-  return end == std::string::npos ? text : text.substr(0, end) + " ...";
-}
-
-// The sink the endpoint talks to: the hot_module_sink, with every promotion, rollback and
-// refused stage logged in one line.
-class logged_sink final : public cubridge::module_sink {
- public:
-  logged_sink(cubridge::module_sink& inner, line_log& log) : inner_(inner), log_(log) {}
-
-  [[nodiscard]] std::optional<cubridge::compute_capability> device_capability() const override {
-    return inner_.device_capability();
-  }
-  [[nodiscard]] std::uint64_t current_version(std::string_view name) const override {
-    return inner_.current_version(name);
-  }
-  [[nodiscard]] std::vector<cubridge::module_report> status() const override {
-    return inner_.status();
-  }
-
-  cubridge::sink_result apply(const cubridge::verified_bundle& bundle) override {
-    const auto& m = bundle.manifest;
-    const auto before = inner_.current_version(m.name);
-    auto result = inner_.apply(bundle);
-    if (result.outcome == cubridge::sink_outcome::done)
-      log_.line("module " + m.name + ": version " + std::to_string(before) + " -> " +
-                std::to_string(result.version) + " (pushed, key " + cubridge::to_hex(m.key_id) +
-                ")");
-    else
-      log_.line("module " + m.name + ": version " + std::to_string(m.version) + " refused (" +
-                std::string(cubridge::to_string(result.outcome)) + "), version " +
-                std::to_string(before) + " keeps serving: " + first_line(result.detail));
-    return result;
-  }
-
-  cubridge::sink_result rollback(std::string_view name) override {
-    const auto before = inner_.current_version(name);
-    auto result = inner_.rollback(name);
-    if (result.outcome == cubridge::sink_outcome::done)
-      log_.line("module " + std::string(name) + ": version " + std::to_string(before) + " -> " +
-                std::to_string(result.version) + " (rolled back)");
-    return result;
-  }
-
- private:
-  cubridge::module_sink& inner_;
-  line_log& log_;
-};
 
 // cublasDestroy in the handle's context (it frees the handle's workspace there).
 struct blas_destroy {
@@ -377,29 +311,6 @@ void smoke_test(const cubridge::context& ctx, const cubridge::module& staged) {
   if (host_version == 0) throw std::runtime_error("respond did not write its version");
 }
 
-// Writes one CSV line per request: unix_time,version,latency_us,ok.
-class request_log {
- public:
-  explicit request_log(const std::string& path) {
-    if (path.empty()) return;
-    file_.open(path, std::ios::trunc);
-    if (!file_) throw std::runtime_error("cannot write the request log " + path);
-    file_ << "unix_time,version,latency_us,ok\n";
-  }
-  void add(wall_clock::time_point start, unsigned version, double latency_us, bool ok) {
-    if (!file_.is_open()) return;
-    char line[96];
-    std::snprintf(line, sizeof line, "%.6f,%u,%.1f,%d\n", unix_seconds(start), version, latency_us,
-                  ok ? 1 : 0);
-    std::lock_guard lock(mutex_);
-    file_ << line;
-  }
-
- private:
-  std::mutex mutex_;
-  std::ofstream file_;
-};
-
 // The request server's listening thread; stops it and joins it (and its workers) when destroyed.
 class listening {
  public:
@@ -430,13 +341,14 @@ struct options {
   std::string log;
   std::string module = ONLINE_SERVICE_V1_CUBIN;
   std::size_t threads = 8;
+  online_service::fleet_node_options fleet;  // server empty: no fleet agent
 };
 
 int run(const options& o) {
   line_log log;
   cubridge::trusted_keys keys;
   for (const auto& file : o.trusted_keys) keys.add(cubridge::read_public_key_file(file));
-  request_log requests(o.log);
+  online_service::request_log requests(o.log);
 
   const auto dev = cubridge::device::get(0);
   auto ctx = cubridge::context::create(dev);
@@ -468,11 +380,15 @@ int run(const options& o) {
 
   cubridge::hot_module_sink modules;
   modules.add(kernels, {.smoke_test = [&ctx](const cubridge::module& m) { smoke_test(ctx, m); }});
-  logged_sink sink(modules, log);
+  std::mutex sink_serial;  // the endpoint and the agent apply one bundle at a time between them
+  online_service::logged_sink pushed(modules, log, "pushed", sink_serial);
+  online_service::logged_sink fleet_applied(modules, log, "fleet", sink_serial);
   cubridge::update_endpoint_options endpoint_options;
   endpoint_options.port = o.update_port;
   endpoint_options.keys = keys;
-  cubridge::update_endpoint endpoint(sink, endpoint_options);
+  cubridge::update_endpoint endpoint(pushed, endpoint_options);
+  std::optional<online_service::fleet_node> fleet;
+  if (!o.fleet.server.empty()) fleet.emplace(fleet_applied, keys, o.fleet);
 
   httplib::Server server;
   server.new_task_queue = [n = o.threads] { return new httplib::ThreadPool(n); };
@@ -533,6 +449,7 @@ int run(const options& o) {
     auto reply = svc.counts();
     reply["module"] = "kernels";
     reply["version"] = modules.current_version("kernels");
+    if (fleet) reply["fleet"] = fleet->status();
     response.set_content(reply.dump(), "application/json");
   });
 
@@ -550,12 +467,23 @@ int run(const options& o) {
       failed = true;
     }
   }
+  if (!failed && fleet) {
+    try {
+      fleet->start();  // returns at once; the agent connects by itself
+    } catch (const std::exception& e) {
+      log.line("online_service: the fleet agent did not start: " + first_line(e.what()));
+      failed = true;
+    }
+  }
   if (!failed) {
-    char ready[512];
+    const std::string fleet_part =
+        fleet ? ", fleet node " + o.fleet.node + " at " + o.fleet.server : "";
+    char ready[768];
     std::snprintf(ready, sizeof ready,
                   "online_service: ready: requests on http://127.0.0.1:%d/v1/infer, updates on "
-                  "%s (%zu trusted key(s)); start unix %.6f",
-                  port, endpoint.url().c_str(), keys.size(), unix_seconds(log.start()));
+                  "%s (%zu trusted key(s))%s; start unix %.6f",
+                  port, endpoint.url().c_str(), keys.size(), fleet_part.c_str(),
+                  unix_seconds(log.start()));
     log.line(ready);
     std::signal(SIGINT, on_stop_signal);
     std::signal(SIGTERM, on_stop_signal);
@@ -568,6 +496,7 @@ int run(const options& o) {
     }
   }
   listener.reset();  // joins the workers: no request runs after this
+  if (fleet) fleet->stop();
   endpoint.stop();
   const auto counts = svc.counts();
   log.line("online_service: stopped; served " + counts["served"].dump() + ", failed " +
@@ -592,10 +521,31 @@ int main(int argc, char** argv) {
       ->check(CLI::ExistingFile);
   app.add_option("--threads", o.threads, "Request workers (each with its stream and cuBLAS handle)")
       ->check(CLI::Range(1, 256));
+  double heartbeat_s = 5;
+  auto* fleet_server =
+      app.add_option("--fleet-server", o.fleet.server,
+                     "Also a fleet node: the NATS server (nats://HOST:PORT) of the fleet");
+  auto* node = app.add_option("--node", o.fleet.node, "This fleet node's id ([A-Za-z0-9_-]{1,64})");
+  fleet_server->needs(node);
+  node->needs(fleet_server);
+  app.add_option("--fleet-heartbeat", heartbeat_s, "Seconds between the fleet node's heartbeats")
+      ->check(CLI::Range(0.05, 3600.0))
+      ->needs(fleet_server);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 64;
+  }
+  o.fleet.heartbeat_interval =
+      std::chrono::milliseconds(static_cast<std::int64_t>(heartbeat_s * 1000));
+  if (!o.fleet.server.empty()) {
+    auto problem = online_service::check_fleet_node_options(o.fleet);
+    if (problem.empty() && !online_service::fleet_supported())
+      problem = "--fleet-server: this online_service was built without libnats (no fleet agent)";
+    if (!problem.empty()) {
+      std::fprintf(stderr, "online_service: %s\n", problem.c_str());
+      return 64;
+    }
   }
   std::signal(SIGPIPE, SIG_IGN);  // a client gone away is an error on its socket, not an exit
   if (!cubridge::driver::available()) {

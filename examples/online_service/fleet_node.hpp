@@ -1,0 +1,50 @@
+#pragma once
+// online_service as a fleet node (docs/fleet.md): a cubridge::fleet_agent beside the update
+// endpoint, over the same hot_module_sink and the same trusted keys. Built only where the
+// cubridge_fleet target exists (libnats); elsewhere --fleet-server is refused at parse time.
+#include <cubridge/update/bundle.hpp>
+#include <cubridge/update/module_sink.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+namespace online_service {
+
+struct fleet_node_options {
+  std::string server;  ///< the NATS server, nats://HOST:PORT
+  std::string node;    ///< this node's id (1 to 64 of [A-Za-z0-9_-])
+  std::chrono::milliseconds heartbeat_interval{5000};
+};
+
+/// Whether this build can be a fleet node (it was linked with cubridge_fleet).
+[[nodiscard]] bool fleet_supported() noexcept;
+/// What is wrong with `options` (the node id, a missing server), or an empty string.
+[[nodiscard]] std::string check_fleet_node_options(const fleet_node_options& options);
+
+/// The agent, stopped when destroyed. `sink` must outlive it.
+class fleet_node {
+ public:
+  fleet_node(cubridge::module_sink& sink, const cubridge::trusted_keys& keys,
+             fleet_node_options options);
+  fleet_node(const fleet_node&) = delete;
+  fleet_node& operator=(const fleet_node&) = delete;
+  ~fleet_node();
+
+  /// Starts the agent: it returns at once, also while no server answers (the agent connects by
+  /// itself). @throws cubridge::error when the agent refuses its options or the server URL;
+  /// std::runtime_error when this build has no fleet support.
+  void start();
+  /// Stops the agent; the service keeps serving what it has. Never throws.
+  void stop() noexcept;
+  /// {"node", "server", "connected", "applied", "refused", "rolled_back", "last_result"}.
+  [[nodiscard]] nlohmann::json status() const;
+
+ private:
+  struct impl;
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace online_service
