@@ -23,7 +23,7 @@ using steady = std::chrono::steady_clock;
 
 struct directory_watcher::state {
   std::filesystem::path directory;
-  std::chrono::milliseconds debounce;
+  std::chrono::milliseconds debounce{};
   ready_callback on_ready;
   std::vector<std::string> extensions;
   error_callback on_error;

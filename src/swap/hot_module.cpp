@@ -3,6 +3,7 @@
 // hot_module_reclaim.cpp, tracked graphs in hot_module_graphs.cpp, the launch path in
 // hot_kernel_launch.cpp; they share hot_module_state.hpp.
 #include "hot_module_state.hpp"
+#include "swap_trace.hpp"
 
 #include <cubridge/core/detail/check.hpp>
 #include <cubridge/core/driver.hpp>
@@ -30,6 +31,7 @@ namespace {
 
 std::vector<std::string> interface_of(const image_info& info, const std::string& name) {
   std::vector<std::string> names;
+  names.reserve(info.kernels.size());
   for (const auto& k : info.kernels) names.push_back(k.name);
   if (names.empty())
     detail::throw_errc(errc::precondition, "hot_module::load",
@@ -100,6 +102,9 @@ std::uint64_t hot_module::promote(staged_version version) {
                            "module '" + s.name + "' in " + s.ctx.ref().describe() +
                            ": its kernels are another module's; stage it with this module, "
                            "which keeps serving");
+  const std::string trace = "promote module '" + s.name + "' version from " + version.source_ +
+                            swap_trace::bundle_suffix(version.origin_.bundle_version);
+  const swap_trace::scoped_range range{trace};
   state::switching lock(s, !version.carry_globals_.empty());
   const auto id = s.versions.promote(
       std::move(version.version_), std::move(version.origin_),
@@ -128,6 +133,11 @@ std::uint64_t hot_module::promote(staged_version version) {
 std::uint64_t hot_module::rollback() {
   auto& s = checked();
   state::switching lock(s, false);
+  // Under the swap lock the target cannot change before the switch.
+  const auto target = s.versions.previous_id();
+  const std::string trace = "rollback module '" + s.name + "' to version " +
+                            (target ? std::to_string(*target) : std::string("(none)"));
+  const swap_trace::scoped_range range{trace};
   const auto id = s.versions.rollback([&](const auto& from, const auto& to) {
     const std::string who = "version " + std::to_string(to.id);
     if (const auto why = s.misfit(to.payload, who); !why.empty())
@@ -137,6 +147,7 @@ std::uint64_t hot_module::rollback() {
                                        " keeps serving");
     s.retarget_all(from.payload, to.payload, to.id);
   });
+  s.rollbacks.fetch_add(1);
   for (auto& g : s.graphs) g->bound_version = id;
   s.signal.notify();
   return id;
@@ -179,6 +190,7 @@ hot_module_stats hot_module::stats() const {
   hot_module_stats out;
   out.current_id = chain_stats.current_id;
   out.promotions = chain_stats.promotions;
+  out.rollbacks = s.rollbacks.load();
   out.rejected = s.rejected.load();
   out.retired_waiting = chain_stats.retired;
   out.unloaded = chain_stats.reclaimed;

@@ -2,6 +2,7 @@
 // unloads retired versions once their last events completed, and the sealing of a stream about to
 // be destroyed. Nothing here throws: failures are counted and reported (hot_module_stats).
 #include "hot_module_state.hpp"
+#include "swap_trace.hpp"
 
 #include <cubridge/core/detail/check.hpp>
 #include <cubridge/core/detail/describe.hpp>
@@ -11,6 +12,8 @@
 
 #include <exception>
 #include <mutex>
+#include <optional>
+#include <string>
 
 namespace cubridge {
 
@@ -42,9 +45,25 @@ void hot_module::state::report_reclaim_failure(const std::string& what) noexcept
   }
 }
 
+// "unload module 'filters': retired versions 2, 3" when any is retired (the range of a pass
+// that may unload), else empty (no range).
+std::string hot_module::state::unload_trace() const {
+  if (versions.get_stats().retired == 0) return {};
+  std::string text = "unload module '" + name + "': retired versions";
+  const char* separator = " ";
+  for (const auto& v : versions.held().retired) {
+    text.append(separator).append(std::to_string(v.id));
+    separator = ", ";
+  }
+  return text;
+}
+
 detail::reclaim_pass hot_module::state::reclaim_now(std::size_t* unloaded) noexcept {
   detail::reclaim_pass pass;
   try {
+    const auto trace = unload_trace();
+    std::optional<swap_trace::scoped_range> range;
+    if (!trace.empty()) range.emplace(trace);
     scoped_current current(ctx.ref());
     const auto n = versions.reclaim(
         [](const event& e) {
@@ -52,7 +71,7 @@ detail::reclaim_pass hot_module::state::reclaim_now(std::size_t* unloaded) noexc
           return driver::api().cuEventQuery(e.get()) != CUDA_ERROR_NOT_READY;
         },
         [this](const CUstream& s) { return last_event_on(s); },
-        [&](std::uint64_t id, std::exception_ptr e) {
+        [&](std::uint64_t id, const std::exception_ptr& e) {
           pass.failed = true;
           report_reclaim_failure("retired version " + std::to_string(id) +
                                  " stays loaded for now: " + what_of(e));

@@ -2,6 +2,7 @@
 // with the same parameters, fitting the launches in use, carried globals, the smoke test) before
 // it can be promoted. The serving version is untouched whatever happens.
 #include "hot_module_state.hpp"
+#include "swap_trace.hpp"
 
 #include <cubridge/core/image.hpp>
 #include <cubridge/swap/hot_module.hpp>
@@ -114,6 +115,9 @@ staged_version hot_module::stage(std::span<const std::byte> image, const image_i
                                  const stage_options& options) const {
   auto& s = checked();
   const std::string source = options.source_name.empty() ? "memory" : options.source_name;
+  const std::string trace = "stage module '" + s.name + "' from " + source +
+                            swap_trace::bundle_suffix(options.bundle_version);
+  const swap_trace::scoped_range range{trace};
   std::optional<module> loaded;
   try {
     loaded.emplace(

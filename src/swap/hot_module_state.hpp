@@ -65,6 +65,8 @@ struct hot_module::state {
   void report_reclaim_failure(const std::string& what) noexcept;
   /// Unloads what can be unloaded; never throws: failures are counted and reported.
   detail::reclaim_pass reclaim_now(std::size_t* unloaded = nullptr) noexcept;
+  /// The NVTX message of a reclaim pass (the retired versions), empty when none is retired.
+  std::string unload_trace() const;
   /// An event recorded on `s` now: complete once everything queued on `s` so far is.
   event last_event_on(CUstream s);
   /// `s` is about to be destroyed: every version that launched on it gets its last event now,
@@ -140,6 +142,7 @@ struct hot_module::state {
   std::vector<hot_module_internal::launch_usage> usage;
   hot_kernel::chain versions;
   std::atomic<std::uint64_t> rejected{0};
+  std::atomic<std::uint64_t> rollbacks{0};
   std::mutex swap_mutex;  // one promote or rollback at a time, before graphs_mutex
   std::mutex graphs_mutex;
   std::vector<std::unique_ptr<tracked_graph>> graphs;

@@ -20,6 +20,7 @@ std::vector<std::byte> machine_code_from_file(const std::filesystem::path& file,
                             {std::move(options), cache});
 }
 
+// NOLINTNEXTLINE(performance-unnecessary-value-param): the public signature (hot_reload.hpp)
 hot_reloader::hot_reloader(hot_module& target, std::filesystem::path directory, options opts) {
   const auto device = target.context().device().capability();
   auto on_file = [&target, device, opts](const std::filesystem::path& file) {

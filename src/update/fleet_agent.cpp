@@ -6,6 +6,7 @@
 #include <cubridge/core/error.hpp>
 #include <cubridge/update/fleet_agent.hpp>
 #include <cubridge/update/fleet_subjects.hpp>
+#include <cubridge/update/metrics_text.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -13,7 +14,6 @@
 #include <map>
 #include <mutex>
 #include <optional>
-#include <sstream>
 #include <thread>
 
 namespace cubridge {
@@ -135,6 +135,8 @@ void fleet_agent::impl::set_up() {
   for (const auto& m : modules) {
     nats::ensure_bundle_stream(js.get(), m);
     const std::string stream = fleet::bundle_stream(m);
+    std::string what = "consumer ";  // for errors
+    what.append(durable).append(" on stream ").append(stream);
     jsConsumerConfig config;
     jsConsumerConfig_Init(&config);
     config.Durable = durable.c_str();
@@ -148,7 +150,7 @@ void fleet_agent::impl::set_up() {
     if (info) jsConsumerInfo_Destroy(info);
     // An existing durable (another configuration, e.g. another ack_wait) is bound as it is.
     if (added != NATS_OK && code != JSConsumerNameExistErr)
-      nats::check(added, "js_AddConsumer", "consumer " + durable + " on stream " + stream, code);
+      nats::check(added, "js_AddConsumer", what, code);
     jsSubOptions bind;
     jsSubOptions_Init(&bind);
     bind.Stream = stream.c_str();
@@ -158,8 +160,7 @@ void fleet_agent::impl::set_up() {
     const auto subscribed =
         js_PullSubscribe(&raw, js.get(), nullptr, durable.c_str(), nullptr, &bind, &code);
     nats::subscription_ptr owned(raw);
-    nats::check(subscribed, "js_PullSubscribe", "consumer " + durable + " on stream " + stream,
-                code);
+    nats::check(subscribed, "js_PullSubscribe", what, code);
     consumers.push_back({m, std::move(owned)});
   }
   ++connects;
@@ -410,32 +411,32 @@ std::optional<fleet::result_record> fleet_agent::last_result() const {
 
 std::string fleet_agent::metrics_text() const {
   const auto& d = *impl_;
-  std::ostringstream out;
-  out << "# HELP cubridge_module_version The bundle version serving, per module.\n"
-         "# TYPE cubridge_module_version gauge\n";
-  for (const auto& m : d.modules)
-    out << "cubridge_module_version{module=\"" << m << "\"} " << d.sink.current_version(m) << "\n";
-  out << "# HELP cubridge_fleet_promotions_total Bundles applied through the fleet.\n"
-         "# TYPE cubridge_fleet_promotions_total counter\n"
-         "cubridge_fleet_promotions_total "
-      << d.applied << "\n"
-      << "# HELP cubridge_fleet_rollbacks_total Signed rollbacks done through the fleet.\n"
-         "# TYPE cubridge_fleet_rollbacks_total counter\n"
-         "cubridge_fleet_rollbacks_total "
-      << d.rolled_back << "\n"
-      << "# HELP cubridge_fleet_rejects_total Messages refused or failed, by reason.\n"
-         "# TYPE cubridge_fleet_rejects_total counter\n";
+  metrics_text_writer out;
+  out.family("cubridge_module_version", "The bundle version serving, per module (0: none).",
+             metric_type::gauge);
+  for (const auto& m : d.modules) out.sample(d.sink.current_version(m), {{"module", m}});
+  const auto counter = [&out](const char* name, const char* help, std::uint64_t value) {
+    out.family(name, help, metric_type::counter);
+    out.sample(value);
+  };
+  counter("cubridge_fleet_promotions_total", "Bundles applied through the fleet.", d.applied);
+  counter("cubridge_fleet_rollbacks_total", "Signed rollbacks done through the fleet.",
+          d.rolled_back);
+  out.family("cubridge_fleet_rejects_total", "Messages refused or failed, by reason.",
+             metric_type::counter);
   {
     std::lock_guard lock(d.results_mutex);
-    // Reasons are the gate's tokens ([a-z_]), safe as label values.
-    for (const auto& [reason, n] : d.rejects)
-      out << "cubridge_fleet_rejects_total{reason=\"" << reason << "\"} " << n << "\n";
+    for (const auto& [reason, n] : d.rejects) out.sample(n, {{"reason", reason}});
   }
-  out << "# HELP cubridge_fleet_agent_connected 1 while connected with its consumers set up.\n"
-         "# TYPE cubridge_fleet_agent_connected gauge\n"
-         "cubridge_fleet_agent_connected "
-      << (connected() ? 1 : 0) << "\n";
-  return out.str();
+  out.family("cubridge_fleet_agent_connected", "1 while connected with its consumers set up.",
+             metric_type::gauge);
+  out.sample(connected() ? 1u : 0u);
+  counter("cubridge_fleet_agent_connects_total",
+          "Consumer set-ups: the first and one after each lost connection.", d.connects);
+  counter("cubridge_fleet_agent_heartbeats_total", "Heartbeats published.", d.heartbeats);
+  counter("cubridge_fleet_agent_publish_failures_total",
+          "Result records or acks that could not go out (retried).", d.publish_failures);
+  return std::move(out).str();
 }
 
 }  // namespace cubridge

@@ -134,6 +134,9 @@ std::vector<module_report> hot_module_sink::status() const {
     if (held.rollback_target)
       r.versions_held.push_back(held.rollback_target->origin.bundle_version);
     r.versions_held.push_back(held.serving.origin.bundle_version);
+    const auto stats = e->module->stats();
+    r.counters = module_counters{stats.promotions, stats.rollbacks, stats.rejected, stats.unloaded,
+                                 stats.reclaim_failures};
     std::lock_guard lock(e->mutex);
     r.last_error = e->last_error;
     out.push_back(std::move(r));

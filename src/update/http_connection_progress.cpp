@@ -130,7 +130,7 @@ bool connection_service::take_head(connection& c, std::size_t head_size) {
   auto decided = decide_framing(std::string_view(c.in).substr(0, head_size),
                                 options_.max_header_count, options_.body_limit);
   if (auto* r = std::get_if<transport_refusal>(&decided)) {
-    refuse(c, std::move(*r));
+    refuse(c, *r);
     return false;
   }
   const auto framing = std::get<request_framing>(decided);
@@ -162,8 +162,13 @@ void connection_service::release(connection& c) {
 }
 
 // Answers `r` (then closes): a refusal the transport decides.
-void connection_service::refuse(connection& c, transport_refusal r) {
-  ++(r.status == 503 ? counters_.connections_refused : counters_.refused);
+void connection_service::refuse(connection& c, const transport_refusal& r) {
+  if (r.status == 503) {
+    ++counters_.connections_refused;
+  } else {
+    ++counters_.refused;
+    if (counters_.refused_because) counters_.refused_because(r.error);
+  }
   release(c);
   c.out += refusal_text(r);
   c.at = phase::answering;

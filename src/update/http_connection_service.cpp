@@ -34,7 +34,11 @@ void close_after_response() {
 connection_service::connection_service(guarded_server& server, int listener,
                                        const reception_options& options, SSL_CTX* tls,
                                        reception_counters counters)
-    : server_(server), listener_(listener), options_(options), tls_(tls), counters_(counters) {
+    : server_(server),
+      listener_(listener),
+      options_(options),
+      tls_(tls),
+      counters_(std::move(counters)) {
   try {
     wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (wake_fd_ < 0)

@@ -76,7 +76,7 @@ class connection_service {
   bool scan_head(connection& c);
   bool take_head(connection& c, std::size_t head_size);
   void release(connection& c);
-  void refuse(connection& c, transport_refusal r);
+  void refuse(connection& c, const transport_refusal& r);
   void begin_drain(connection& c);
   void drain(connection& c);
   void close_now(connection& c);

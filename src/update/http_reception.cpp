@@ -95,7 +95,7 @@ http_reception::http_reception(reception_options options,
   port_ = bind_server(*server_, options_);
   server_->set_backlog(options_.listen_backlog);
   service_ = std::make_unique<connection_service>(*server_, server_->release_listener(), options_,
-                                                  tls_.get(), counters);
+                                                  tls_.get(), std::move(counters));
 }
 
 http_reception::~http_reception() = default;

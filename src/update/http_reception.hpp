@@ -20,6 +20,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 
 namespace cubridge::http_internal {
 
@@ -52,6 +53,9 @@ struct reception_counters {
   std::atomic<std::uint64_t>& refused;              // 4xx answered before httplib saw the request
   std::atomic<std::uint64_t>& connections_refused;  // 503 busy
   std::atomic<std::uint64_t>& open_connections;
+  /// Told the reason ("timeout", "headers_too_large", ...) of each refusal counted in
+  /// `refused`; may be empty. Must not throw.
+  std::function<void(std::string_view reason)> refused_because;
 };
 
 /// From a handler: closes the connection after this request's answer (e.g. when its body was

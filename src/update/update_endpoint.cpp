@@ -123,6 +123,7 @@ std::string update_endpoint::impl::status_summary(std::string_view text) {
 // for requests that passed signature verification (else anyone could write there).
 void update_endpoint::impl::refuse(httplib::Response& res, refusal r, module_entry* e) {
   ++refused;
+  count_refusal(r.error);
   r.detail = bounded_detail(std::move(r.detail));
   if (e) {
     auto summary = status_summary(std::to_string(r.status) + " " + r.error + ": " + r.detail);
@@ -130,6 +131,21 @@ void update_endpoint::impl::refuse(httplib::Response& res, refusal r, module_ent
     e->last_refusal = std::move(summary);
   }
   answer(res, r);
+}
+
+void update_endpoint::impl::count_refusal(std::string_view reason) noexcept {
+  try {
+    std::lock_guard lock(reasons_mutex);
+    auto it = refused_by_reason.find(reason);
+    if (it == refused_by_reason.end())
+      it = refused_by_reason
+               .try_emplace(refused_by_reason.size() < max_refusal_reasons ? std::string(reason)
+                                                                           : "other")
+               .first;
+    ++it->second;
+  } catch (...) {
+    // Out of memory: the total in `refused` still counts it.
+  }
 }
 
 // --- set-up -----------------------------------------------------------------------------------
@@ -157,11 +173,14 @@ httplib::Server::HandlerResponse update_endpoint::impl::answer_error(httplib::Re
   if (res.status == 414) error = "uri_too_long";
   if (res.status == 413) http_internal::close_after_response();
   answer(res, {res.status, error, "HTTP " + std::to_string(res.status) + " for this request"});
-  if (res.status != 404) ++refused;
+  if (res.status != 404) {
+    ++refused;
+    count_refusal(error);
+  }
   return httplib::Server::HandlerResponse::Handled;
 }
 
-void update_endpoint::impl::answer_exception(httplib::Response& res, std::exception_ptr ep) {
+void update_endpoint::impl::answer_exception(httplib::Response& res, const std::exception_ptr& ep) {
   std::string what = "unknown exception";
   try {
     if (ep) std::rethrow_exception(ep);
@@ -170,6 +189,7 @@ void update_endpoint::impl::answer_exception(httplib::Response& res, std::except
   } catch (...) {
   }
   ++refused;
+  count_refusal("internal_error");
   answer(res, {500, "internal_error", bounded_detail(std::move(what))});
 }
 
@@ -179,6 +199,9 @@ void update_endpoint::impl::set_up_routes(httplib::Server& s) {
       [this](const httplib::Request& req, httplib::Response& res) { return pre_route(req, res); });
   s.Get("/v1/modules",
         [this](const httplib::Request&, httplib::Response& res) { list_modules(res); });
+  if (options.serve_metrics)
+    s.Get("/metrics",
+          [this](const httplib::Request&, httplib::Response& res) { answer_metrics(res); });
   s.Put("/v1/modules/(.+)", httplib::Server::HandlerWithContentReader(
                                 [this](const httplib::Request& req, httplib::Response& res,
                                        const httplib::ContentReader& content) {
@@ -194,7 +217,7 @@ void update_endpoint::impl::set_up_routes(httplib::Server& s) {
   s.set_error_handler(httplib::Server::HandlerWithResponse(
       [this](const httplib::Request&, httplib::Response& res) { return answer_error(res); }));
   s.set_exception_handler([this](const httplib::Request&, httplib::Response& res,
-                                 std::exception_ptr ep) { answer_exception(res, ep); });
+                                 const std::exception_ptr& ep) { answer_exception(res, ep); });
 }
 
 // What the transport needs of the options, and the body each route takes.
@@ -226,7 +249,9 @@ http_internal::reception_options update_endpoint::impl::transport_options() cons
 void update_endpoint::impl::start_reception() {
   reception = std::make_unique<http_internal::http_reception>(
       transport_options(), [this](httplib::Server& s) { set_up_routes(s); },
-      http_internal::reception_counters{refused, connections_refused, open_connections});
+      http_internal::reception_counters{
+          refused, connections_refused, open_connections,
+          [this](std::string_view reason) { count_refusal(reason); }});
   bound_port = reception->port();
 }
 

@@ -1,8 +1,8 @@
 #pragma once
 // The update endpoint over its policy (update_gate.hpp: verification, the replay floor, the
 // sink): the routes and the answers. The set-up, the answers and start/stop are in
-// update_endpoint.cpp, the push, rollback and status handlers in update_routes.cpp; the HTTP
-// transport under it in http_reception.hpp. Internal to cubridge_update; not installed.
+// update_endpoint.cpp, the push, rollback, status and metrics handlers in update_routes.cpp; the
+// HTTP transport under it in http_reception.hpp. Internal to cubridge_update; not installed.
 #include "http_reception.hpp"
 
 #include <cubridge/update/bundle.hpp>
@@ -84,6 +84,11 @@ struct update_endpoint::impl {
 
   std::atomic<std::uint64_t> applied{0}, refused{0}, rolled_back{0}, connections_refused{0},
       open_connections{0};
+  // `refused` by reason, for the metrics. Reasons are the code's tokens; past
+  // max_refusal_reasons of them (never, unless a new token is added) they count as "other".
+  static constexpr std::size_t max_refusal_reasons = 64;
+  std::mutex reasons_mutex;
+  std::map<std::string, std::uint64_t, std::less<>> refused_by_reason;
 
   std::mutex entries_mutex;
   std::map<std::string, std::unique_ptr<module_entry>, std::less<>> entries;
@@ -98,9 +103,10 @@ struct update_endpoint::impl {
   static std::string bounded_detail(std::string detail);
   static std::string status_summary(std::string_view text);
   void refuse(httplib::Response& res, refusal r, module_entry* e = nullptr);
+  void count_refusal(std::string_view reason) noexcept;
   httplib::Server::HandlerResponse pre_route(const httplib::Request& req, httplib::Response& res);
   httplib::Server::HandlerResponse answer_error(httplib::Response& res);
-  void answer_exception(httplib::Response& res, std::exception_ptr ep);
+  void answer_exception(httplib::Response& res, const std::exception_ptr& ep);
   void set_up_routes(httplib::Server& s);
   http_internal::reception_options transport_options() const;
   void start_reception();
@@ -112,6 +118,7 @@ struct update_endpoint::impl {
   void rollback_module(const httplib::Request& req, httplib::Response& res);
   void refuse_decision(httplib::Response& res, const gate_decision& d, const std::string& name);
   void list_modules(httplib::Response& res);
+  void answer_metrics(httplib::Response& res);
 };
 
 }  // namespace cubridge

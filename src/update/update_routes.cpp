@@ -1,8 +1,10 @@
 // The update endpoint's route handlers: push (PUT /v1/modules/{name}), rollback
 // (POST /v1/modules/{name}/rollback), each a decision of the gate (update_gate.hpp) answered,
-// and status (GET /v1/modules); see update_endpoint.hpp for the checks, their order and the
-// answers.
+// status (GET /v1/modules) and metrics (GET /metrics); see update_endpoint.hpp for the checks,
+// their order and the answers.
 #include "update_endpoint_impl.hpp"
+
+#include <cubridge/update/metrics_text.hpp>
 
 #include <algorithm>
 #include <span>
@@ -118,6 +120,42 @@ void update_endpoint::impl::list_modules(httplib::Response& res) {
             {"refused", refused.load()},
             {"rolled_back", rolled_back.load()},
             {"connections_refused", connections_refused.load()}}}});
+}
+
+// --- metrics ----------------------------------------------------------------------------------
+
+// Prometheus text: per module a fixed set of lines, then the endpoint's counters (refusals by
+// reason: the code's tokens only, so the answer stays bounded whoever asks).
+void update_endpoint::impl::answer_metrics(httplib::Response& res) {
+  std::vector<module_report> reports;
+  try {
+    reports = sink.status();
+  } catch (const std::exception& x) {
+    return answer(res, {500, "status_failed", bounded_detail(x.what())});
+  }
+  metrics_text_writer out;
+  write_module_metrics(out, reports);
+  out.family("cubridge_update_applied_total", "Pushes applied by the update endpoint.",
+             metric_type::counter);
+  out.sample(applied.load());
+  out.family("cubridge_update_rollbacks_total", "Signed rollbacks done by the update endpoint.",
+             metric_type::counter);
+  out.sample(rolled_back.load());
+  out.family("cubridge_update_refused_total",
+             "Requests the update endpoint refused, by reason (the error of the answer).",
+             metric_type::counter);
+  {
+    std::lock_guard lock(reasons_mutex);
+    for (const auto& [reason, n] : refused_by_reason) out.sample(n, {{"reason", reason}});
+  }
+  out.family("cubridge_update_connections_refused_total",
+             "Connections and requests answered 503 busy by the transport.", metric_type::counter);
+  out.sample(connections_refused.load());
+  out.family("cubridge_update_open_connections", "Connections the update endpoint holds now.",
+             metric_type::gauge);
+  out.sample(open_connections.load());
+  res.status = 200;
+  res.set_content(std::move(out).str(), std::string(metrics_text_content_type));
 }
 
 }  // namespace cubridge

@@ -185,6 +185,12 @@ TEST_F(FleetAgentTest, BadMessagesAreRefusedWithARecordAndChangeNothing) {
             std::string::npos)
       << metrics;
   EXPECT_NE(metrics.find("cubridge_fleet_agent_connected 1\n"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("cubridge_fleet_agent_connects_total 1\n"), std::string::npos) << metrics;
+  for (const char* family :
+       {"cubridge_fleet_promotions_total", "cubridge_fleet_rollbacks_total",
+        "cubridge_fleet_agent_heartbeats_total", "cubridge_fleet_agent_publish_failures_total"})
+    EXPECT_NE(metrics.find("# TYPE " + std::string(family) + " counter\n"), std::string::npos)
+        << family << " in " << metrics;
 }
 
 TEST_F(FleetAgentTest, ACanaryBundleForThisNodeIsAppliedAnotherNodesIgnored) {

@@ -77,6 +77,10 @@ TEST_F(HotModuleSink, AppliesCubinAndSourceRefusesBrokenAndRollsBack) {
   ASSERT_EQ(status.size(), 1u);
   EXPECT_EQ(status[0].current_version, 2u);
   EXPECT_EQ(status[0].versions_held, (std::vector<std::uint64_t>{4, 2}));
+  ASSERT_TRUE(status[0].counters.has_value()) << "a hot module reports its counters";
+  EXPECT_EQ(status[0].counters->promotions, 3u) << "v2, v4 and the rollback";
+  EXPECT_EQ(status[0].counters->rollbacks, 1u);
+  EXPECT_EQ(status[0].counters->rejected, 1u) << "the image that lacks a kernel";
   EXPECT_EQ(sink_->apply(verified(5, hot_image("v2"))).outcome, cubridge::sink_outcome::done);
   EXPECT_EQ(sink_->rollback("nothing").outcome, cubridge::sink_outcome::unknown_module);
 }
@@ -84,6 +88,7 @@ TEST_F(HotModuleSink, AppliesCubinAndSourceRefusesBrokenAndRollsBack) {
 TEST_F(HotModuleSink, PushedOverHttpServesOnTheNextLaunch) {
   cubridge::update_endpoint_options options;
   options.keys.add(keys_.public_key);
+  options.serve_metrics = true;
   cubridge::update_endpoint endpoint(*sink_, options);
   endpoint.start();
   httplib::Client client("127.0.0.1", endpoint.port());
@@ -101,6 +106,16 @@ TEST_F(HotModuleSink, PushedOverHttpServesOnTheNextLaunch) {
   ASSERT_TRUE(rollback);
   EXPECT_EQ(rollback->status, 200) << rollback->body;
   EXPECT_EQ(run_write_version(), 1u);
+  const auto metrics = client.Get("/metrics");
+  ASSERT_TRUE(metrics);
+  EXPECT_EQ(metrics->status, 200);
+  for (const char* line :
+       {"cubridge_module_version{module=\"versions\"} 1\n",
+        "cubridge_module_promotions_total{module=\"versions\"} 2\n",
+        "cubridge_module_rollbacks_total{module=\"versions\"} 1\n",
+        "cubridge_module_rejected_total{module=\"versions\"} 0\n",
+        "cubridge_update_applied_total 1\n", "cubridge_update_rollbacks_total 1\n"})
+    EXPECT_NE(metrics->body.find(line), std::string::npos) << line << " in\n" << metrics->body;
 }
 
 // Issue 12, the test as the issue states it: promote directly (no endpoint), then push an older

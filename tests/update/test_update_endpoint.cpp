@@ -27,6 +27,7 @@
 #include <mutex>
 #include <numeric>
 #include <optional>
+#include <regex>
 #include <set>
 #include <string>
 #include <string_view>
@@ -689,6 +690,65 @@ TEST_F(UpdateEndpointTest, UnknownRoutesAre404InJson) {
   const auto r = send("GET", "/v2/everything");
   EXPECT_EQ(r.status, 404);
   EXPECT_EQ(r.body.value("error", ""), "not_found");
+}
+
+// --- metrics ----------------------------------------------------------------------------------
+
+TEST_F(UpdateEndpointTest, MetricsAreOffByDefault) {
+  start();
+  const auto r = send("GET", "/metrics");
+  EXPECT_EQ(r.status, 404);
+  EXPECT_EQ(r.body.value("error", ""), "not_found");
+}
+
+// GET /metrics: the sink's modules and the endpoint's counters, refusals by reason (the
+// handlers' and the transport's), each line of the text format; nothing but a bodiless GET.
+TEST_F(UpdateEndpointTest, MetricsServeModulesAndCountersAsPrometheusText) {
+  cubridge::update_endpoint_options options;
+  options.serve_metrics = true;
+  start(options);
+  ASSERT_EQ(push("filters", bundle("filters", 4)).status, 200);
+  EXPECT_EQ(push("filters", bundle("filters", 4)).status, 409);
+  EXPECT_EQ(push("filters", bundle("filters", 5, &stranger.secret_key)).status, 403);
+  // A body on the bodiless route: refused by the transport from the Content-Length.
+  const auto with_body = raw_request(port(), "GET", "/metrics", "x");
+  EXPECT_NE(with_body.find(" 413 "), std::string::npos) << with_body;
+  const auto post = raw_request(port(), "POST", "/metrics");
+  EXPECT_NE(post.find(" 404 "), std::string::npos) << post;
+
+  const auto response = raw_request(port(), "GET", "/metrics");
+  ASSERT_NE(response.find("HTTP/1.1 200 OK\r\n"), std::string::npos) << response;
+  EXPECT_NE(response.find("Content-Type: text/plain; version=0.0.4\r\n"), std::string::npos)
+      << response;
+  const auto text = response.substr(response.find("\r\n\r\n") + 4);
+  for (const char* line : {
+           "# TYPE cubridge_module_version gauge\n",
+           "cubridge_module_version{module=\"filters\"} 4\n",
+           "cubridge_module_versions_held{module=\"filters\"} 1\n",
+           "cubridge_module_retired_waiting{module=\"filters\"} 3\n",
+           "# TYPE cubridge_update_applied_total counter\n",
+           "cubridge_update_applied_total 1\n",
+           "cubridge_update_rollbacks_total 0\n",
+           "cubridge_update_refused_total{reason=\"replayed_version\"} 1\n",
+           "cubridge_update_refused_total{reason=\"unknown_key\"} 1\n",
+           "cubridge_update_refused_total{reason=\"too_large\"} 1\n",
+           "cubridge_update_connections_refused_total 0\n",
+           "# TYPE cubridge_update_open_connections gauge\n",
+       })
+    EXPECT_NE(text.find(line), std::string::npos) << line << "in:\n" << text;
+  EXPECT_EQ(text.find("not_found"), std::string::npos) << "no such route is no refusal";
+  EXPECT_EQ(text.find("cubridge_module_promotions_total"), std::string::npos)
+      << "the fake sink reports no counters";
+  const std::regex line_grammar(
+      R"((# (HELP|TYPE) [a-z_]+ .*)|([a-z_]+(\{[a-z_]+="[^"\\]*"\})? [0-9]+))");
+  std::size_t lines = 0;
+  for (std::size_t at = 0, end; (end = text.find('\n', at)) != std::string::npos; at = end + 1) {
+    EXPECT_TRUE(std::regex_match(text.substr(at, end - at), line_grammar))
+        << text.substr(at, end - at);
+    ++lines;
+  }
+  EXPECT_GT(lines, 20u);
+  EXPECT_EQ(text.back(), '\n');
 }
 
 // --- rollback ---------------------------------------------------------------------------------

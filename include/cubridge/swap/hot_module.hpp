@@ -128,7 +128,10 @@ struct hot_module_stats {
   /// The serving version's chain id (1 for the loaded one, +1 per promote; a rollback returns
   /// to an older id). Not a bundle version: that is versions().serving.origin.bundle_version.
   std::uint64_t current_id = 0;
+  /// Switches to another version: promote() and rollback() calls that switched.
   std::uint64_t promotions = 0;
+  /// rollback() calls that switched (counted in `promotions` too).
+  std::uint64_t rollbacks = 0;
   /// Versions refused by stage(), or by promote() for launch shapes that no longer fit.
   std::uint64_t rejected = 0;
   std::size_t retired_waiting = 0;  ///< old versions not yet unloaded: pinned, or being unloaded

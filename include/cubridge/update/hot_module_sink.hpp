@@ -63,7 +63,9 @@ class hot_module_sink final : public module_sink {
   /// no_previous_version, failed.
   sink_result rollback(std::string_view name) override;
   /// From each module's chain: current_version and versions_held (rollback target, serving)
-  /// as bundle versions (0 for a version not from a bundle), in_flight = retired versions.
+  /// as bundle versions (0 for a version not from a bundle), in_flight = retired versions;
+  /// counters from hot_module::stats() (promotions, rollbacks, rejected, unloaded, reclaim
+  /// failures), which the endpoint's /metrics exports.
   [[nodiscard]] std::vector<module_report> status() const override;
 
  private:

@@ -42,6 +42,20 @@ struct sink_result {
   std::string detail;
 };
 
+/// What a module counted since it was loaded, for sinks that know (a hot module's
+/// hot_module_stats); metrics (metrics_text.hpp) export them.
+struct module_counters {
+  /// Switches to another version: promotions, rollbacks included.
+  std::uint64_t promotions = 0;
+  std::uint64_t rollbacks = 0;
+  /// Versions refused while staging or promoting.
+  std::uint64_t rejected = 0;
+  /// Retired versions unloaded.
+  std::uint64_t unloaded = 0;
+  /// Failures on the way to unloading (each retried).
+  std::uint64_t reclaim_failures = 0;
+};
+
 /// One module as a sink reports it.
 struct module_report {
   std::string name;
@@ -54,6 +68,8 @@ struct module_report {
   std::uint64_t in_flight = 0;
   /// The last refusal or failure of this module, empty when none.
   std::string last_error;
+  /// The module's counters, where the sink has them (hot_module_sink does); else empty.
+  std::optional<module_counters> counters;
 };
 
 /// The loading side of the update endpoint. The endpoint serialises calls per module (never two

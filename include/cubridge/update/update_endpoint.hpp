@@ -8,6 +8,8 @@
 //   POST /v1/modules/{name}/rollback   body: rollback_request.hpp -> {"rolled_back":true, ...}
 //   GET  /v1/modules                   -> every module: current version, versions held,
 //                                         in-flight counts, last error; the device's SM
+//   GET  /metrics                      -> Prometheus text (metrics_text.hpp), only with
+//                                         serve_metrics; unauthenticated, as the status
 //
 // Every refusal answers JSON {"error": "<reason>", "detail": "<what exactly>"} with a status:
 //
@@ -129,6 +131,10 @@ struct update_endpoint_options {
   std::optional<std::chrono::seconds> max_bundle_age;
   /// The clock for bundle expiry and the rollback window; empty: the system clock.
   std::function<std::chrono::system_clock::time_point()> clock;
+  /// Answer GET /metrics (Prometheus text format 0.0.4, docs/update-endpoint.md "Metrics"):
+  /// the sink's modules and the endpoint's counters. Off by default: like GET /v1/modules it
+  /// asks for no key, and a service decides whether its address may show them.
+  bool serve_metrics = false;
 
   /// The policy half of these options, as the endpoint hands it to its update_gate
   /// (max_body_bytes is the gate's max_bundle_bytes).
