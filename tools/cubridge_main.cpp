@@ -31,7 +31,10 @@ std::optional<cubridge::compute_capability> parse_sm_option(std::string_view tex
 
 }  // namespace
 
-int main(int argc, char** argv) {
+namespace {
+
+/// The command; main() adds only the catch for what its set-up may throw.
+int run(int argc, char** argv) {
   using namespace cubridge::tool;
   CLI::App app{"cubridge: CUDA Driver API and Runtime API together"};
   app.require_subcommand(1);
@@ -111,4 +114,15 @@ int main(int argc, char** argv) {
     return exit_failure;
   }
   return exit_ok;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {  // CLI11's set-up errors, out of memory
+    std::cerr << "cubridge: " << e.what() << "\n";
+    return cubridge::tool::exit_failure;
+  }
 }

@@ -93,7 +93,7 @@ std::string render_table(const nlohmann::json& r) {
     for (const auto& dev : r["devices"]) {
       out << "device " << dev["ordinal"].get<int>() << "          "
           << dev["name"].get<std::string>() << ", " << dev["arch"].get<std::string>() << ", "
-          << dev["memory_bytes"].get<std::size_t>() / (1024 * 1024) << " MiB, "
+          << dev["memory_bytes"].get<std::size_t>() / (std::size_t{1024} * 1024) << " MiB, "
           << dev["multiprocessors"].get<int>() << " SMs, primary context "
           << (dev["primary_context_active"].get<bool>() ? "active" : "inactive") << " (flags "
           << dev["primary_context_flags"].get<unsigned>() << ")\n";

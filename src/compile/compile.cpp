@@ -175,6 +175,7 @@ nvrtc_program compile_program(const cuda_source& source, const compile_options& 
                    involved + ": the architecture must be " + std::string(architecture_prefix) +
                        "<digits> with an optional 'a' or 'f'");
   for (const auto& option : options.extra_options)
+    // NOLINTNEXTLINE(performance-inefficient-string-concatenation): built only when it throws
     CUBRIDGE_EXPECTS(!sets_architecture(option), involved + ": extra option '" + option +
                                                      "' sets the architecture; use "
                                                      "compile_options::architecture");
@@ -204,9 +205,10 @@ nvrtc_program compile_program(const cuda_source& source, const compile_options& 
   for (const auto& path : options.include_paths)
     arguments.push_back("--include-path=" + path.string());
   for (const auto& [macro, value] : options.defines)
-    arguments.push_back("-D" + macro + "=" + value);
+    arguments.push_back(std::string("-D").append(macro).append("=").append(value));
   arguments.insert(arguments.end(), options.extra_options.begin(), options.extra_options.end());
   std::vector<const char*> argument_pointers;
+  argument_pointers.reserve(arguments.size());
   for (const auto& argument : arguments) argument_pointers.push_back(argument.c_str());
 
   const nvrtcResult compiled = nvrtcCompileProgram(raw, static_cast<int>(argument_pointers.size()),
@@ -294,6 +296,7 @@ compiled_image ptx_to_cubin(std::string_view ptx, const ptx_link_options& option
   CUBRIDGE_EXPECTS(is_architecture(options.architecture, "sm_"),
                    involved + ": the architecture must be sm_<digits> with an optional 'a' or 'f'");
   for (const auto& option : options.extra_options)
+    // NOLINTNEXTLINE(performance-inefficient-string-concatenation): built only when it throws
     CUBRIDGE_EXPECTS(!sets_architecture(option), involved + ": extra option '" + option +
                                                      "' sets the architecture; use "
                                                      "ptx_link_options::architecture");
@@ -301,6 +304,7 @@ compiled_image ptx_to_cubin(std::string_view ptx, const ptx_link_options& option
   std::vector<std::string> arguments{"-arch=" + options.architecture};
   arguments.insert(arguments.end(), options.extra_options.begin(), options.extra_options.end());
   std::vector<const char*> argument_pointers;
+  argument_pointers.reserve(arguments.size());
   for (const auto& argument : arguments) argument_pointers.push_back(argument.c_str());
 
   nvJitLinkHandle raw = nullptr;

@@ -53,8 +53,8 @@ void put_string(std::vector<unsigned char>& out, std::string_view s) {
 
 /// Bounds-checked little-endian reading; any overrun clears ok.
 struct byte_reader {
-  const unsigned char* data;
-  std::size_t left;
+  const unsigned char* data = nullptr;
+  std::size_t left = 0;
   bool ok = true;
 
   bool take(void* out, std::size_t n) {

@@ -85,6 +85,7 @@ void hash_common(hasher& h, std::string_view kind, const toolkit_versions& versi
 /// The in-memory headers, sorted by name (their order does not change the compile).
 void hash_headers(hasher& h, const std::vector<source_header>& headers) {
   std::vector<const source_header*> sorted;
+  sorted.reserve(headers.size());
   for (const auto& header : headers) sorted.push_back(&header);
   std::sort(sorted.begin(), sorted.end(),
             [](const source_header* a, const source_header* b) { return a->name < b->name; });

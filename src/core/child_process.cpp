@@ -53,8 +53,8 @@ int highest_child_fd(const child_spec& spec) noexcept {
 
 /// posix_spawn's file actions and attributes, destroyed at scope exit.
 struct spawn_setup {
-  posix_spawn_file_actions_t actions;
-  posix_spawnattr_t attributes;
+  posix_spawn_file_actions_t actions{};
+  posix_spawnattr_t attributes{};
   spawn_setup() {
     posix_spawn_file_actions_init(&actions);
     posix_spawnattr_init(&attributes);
@@ -144,6 +144,7 @@ std::vector<std::string> environment_with(const std::vector<std::string>& overri
                                           const std::vector<std::string>& removed) {
   const auto name_of = [](const std::string& entry) { return entry.substr(0, entry.find('=')); };
   std::vector<std::string> names;
+  names.reserve(overrides.size() + removed.size());
   for (const auto& o : overrides) names.push_back(name_of(o));
   names.insert(names.end(), removed.begin(), removed.end());
   std::vector<std::string> env;

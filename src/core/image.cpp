@@ -60,7 +60,7 @@ arch_variant stronger(arch_variant a, arch_variant b) {
 
 std::string arch_name_of(image_kind kind, compute_capability capability) {
   // The one spelling of sm_90a (compute_capability.hpp), with the prefix of the code's kind.
-  const std::string name = to_string(capability);
+  std::string name = to_string(capability);  // not const: the last return moves it
   if (kind == image_kind::ptx) return "compute_" + name.substr(3);
   if (kind == image_kind::lto_ir) return "lto_" + name.substr(3);
   return name;

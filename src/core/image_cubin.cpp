@@ -354,8 +354,10 @@ class cubin_parser {
       const auto st_other = rd8(syms, off + 5);
       if ((st_info & 0xf) != stt_func || (st_other & sto_cuda_entry) == 0) continue;
       const auto index = std::to_string(off / 24);
-      const auto name = string_at(strtab, rd32(syms, off), where + ", symbol " + index);
-      if (name.empty()) s_.fail(where + ": kernel symbol " + index + " has no name");
+      const auto name =
+          string_at(strtab, rd32(syms, off), std::string(where).append(", symbol ").append(index));
+      if (name.empty())
+        s_.fail(std::string(where).append(": kernel symbol ").append(index).append(" has no name"));
       if (!seen.insert(name).second) continue;
       kernels.push_back({std::string(name), parameter_sizes(name)});
     }

@@ -52,7 +52,7 @@ sandbox_error::sandbox_error(sandbox_failure reason, std::string call, std::stri
                              std::source_location where)
     : error(isolation_error_domain, static_cast<int>(isolation_errc::sandbox_failure),
             "sandbox " + std::string(cubridge::to_string(reason)), std::move(call),
-            detail + restart_text(restarted, restart_duration), where),
+            std::move(detail) + restart_text(restarted, restart_duration), where),
       reason_(reason),
       restarted_(restarted),
       restart_duration_(restart_duration) {}
@@ -64,7 +64,7 @@ std::filesystem::path sandbox::default_worker() {
   std::error_code ec;
   const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
   if (!ec) {
-    const auto beside = self.parent_path() / "cubridge-sandbox-worker";
+    auto beside = self.parent_path() / "cubridge-sandbox-worker";  // not const: returned by move
     if (is_executable(beside)) return beside;
   }
   return CUBRIDGE_SANDBOX_WORKER_INSTALLED;

@@ -184,6 +184,72 @@ machine_info query_machine(const std::string& self, const options& o) {
   return j.at("machine").get<machine_info>();
 }
 
+/// The kernel, compiled for the device, as the files the probes load.
+struct kernel_files {
+  fs::path cubin;
+  fs::path ptx;
+};
+
+kernel_files write_kernels(const fs::path& dir, int sm) {
+  kernel_files files{dir / "coldstart_kernel.cubin", dir / "coldstart_kernel.ptx"};
+  try {
+    const auto cubin_bytes = compile_kernel("sm_" + std::to_string(sm));
+    const auto ptx_bytes = compile_kernel("compute_" + std::to_string(sm));
+    write_file(files.cubin, {cubin_bytes.data(), cubin_bytes.size()});
+    write_file(files.ptx, {ptx_bytes.data(), ptx_bytes.size()});
+  } catch (const command_error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw command_error(
+        std::string("cannot compile the kernel for sm_") + std::to_string(sm) + ": " + e.what(),
+        exit_failure);
+  }
+  return files;
+}
+
+void announce(const machine_info& machine, const options& o, const std::vector<loading_mode>& modes,
+              const run_plan& plan, int total) {
+  std::fprintf(stderr,
+               "cubridge coldstart: %s; %d fresh processes (%d run%s x %zu scenario%s x %s)\n",
+               describe_machine(machine).c_str(), total, o.runs, o.runs == 1 ? "" : "s",
+               plan.scenarios.size(), plan.scenarios.size() == 1 ? "" : "s",
+               o.loading == "both" ? "LAZY, EAGER" : std::string(env_value(modes.front())).c_str());
+}
+
+/// One fresh probe process: `scen` under `mode`, its JIT cache in `cache`.
+run_result run_probe(const std::string& self, const options& o, const kernel_files& kernel,
+                     loading_mode mode, scenario scen, int run, const fs::path& cache,
+                     progress& show) {
+  const long long spawned_at = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::steady_clock::now().time_since_epoch())
+                                   .count();
+  const auto outcome =
+      run_child({self,
+                 {"coldstart-probe", "--scenario", std::string(to_string(scen)), "--loading",
+                  std::string(to_string(mode)), "--cubin", kernel.cubin.string(), "--ptx",
+                  kernel.ptx.string(), "--device", std::to_string(o.device), "--spawned-at",
+                  std::to_string(spawned_at)},
+                 environment_with({"CUDA_MODULE_LOADING=" + std::string(env_value(mode)),
+                                   "CUDA_CACHE_PATH=" + cache.string()},
+                                  {"CUDA_CACHE_DISABLE"}),
+                 std::chrono::seconds(o.timeout_s)},
+                [&](const std::string& line) {
+                  if (line.starts_with("phase ")) show.phase(std::string_view(line).substr(6));
+                });
+  return interpret_child(outcome, mode, scen, run);
+}
+
+/// Notes, once each, a driver that reports another loading mode than the one it was given.
+void note_loading_mismatch(std::vector<std::string>& warnings, const run_result& result,
+                           loading_mode mode) {
+  if (!result.ok || result.loading_reported.empty() || result.loading_reported == env_value(mode))
+    return;
+  std::string w = "CUDA_MODULE_LOADING=" + std::string(env_value(mode)) +
+                  " but the driver reports " + result.loading_reported;
+  if (std::find(warnings.begin(), warnings.end(), w) == warnings.end())
+    warnings.push_back(std::move(w));
+}
+
 report measure(const options& o) {
   const std::string self =
       o.probe_command.empty() ? fs::read_symlink("/proc/self/exe").string() : o.probe_command;
@@ -193,30 +259,11 @@ report measure(const options& o) {
   rep.created = utc_now();
 
   temp_dir dir;
-  const int sm = rep.machine.compute_capability;
-  const fs::path cubin = dir.path() / "coldstart_kernel.cubin";
-  const fs::path ptx = dir.path() / "coldstart_kernel.ptx";
-  try {
-    const auto cubin_bytes = compile_kernel("sm_" + std::to_string(sm));
-    const auto ptx_bytes = compile_kernel("compute_" + std::to_string(sm));
-    write_file(cubin, {cubin_bytes.data(), cubin_bytes.size()});
-    write_file(ptx, {ptx_bytes.data(), ptx_bytes.size()});
-  } catch (const command_error&) {
-    throw;
-  } catch (const std::exception& e) {
-    throw command_error(
-        std::string("cannot compile the kernel for sm_") + std::to_string(sm) + ": " + e.what(),
-        exit_failure);
-  }
-
+  const kernel_files kernel = write_kernels(dir.path(), rep.machine.compute_capability);
   const auto modes = loading_modes(o.loading);
   const auto plan = plan_scenarios(o.scenarios);
   const int total = o.runs * static_cast<int>(modes.size() * plan.scenarios.size());
-  std::fprintf(stderr,
-               "cubridge coldstart: %s; %d fresh processes (%d run%s x %zu scenario%s x %s)\n",
-               describe_machine(rep.machine).c_str(), total, o.runs, o.runs == 1 ? "" : "s",
-               plan.scenarios.size(), plan.scenarios.size() == 1 ? "" : "s",
-               o.loading == "both" ? "LAZY, EAGER" : std::string(env_value(modes.front())).c_str());
+  announce(rep.machine, o, modes, plan, total);
   progress show(total);
   int index = 0;
   std::vector<std::string> mismatch_warnings;
@@ -234,31 +281,9 @@ report measure(const options& o) {
                                      std::to_string(run) + "-" + std::string(to_string(scen)));
         fs::create_directories(cache);
         show.start(++index, run, o.runs, mode, scen, warm_up);
-        const long long spawned_at = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                         std::chrono::steady_clock::now().time_since_epoch())
-                                         .count();
-        const auto outcome = run_child(
-            {self,
-             {"coldstart-probe", "--scenario", std::string(to_string(scen)), "--loading",
-              std::string(to_string(mode)), "--cubin", cubin.string(), "--ptx", ptx.string(),
-              "--device", std::to_string(o.device), "--spawned-at", std::to_string(spawned_at)},
-             environment_with({"CUDA_MODULE_LOADING=" + std::string(env_value(mode)),
-                               "CUDA_CACHE_PATH=" + cache.string()},
-                              {"CUDA_CACHE_DISABLE"}),
-             std::chrono::seconds(o.timeout_s)},
-            [&](const std::string& line) {
-              if (line.starts_with("phase ")) show.phase(std::string_view(line).substr(6));
-            });
-        auto result = interpret_child(outcome, mode, scen, run);
+        auto result = run_probe(self, o, kernel, mode, scen, run, cache, show);
         show.finish(result);
-        if (result.ok && !result.loading_reported.empty() &&
-            result.loading_reported != env_value(mode)) {
-          std::string w = "CUDA_MODULE_LOADING=" + std::string(env_value(mode)) +
-                          " but the driver reports " + result.loading_reported;
-          if (std::find(mismatch_warnings.begin(), mismatch_warnings.end(), w) ==
-              mismatch_warnings.end())
-            mismatch_warnings.push_back(std::move(w));
-        }
+        note_loading_mismatch(mismatch_warnings, result, mode);
         if (!warm_up) rep.runs.push_back(std::move(result));
       }
     }

@@ -166,53 +166,13 @@ class probe {
 
   void run() {
     const auto scen = result_.scen;
-    // Inputs are read before any timing.
-    std::vector<char> image;
-    if (scen == scenario::cubin || scen == scenario::ctx_create)
-      image = read_file(options_.cubin_path, false);
-    else if (scen == scenario::ptx_cold || scen == scenario::ptx_warm)
-      image = read_file(options_.ptx_path, true);
-
-    if (options_.spawned_at_ns > 0) {
-      const long long entered_ns =
-          std::chrono::duration_cast<std::chrono::nanoseconds>(process_entered.time_since_epoch())
-              .count();
-      result_.phases.push_back(
-          {"process_start", static_cast<double>(entered_ns - options_.spawned_at_ns) / 1e6});
-    }
-
-    rec_.phase("driver_load", [&] { load_driver(own_); });
-    rec_.phase("cu_init", [&] {
-      if (const CUresult r = own_.cuInit(0); r != CUDA_SUCCESS)
-        throw probe_failure("no usable CUDA device: cuInit failed with " + cu_error_text(&own_, r),
-                            true);
-    });
-    api_ = &driver::api();
-    CUdevice dev = 0;
-    check(api_->cuDeviceGet(&dev, options_.device), "cuDeviceGet");
-    int major = 0;
-    int minor = 0;
-    check(api_->cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev),
-          "cuDeviceGetAttribute");
-    check(api_->cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev),
-          "cuDeviceGetAttribute");
-    CUmoduleLoadingMode mode{};
-    if (api_->cuModuleGetLoadingMode(&mode) == CUDA_SUCCESS)
-      result_.loading_reported = mode == CU_MODULE_LAZY_LOADING ? "LAZY" : "EAGER";
-
-    CUcontext ctx = nullptr;
-    rec_.phase("context", [&] {
-      if (scen == scenario::ctx_create) {
-        check(api_->cuCtxCreate(&ctx, nullptr, 0, dev), "cuCtxCreate");
-      } else {
-        check(api_->cuDevicePrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain");
-        check(api_->cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
-      }
-    });
-    constexpr std::size_t bytes = 1 << 20;
+    std::vector<char> image = read_inputs(scen);  // before any timing
+    record_process_start();
+    const opened_device device = open_device();
+    rec_.phase("context", [&] { make_context_current(scen, device.device); });
     rec_.phase("first_alloc", [&] { check(api_->cuMemAlloc(&buffer_, bytes), "cuMemAlloc"); });
     if (scen == scenario::nvrtc) {
-      const std::string arch = "sm_" + std::to_string(major * 10 + minor);
+      const std::string arch = "sm_" + std::to_string(device.capability);
       rec_.phase("nvrtc_compile", [&] {
         try {
           image = compile_kernel(arch);
@@ -221,50 +181,15 @@ class probe {
         }
       });
     }
-    rec_.phase("module_load", [&] {
-      std::string log(8192, '\0');
-      CUjit_option keys[] = {CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
-      void* values[] = {log.data(), reinterpret_cast<void*>(log.size())};
-      const CUresult r = api_->cuModuleLoadDataEx(&module_, image.data(), 2, keys, values);
-      if (r != CUDA_SUCCESS) {
-        if (const auto end = log.find('\0'); end != std::string::npos) log.resize(end);
-        throw probe_failure(
-            "cuModuleLoadDataEx " + cu_error_text(api_, r) + (log.empty() ? "" : "\n" + log),
-            false);
-      }
-    });
-    CUfunction function = nullptr;
-    rec_.phase("get_function", [&] {
-      check(api_->cuModuleGetFunction(&function, module_, std::string(kernel_name).c_str()),
-            "cuModuleGetFunction");
-    });
-    int n = static_cast<int>(bytes / sizeof(float));
-    float a = 2.0f;
-    void* params[] = {&buffer_, &a, &n};
-    const auto launch = [&] {
-      check(api_->cuLaunchKernel(function, static_cast<unsigned>(n / 256), 1, 1, 256, 1, 1, 0,
-                                 nullptr, params, nullptr),
-            "cuLaunchKernel");
-      check(api_->cuCtxSynchronize(), "cuCtxSynchronize");
-    };
-    rec_.phase("first_launch", launch);
-    rec_.phase("second_launch", launch);
+    rec_.phase("module_load", [&] { load_module(image); });
+    launch_twice();
     rec_.phase("cublas_create", [&] {
       if (const cublasStatus_t s = cublasCreate(&blas_); s != CUBLAS_STATUS_SUCCESS)
         throw probe_failure(std::string("cublasCreate: ") + cublasGetStatusName(s) + " (" +
                                 cublasGetStatusString(s) + ")",
                             false);
     });
-
-    // The kernel really ran: y[n - 1] == a * (n - 1).
-    float last = 0;
-    check(api_->cuMemcpy(reinterpret_cast<CUdeviceptr>(&last), buffer_ + (bytes - sizeof(float)),
-                         sizeof(float)),
-          "cuMemcpy");
-    if (last != a * static_cast<float>(n - 1))
-      throw probe_failure("the kernel wrote " + std::to_string(last) + " where " +
-                              std::to_string(a * static_cast<float>(n - 1)) + " was expected",
-                          false);
+    verify_output();
     result_.ok = true;
   }
 
@@ -281,6 +206,115 @@ class probe {
   void check(CUresult r, const char* call) const {
     if (r != CUDA_SUCCESS)
       throw probe_failure(std::string(call) + " " + cu_error_text(api_, r), false);
+  }
+
+  static constexpr std::size_t bytes = 1 << 20;  ///< the kernel's buffer
+  static constexpr int elements = static_cast<int>(bytes / sizeof(float));
+  static constexpr float scale = 2.0f;  ///< the kernel's `a`: y[i] = a * i
+
+  struct opened_device {
+    CUdevice device = 0;
+    int capability = 0;  ///< major * 10 + minor
+  };
+
+  [[nodiscard]] std::vector<char> read_inputs(scenario scen) const {
+    if (scen == scenario::cubin || scen == scenario::ctx_create)
+      return read_file(options_.cubin_path, false);
+    if (scen == scenario::ptx_cold || scen == scenario::ptx_warm)
+      return read_file(options_.ptx_path, true);
+    return {};
+  }
+
+  /// The time from the parent's spawn call to this process's first static initialiser.
+  void record_process_start() {
+    if (options_.spawned_at_ns <= 0) return;
+    const long long entered_ns =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(process_entered.time_since_epoch())
+            .count();
+    result_.phases.push_back(
+        {"process_start", static_cast<double>(entered_ns - options_.spawned_at_ns) / 1e6});
+  }
+
+  /// The driver_load and cu_init phases, then the device and the loading mode, untimed.
+  opened_device open_device() {
+    rec_.phase("driver_load", [&] { load_driver(own_); });
+    rec_.phase("cu_init", [&] {
+      if (const CUresult r = own_.cuInit(0); r != CUDA_SUCCESS)
+        throw probe_failure("no usable CUDA device: cuInit failed with " + cu_error_text(&own_, r),
+                            true);
+    });
+    api_ = &driver::api();
+    opened_device d;
+    check(api_->cuDeviceGet(&d.device, options_.device), "cuDeviceGet");
+    int major = 0;
+    int minor = 0;
+    check(
+        api_->cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, d.device),
+        "cuDeviceGetAttribute");
+    check(
+        api_->cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, d.device),
+        "cuDeviceGetAttribute");
+    d.capability = major * 10 + minor;
+    CUmoduleLoadingMode mode{};
+    if (api_->cuModuleGetLoadingMode(&mode) == CUDA_SUCCESS)
+      result_.loading_reported = mode == CU_MODULE_LAZY_LOADING ? "LAZY" : "EAGER";
+    return d;
+  }
+
+  /// A context of its own for ctx_create, the primary context for every other scenario.
+  void make_context_current(scenario scen, CUdevice dev) const {
+    CUcontext ctx = nullptr;
+    if (scen == scenario::ctx_create) {
+      check(api_->cuCtxCreate(&ctx, nullptr, 0, dev), "cuCtxCreate");
+    } else {
+      check(api_->cuDevicePrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain");
+      check(api_->cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
+    }
+  }
+
+  void load_module(const std::vector<char>& image) {
+    std::string log(8192, '\0');
+    CUjit_option keys[] = {CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
+    void* values[] = {log.data(), reinterpret_cast<void*>(log.size())};
+    const CUresult r = api_->cuModuleLoadDataEx(&module_, image.data(), 2, keys, values);
+    if (r != CUDA_SUCCESS) {
+      if (const auto end = log.find('\0'); end != std::string::npos) log.resize(end);
+      throw probe_failure(
+          "cuModuleLoadDataEx " + cu_error_text(api_, r) + (log.empty() ? "" : "\n" + log), false);
+    }
+  }
+
+  /// The get_function, first_launch and second_launch phases.
+  void launch_twice() {
+    CUfunction function = nullptr;
+    rec_.phase("get_function", [&] {
+      check(api_->cuModuleGetFunction(&function, module_, std::string(kernel_name).c_str()),
+            "cuModuleGetFunction");
+    });
+    int n = elements;
+    float a = scale;
+    void* params[] = {&buffer_, &a, &n};
+    const auto launch = [&] {
+      check(api_->cuLaunchKernel(function, static_cast<unsigned>(n / 256), 1, 1, 256, 1, 1, 0,
+                                 nullptr, params, nullptr),
+            "cuLaunchKernel");
+      check(api_->cuCtxSynchronize(), "cuCtxSynchronize");
+    };
+    rec_.phase("first_launch", launch);
+    rec_.phase("second_launch", launch);
+  }
+
+  /// The kernel really ran: y[n - 1] == a * (n - 1).
+  void verify_output() const {
+    float last = 0;
+    check(api_->cuMemcpy(reinterpret_cast<CUdeviceptr>(&last), buffer_ + (bytes - sizeof(float)),
+                         sizeof(float)),
+          "cuMemcpy");
+    const float expected = scale * static_cast<float>(elements - 1);
+    if (last != expected)
+      throw probe_failure("the kernel wrote " + std::to_string(last) + " where " +
+                              std::to_string(expected) + " was expected",
+                          false);
   }
 
   const probe_options& options_;

@@ -167,6 +167,98 @@ std::string module_path(const std::string& name) {
   return "/v1/modules/" + percent_encode(name);
 }
 
+/// Asks the endpoint to roll `name` back to its previous version: the request names the
+/// version that serves now, so it asks which one first.
+int push_rollback(endpoint_client& endpoint, const std::string& name, const secret_key& key) {
+  const auto [code, status] = endpoint.call("GET", "/v1/modules");
+  if (code != 200) return report_refusal(code, status);
+  const auto module = find_module(status, name);
+  if (module.is_null()) {
+    std::cerr << "cubridge: " << endpoint.url() << " has no module '" << printable(name) << "'\n";
+    return exit_failure;
+  }
+  const auto from = number_field(module, "current_version", 0);
+  const auto body = sign_rollback_request(name, from, key);
+  const auto [rc, answer] =
+      endpoint.call("POST", module_path(name) + "/rollback", body, "text/plain");
+  // Done only when the endpoint says so: a 200 from something else at that address is not.
+  if (rc != 200 || !says_true(answer, "rolled_back")) return report_refusal(rc, answer);
+  std::cout << "rolled back '" << printable(name) << "' v"
+            << number_field(answer, "from_version", from) << " -> v"
+            << number_field(answer, "version", 0) << " at " << endpoint.url() << "\n";
+  return exit_ok;
+}
+
+/// The GPU the endpoint says it has, into `target`, for a .cu pushed without --target.
+int ask_endpoint_gpu(endpoint_client& endpoint, std::string& target) {
+  const auto [code, status] = endpoint.call("GET", "/v1/modules");
+  if (code != 200) return report_refusal(code, status);
+  // "sm_90", "sm_100a": the only GPU names taken from an endpoint as a compile target.
+  const auto gpu = status.find("gpu");
+  if (gpu == status.end() || !gpu->is_string() ||
+      !parse_compute_capability(gpu->get<std::string>())) {
+    std::cerr << "cubridge: " << endpoint.url() << " does not say its GPU ("
+              << (gpu == status.end() ? "no \"gpu\"" : printable(gpu->dump()))
+              << "); give --target\n";
+    return exit_failure;
+  }
+  target = gpu->get<std::string>();
+  return exit_ok;
+}
+
+/// The CUDA source `file` compiled for `target_name`.
+std::vector<std::byte> compile_for_push(const std::filesystem::path& file,
+                                        const std::vector<std::byte>& source,
+                                        const std::string& target_name) {
+  const auto target = parse_compute_capability(target_name);
+  if (!target)
+    detail::throw_errc(errc::precondition, "push",
+                       "--target '" + printable(target_name) +
+                           "' is not a GPU architecture sm_NN[a|f] (e.g. sm_90)");
+  build_options options;
+  options.compile.include_paths.push_back(file.parent_path().empty() ? "." : file.parent_path());
+  auto compiled = build_machine_code(source_kind::cuda_source, source, file.filename().string(),
+                                     *target, options);
+  std::cout << "compiled " << file.string() << " for " << target_name << " (" << compiled.size()
+            << " bytes)\n";
+  return compiled;
+}
+
+/// request.file signed into `bundle` (a .cu compiled first, for the endpoint's GPU unless the
+/// request names a target); an exit code, exit_ok once signed.
+int sign_for_push(endpoint_client& endpoint, signing_request request,
+                  std::vector<std::byte>& bundle, bundle_manifest& m) {
+  const auto key = read_signing_key(request.key, request.allow_readable_key);
+  const auto input = read_input(request.file, max_input_bytes, "payload");
+  if (request.file.extension() != ".cu") {
+    bundle = sign_payload(request, input.bytes, false, key.key, &m);
+    return exit_ok;
+  }
+  // Compiled here for the target GPU, so the service loads machine code and a compile error
+  // shows here rather than as a refusal.
+  if (request.target.empty())
+    if (const int rc = ask_endpoint_gpu(endpoint, request.target); rc != exit_ok) return rc;
+  const auto compiled = compile_for_push(request.file, input.bytes, request.target);
+  // Signed from memory: the machine code never passes through a file another user could plant
+  // or swap.
+  bundle = sign_payload(request, compiled, false, key.key, &m);
+  return exit_ok;
+}
+
+/// PUTs the signed bundle as module `name`; done when the endpoint says it promoted it.
+int promote(endpoint_client& endpoint, const std::string& name,
+            const std::vector<std::byte>& bundle, std::uint64_t version) {
+  const auto [code, answer] =
+      endpoint.call("PUT", module_path(name),
+                    std::string(reinterpret_cast<const char*>(bundle.data()), bundle.size()),
+                    "application/octet-stream");
+  if (code != 200 || !says_true(answer, "promoted")) return report_refusal(code, answer);
+  std::cout << "promoted '" << text_field(answer, "module", printable(name)) << "' v"
+            << number_field(answer, "version", version) << " (was v"
+            << number_field(answer, "previous_version", 0) << ") at " << endpoint.url() << "\n";
+  return exit_ok;
+}
+
 }  // namespace
 
 int update_commands::push() const {
@@ -179,25 +271,7 @@ int update_commands::push() const {
         return exit_usage;
       }
       const auto key = read_signing_key(a.key, a.allow_readable_key);
-      // The request names the version it rolls back from: ask which one serves.
-      const auto [code, status] = endpoint.call("GET", "/v1/modules");
-      if (code != 200) return report_refusal(code, status);
-      const auto module = find_module(status, a.rollback);
-      if (module.is_null()) {
-        std::cerr << "cubridge: " << endpoint.url() << " has no module '" << printable(a.rollback)
-                  << "'\n";
-        return exit_failure;
-      }
-      const auto from = number_field(module, "current_version", 0);
-      const auto body = sign_rollback_request(a.rollback, from, key.key);
-      const auto [rc, answer] =
-          endpoint.call("POST", module_path(a.rollback) + "/rollback", body, "text/plain");
-      // Done only when the endpoint says so: a 200 from something else at that address is not.
-      if (rc != 200 || !says_true(answer, "rolled_back")) return report_refusal(rc, answer);
-      std::cout << "rolled back '" << printable(a.rollback) << "' v"
-                << number_field(answer, "from_version", from) << " -> v"
-                << number_field(answer, "version", 0) << " at " << endpoint.url() << "\n";
-      return exit_ok;
+      return push_rollback(endpoint, a.rollback, key.key);
     }
     if (a.file.empty()) {
       std::cerr << "cubridge: push needs a FILE (or --rollback NAME)\n";
@@ -223,54 +297,10 @@ int update_commands::push() const {
           file, a.key, a.name, a.version, a.target, std::nullopt, a.allow_readable_key};
       if (!a.expires.empty())
         request.expires = parse_expires(a.expires, std::chrono::system_clock::now());
-      const auto key = read_signing_key(request.key, request.allow_readable_key);
-      const auto input = read_input(file, max_input_bytes, "payload");
-      if (file.extension() == ".cu") {
-        // Compiled here for the target GPU, so the service loads machine code and a compile
-        // error shows here rather than as a refusal.
-        if (request.target.empty()) {
-          const auto [code, status] = endpoint.call("GET", "/v1/modules");
-          if (code != 200) return report_refusal(code, status);
-          // "sm_90", "sm_100a": the only GPU names taken from an endpoint as a compile target.
-          const auto gpu = status.find("gpu");
-          if (gpu == status.end() || !gpu->is_string() ||
-              !parse_compute_capability(gpu->get<std::string>())) {
-            std::cerr << "cubridge: " << endpoint.url() << " does not say its GPU ("
-                      << (gpu == status.end() ? "no \"gpu\"" : printable(gpu->dump()))
-                      << "); give --target\n";
-            return exit_failure;
-          }
-          request.target = gpu->get<std::string>();
-        }
-        const auto target = parse_compute_capability(request.target);
-        if (!target)
-          detail::throw_errc(errc::precondition, "push",
-                             "--target '" + printable(request.target) +
-                                 "' is not a GPU architecture sm_NN[a|f] (e.g. sm_90)");
-        build_options options;
-        options.compile.include_paths.push_back(file.parent_path().empty() ? "."
-                                                                           : file.parent_path());
-        const auto compiled = build_machine_code(source_kind::cuda_source, input.bytes,
-                                                 file.filename().string(), *target, options);
-        std::cout << "compiled " << file.string() << " for " << request.target << " ("
-                  << compiled.size() << " bytes)\n";
-        // Signed from memory: the machine code never passes through a file another user could
-        // plant or swap.
-        bundle = sign_payload(request, compiled, false, key.key, &m);
-      } else {
-        bundle = sign_payload(request, input.bytes, false, key.key, &m);
-      }
+      if (const int rc = sign_for_push(endpoint, std::move(request), bundle, m); rc != exit_ok)
+        return rc;
     }
-    const std::string name = a.name.empty() ? m.name : a.name;
-    const auto [code, answer] =
-        endpoint.call("PUT", module_path(name),
-                      std::string(reinterpret_cast<const char*>(bundle.data()), bundle.size()),
-                      "application/octet-stream");
-    if (code != 200 || !says_true(answer, "promoted")) return report_refusal(code, answer);
-    std::cout << "promoted '" << text_field(answer, "module", printable(name)) << "' v"
-              << number_field(answer, "version", m.version) << " (was v"
-              << number_field(answer, "previous_version", 0) << ") at " << endpoint.url() << "\n";
-    return exit_ok;
+    return promote(endpoint, a.name.empty() ? m.name : a.name, bundle, m.version);
   } catch (const unreachable& e) {
     std::cerr << "cubridge: " << e.what() << "\n";
     return exit_unreachable;

@@ -31,7 +31,7 @@ struct load_options {
   /// Driver JIT optimisation level 0-4 for PTX; -1 leaves the driver's default.
   int jit_optimization_level = -1;
   /// Room for the driver's JIT info and error logs, each.
-  std::size_t log_bytes = 16 * 1024;
+  std::size_t log_bytes = std::size_t{16} * 1024;
 };
 
 /// Owning, move-only context-bound module. Kernels taken from it keep it loaded.

@@ -111,7 +111,7 @@ struct sandbox_request {
   /// Shared buffers, handed to the entry as args->buffers in this order.
   std::vector<std::reference_wrapper<const sandbox_share>> buffers = {};
   /// Room for the entry's reply.
-  std::size_t reply_capacity = 64 * 1024;
+  std::size_t reply_capacity = std::size_t{64} * 1024;
   /// Overrides sandbox_options::call_timeout when non-zero.
   std::chrono::milliseconds timeout{0};
 };
