@@ -299,7 +299,7 @@ class version_chain {
   template <class DonePredicate, class MakeToken>
   std::size_t reclaim(DonePredicate&& done, MakeToken&& make_token) {
     return reclaim(done, make_token,
-                   [](std::uint64_t, std::exception_ptr e) { std::rethrow_exception(e); });
+                   [](std::uint64_t, const std::exception_ptr& e) { std::rethrow_exception(e); });
   }
 
   /// Gives every version that noted `stream` a fresh token from `make_token(stream)`, now. For a
