@@ -165,7 +165,8 @@ bool update_gate::impl::runs_here(const verified_bundle& bundle, gate_decision& 
 }
 
 // A version promoted past the gate (a hot_reloader, a direct promote) is a floor too: kept even
-// after a rollback below it. Best effort; the refusal it comes with stands either way.
+// after a rollback below it; a pending version found serving was applied: settled. Best effort;
+// the refusal it comes with stands either way.
 void update_gate::impl::keep_floor(const std::string& name, std::uint64_t current) {
   try {
     state.store_highest_version(name, current);
@@ -173,9 +174,11 @@ void update_gate::impl::keep_floor(const std::string& name, std::uint64_t curren
   }
 }
 
-// Hands the bundle, its version recorded already, to the sink. Not applied, the same version
-// may come again, so the record goes back to `seen` (the serving version if that was higher);
-// should that write fail, the version stays refused (the safe side), and the detail says so.
+// Hands the bundle, its version recorded already (pending), to the sink; once it returns, the
+// outcome is known and the record settled. Not applied, the same version may come again, so the
+// record goes back to `seen` (the serving version if that was higher; for a resumed apply the
+// version itself, which stays refused); should that write fail, the version stays refused (the
+// safe side), and the detail says so.
 void update_gate::impl::apply_recorded(const verified_bundle& bundle, std::uint64_t seen,
                                        gate_decision& d) {
   const auto& m = bundle.manifest;
@@ -189,13 +192,18 @@ void update_gate::impl::apply_recorded(const verified_bundle& bundle, std::uint6
     result = {sink_outcome::failed, d.previous_version, "sink threw a non-standard exception"};
   }
   d.apply_time = since(start);
-  if (result.outcome != sink_outcome::done) {
-    try {
+  try {
+    if (result.outcome == sink_outcome::done)
+      state.settle(m.name);
+    else
       state.store_highest_version(m.name, seen);
-    } catch (const std::exception& x) {
-      result.detail +=
-          std::string(" (v") + std::to_string(m.version) + " stays refused: " + x.what() + ")";
+  } catch (const std::exception& x) {
+    try {
+      state.settle(m.name);  // settled in memory even when this write fails too
+    } catch (const std::exception&) {
     }
+    result.detail +=
+        std::string(" (v") + std::to_string(m.version) + " stays refused: " + x.what() + ")";
   }
   switch (result.outcome) {
     case sink_outcome::done:
@@ -246,20 +254,29 @@ gate_decision update_gate::push(std::span<const std::byte> body, std::string_vie
   const std::uint64_t seen = std::max(current, highest);
   d.previous_version = d.serving_version = current;
   d.highest_version = seen;
-  if (m.version <= seen) {
-    if (current > highest) g.keep_floor(m.name, current);
+  // A crash between the record and the sink's answer leaves the version pending; served
+  // below it after the restart, that apply never happened or was lost: resumed, not a replay.
+  const bool pending = g.state.pending(m.name);
+  const bool resumed = pending && m.version == highest && current < highest;
+  if (m.version <= seen && !resumed) {
+    if (current > highest || (pending && current == highest)) g.keep_floor(m.name, current);
     return g.refuse(d, m.version == seen ? "replayed_version" : "older_version",
                     "module '" + m.name + "' v" + std::to_string(m.version) + " is not above v" +
                         std::to_string(seen) +
                         (seen == current ? " (serving)" : " (applied before, or the floor)"),
                     m.version == current ? gate_outcome::duplicate : gate_outcome::refused);
   }
-  // Recorded (and with a state file written) before the sink sees it: a version that may
-  // have been applied is never accepted again, even after a crash between apply and answer.
-  try {
-    g.state.store_highest_version(m.name, m.version);
-  } catch (const std::exception& x) {
-    return g.refuse(d, "state_failed", x.what(), gate_outcome::failed);
+  // Recorded as pending (and with a state file written) before the sink sees it: a version
+  // that may have been applied is never accepted again once settled, even after a crash
+  // between apply and answer; only its interrupted apply may be resumed.
+  if (resumed) {
+    d.detail = "resumes the unsettled apply of v" + std::to_string(m.version);
+  } else {
+    try {
+      g.state.record_pending(m.name, m.version);
+    } catch (const std::exception& x) {
+      return g.refuse(d, "state_failed", x.what(), gate_outcome::failed);
+    }
   }
   g.apply_recorded(*bundle, seen, d);
   return d;
@@ -384,10 +401,12 @@ gate_decision update_gate::rollback(std::string_view signed_request,
                     "request rolls back from v" + std::to_string(request->from_version) + ", v" +
                         std::to_string(current) + " serves");
   // The version rolled back from was applied, by the gate or past it: it is the floor from now
-  // on (recorded before the sink is called, as for a push).
-  if (current > g.state.highest_version(name)) {
+  // on (recorded before the sink is called, as for a push), settled: an unsettled apply is not
+  // resumed after an operator's rollback.
+  const std::uint64_t highest = g.state.highest_version(name);
+  if (current > highest || g.state.pending(name)) {
     try {
-      g.state.store_highest_version(name, current);
+      g.state.store_highest_version(name, std::max(current, highest));
     } catch (const std::exception& x) {
       return g.refuse(d, "state_failed", x.what(), gate_outcome::failed);
     }

@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <cstring>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <utility>
@@ -94,6 +95,7 @@ std::optional<std::string> read_state_file(const std::filesystem::path& path) {
 
 struct parsed_state {
   std::map<std::string, std::uint64_t, std::less<>> highest;
+  std::set<std::string, std::less<>> pending;
   std::unordered_map<std::string, std::chrono::sys_seconds> nonces;
 };
 
@@ -111,7 +113,8 @@ parsed_state parse_state(const std::string& text, const std::filesystem::path& p
   }
   if (!document.is_object()) corrupt("not a JSON object");
   for (const auto& [key, value] : document.items())
-    if (key != format_key && key != "highest_versions" && key != "rollback_nonces")
+    if (key != format_key && key != "highest_versions" && key != "pending_versions" &&
+        key != "rollback_nonces")
       corrupt("unknown field " + detail::printable(key));
   const auto version = document.find(format_key);
   if (version == document.end() || !version->is_number_unsigned())
@@ -130,6 +133,18 @@ parsed_state parse_state(const std::string& text, const std::filesystem::path& p
     if (!value.is_number_unsigned() || value.get<std::uint64_t>() == 0)
       corrupt("module " + detail::printable(name) + ": version is not an unsigned integer > 0");
     out.highest.emplace(name, value.get<std::uint64_t>());
+  }
+  // Optional (files written before it existed have none): absent, every version is settled.
+  if (const auto pending = document.find("pending_versions"); pending != document.end()) {
+    if (!pending->is_object()) corrupt("\"pending_versions\" is not an object");
+    for (const auto& [name, value] : pending->items()) {
+      const auto highest = out.highest.find(name);
+      if (highest == out.highest.end() || !value.is_number_unsigned() ||
+          value.get<std::uint64_t>() != highest->second)
+        corrupt("pending module " + detail::printable(name) +
+                ": version is not its highest version");
+      out.pending.insert(name);
+    }
   }
   const auto nonces = document.find("rollback_nonces");
   if (nonces == document.end() || !nonces->is_object())
@@ -188,7 +203,16 @@ void update_state::load() {
   std::lock_guard lock(mutex_);
   for (const auto& [name, version] : parsed.highest) {
     auto& slot = highest_[name];
-    slot = std::max(slot, version);
+    const bool file_pending = parsed.pending.contains(name);
+    if (version > slot) {
+      slot = version;
+      if (file_pending)
+        pending_.insert(name);
+      else
+        pending_.erase(name);
+    } else if (version == slot && !file_pending) {
+      pending_.erase(name);  // settled on either side: settled
+    }
   }
   nonces_.merge(parsed.nonces);
 }
@@ -209,27 +233,54 @@ void update_state::raise_highest_version(std::string_view module, std::uint64_t 
   std::lock_guard lock(mutex_);
   auto it = highest_.find(module);
   if (it == highest_.end()) it = highest_.emplace(std::string(module), 0).first;
+  if (version >= it->second) pending_.erase(it->first);  // the floor refuses it: settled
   it->second = std::max(it->second, version);
+}
+
+void update_state::record_locked(const std::string& module, std::uint64_t version, bool pending) {
+  const auto it = highest_.find(module);
+  const std::uint64_t before = it == highest_.end() ? 0 : it->second;  // 0: none recorded
+  const bool was_pending = pending_.contains(module);
+  auto record = [&](std::uint64_t v, bool p) {
+    if (v == 0)
+      highest_.erase(module);
+    else
+      highest_[module] = v;
+    if (p && v != 0)
+      pending_.insert(module);
+    else
+      pending_.erase(module);
+  };
+  record(version, pending);
+  try {
+    save_locked();
+  } catch (...) {
+    record(before, was_pending);
+    throw;
+  }
 }
 
 void update_state::store_highest_version(std::string_view module, std::uint64_t version) {
   std::lock_guard lock(mutex_);
-  const std::string name(module);
-  const auto it = highest_.find(name);
-  const std::uint64_t before = it == highest_.end() ? 0 : it->second;  // 0: none recorded
-  auto record = [&](std::uint64_t v) {
-    if (v == 0)
-      highest_.erase(name);
-    else
-      highest_[name] = v;
-  };
-  record(version);
-  try {
-    save_locked();
-  } catch (...) {
-    record(before);
-    throw;
-  }
+  record_locked(std::string(module), version, false);
+}
+
+void update_state::record_pending(std::string_view module, std::uint64_t version) {
+  std::lock_guard lock(mutex_);
+  record_locked(std::string(module), version, true);
+}
+
+bool update_state::pending(std::string_view module) const {
+  std::lock_guard lock(mutex_);
+  return pending_.contains(module);
+}
+
+void update_state::settle(std::string_view module) {
+  std::lock_guard lock(mutex_);
+  const auto it = pending_.find(module);
+  if (it == pending_.end()) return;
+  pending_.erase(it);
+  save_locked();
 }
 
 nonce_outcome update_state::remember_nonce(std::string_view nonce, std::chrono::sys_seconds created,
@@ -256,6 +307,11 @@ void update_state::save_locked() const {
   json modules = json::object();
   for (const auto& [name, version] : highest_) modules[name] = version;
   document["highest_versions"] = std::move(modules);
+  if (!pending_.empty()) {  // absent when every version is settled: the older format exactly
+    json pending = json::object();
+    for (const auto& name : pending_) pending[name] = highest_.at(name);
+    document["pending_versions"] = std::move(pending);
+  }
   json nonces = json::object();
   for (const auto& [nonce, created] : nonces_) nonces[nonce] = detail::format_time(created);
   document["rollback_nonces"] = std::move(nonces);

@@ -4,13 +4,16 @@
 // versions and payload sizes and never loads a payload.
 //
 //   cubridge_test_fleet_node --server URL --node ID --trusted-key FILE --state-file F
-//       --module NAME [--apply-delay-ms N] [--fail-version V] [--http-port P]
+//       --module NAME [--apply-delay-ms N] [--stall-before-apply-ms N] [--fail-version V]
+//       [--http-port P]
 //       [--ack-wait-ms N] [--heartbeat-ms N] [--max-bundle-bytes N] [--output FILE]
 //
 // The sink keeps its serving and previous versions in F.serving, written atomically at each
 // promote, as a service reloads what it promoted last: a node killed and restarted comes back
 // serving what it served. --apply-delay-ms waits after the promote, before the sink returns (a
-// kill then lands between the promote and the record and ack). One line per event, flushed:
+// kill then lands between the promote and the record and ack); --stall-before-apply-ms waits
+// before the promote, after the gate recorded the version (a kill then lands between the
+// state write and the promote). One line per event, flushed:
 //   ready node=ID http=PORT             the agent is connected with its consumers set up
 //   apply VERSION                       the sink was called
 //   promoted VERSION                    the sink serves it (F.serving written)
@@ -68,11 +71,13 @@ class event_log {
 class recording_sink final : public cubridge::module_sink {
  public:
   recording_sink(std::string module, std::filesystem::path serving_file, event_log& log,
-                 std::chrono::milliseconds apply_delay, std::uint64_t fail_version)
+                 std::chrono::milliseconds apply_delay, std::chrono::milliseconds stall,
+                 std::uint64_t fail_version)
       : module_(std::move(module)),
         file_(std::move(serving_file)),
         log_(log),
         apply_delay_(apply_delay),
+        stall_(stall),
         fail_version_(fail_version) {
     std::ifstream in(file_);
     in >> current_ >> previous_;
@@ -90,6 +95,7 @@ class recording_sink final : public cubridge::module_sink {
     log_.line("apply " + std::to_string(version));
     if (bundle.manifest.name != module_)
       return {cubridge::sink_outcome::unknown_module, 0, "this node serves " + module_};
+    if (stall_.count() > 0) std::this_thread::sleep_for(stall_);  // the kill window before it
     if (version == fail_version_) {
       log_.line("failed " + std::to_string(version));
       return {cubridge::sink_outcome::failed, current_version(module_),
@@ -139,6 +145,7 @@ class recording_sink final : public cubridge::module_sink {
   const std::filesystem::path file_;
   event_log& log_;
   const std::chrono::milliseconds apply_delay_;
+  const std::chrono::milliseconds stall_;
   const std::uint64_t fail_version_;
   mutable std::mutex mutex_;
   std::uint64_t current_ = 0;
@@ -147,7 +154,7 @@ class recording_sink final : public cubridge::module_sink {
 
 struct node_options {
   std::string server, node, trusted_key, state_file, module, output;
-  long apply_delay_ms = 0, ack_wait_ms = 30000, heartbeat_ms = 5000;
+  long apply_delay_ms = 0, stall_before_apply_ms = 0, ack_wait_ms = 30000, heartbeat_ms = 5000;
   std::uint64_t fail_version = 0, max_bundle_bytes = std::uint64_t{16} << 20;
   long http_port = -1;  // -1: no endpoint; 0: any free port
 };
@@ -172,6 +179,8 @@ node_options parse(int argc, char** argv) {
       o.output = value;
     else if (flag == "--apply-delay-ms")
       o.apply_delay_ms = std::stol(value);
+    else if (flag == "--stall-before-apply-ms")
+      o.stall_before_apply_ms = std::stol(value);
     else if (flag == "--ack-wait-ms")
       o.ack_wait_ms = std::stol(value);
     else if (flag == "--heartbeat-ms")
@@ -202,7 +211,8 @@ int run(const node_options& o) {
   event_log log;
   log.open(o.output);
   recording_sink sink(o.module, o.state_file + ".serving", log,
-                      std::chrono::milliseconds(o.apply_delay_ms), o.fail_version);
+                      std::chrono::milliseconds(o.apply_delay_ms),
+                      std::chrono::milliseconds(o.stall_before_apply_ms), o.fail_version);
   const auto key = cubridge::read_public_key_file(o.trusted_key);
 
   cubridge::fleet_agent_options agent_options;

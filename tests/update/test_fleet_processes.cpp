@@ -5,7 +5,8 @@
 //
 // Covered in-process only, by test_fleet_agent: a bundle for another module (name_mismatch),
 // forged and replayed rollback requests, another node's canary bundle; here, through processes:
-// duplicate, replayed (after a restart), older, tampered, unsigned, wrongly signed, oversized.
+// duplicate, replayed (after a restart), older, tampered, unsigned, wrongly signed, oversized;
+// a node killed after the promote (a duplicate after the restart) and before it (resumed).
 #include "fleet/fleet_node_process.hpp"
 #include "nats_server.hpp"
 #include "update/source_bundles.hpp"
@@ -167,6 +168,39 @@ TEST_F(FleetProcesses, ANodeKilledMidApplyConvergesAfterRestart) {
   // And it goes on with the next version.
   ASSERT_TRUE(all_applied(roll_out(2), 1));
   EXPECT_EQ(node.serving().first, 2u);
+}
+
+TEST_F(FleetProcesses, ANodeKilledBetweenRecordingAndApplyingConvergesAfterRestart) {
+  start_nodes(1, {"--ack-wait-ms", "1000"});
+  auto& node = *nodes[0];
+  ASSERT_TRUE(all_applied(roll_out(1), 1));
+  node.stop();
+  node.start(server.url(), key_file, module,
+             {"--stall-before-apply-ms", "600000", "--ack-wait-ms", "1000"});
+  ASSERT_TRUE(node.wait_line("ready")) << node.exit_text();
+  control->publish(bundle(2), module);
+  // The sink was called: v2 is in the replay state (pending), not promoted.
+  ASSERT_TRUE(node.wait_line("apply 2")) << node.exit_text();
+  node.kill();
+  EXPECT_EQ(node.serving().first, 1u);
+  node.start(server.url(), key_file, module, {"--ack-wait-ms", "1000"});
+  // Delivered again, serving v1: the interrupted apply is resumed, not refused as a replay.
+  const auto results = control->wait_for_results(module, 2, ids(), 60s);
+  ASSERT_EQ(results.size(), 1u);
+  EXPECT_EQ(results[0].outcome, gate_outcome::applied)
+      << results[0].reason << ": " << results[0].detail;
+  EXPECT_EQ(results[0].serving_version, 2u);
+  EXPECT_EQ(node.count_lines("promoted 2"), 1u);
+  EXPECT_EQ(node.serving().first, 2u);
+  // Settled: the same bundle again changes nothing.
+  control->publish(bundle(2), module);
+  EXPECT_TRUE(eventually([&] {
+    const auto lines = node.lines();
+    return std::any_of(lines.begin(), lines.end(), [](const std::string& line) {
+      return matches(line, "record * duplicate 2 2 replayed_version");
+    });
+  })) << node.lines().back();
+  EXPECT_EQ(node.count_lines("apply "), 1u);
 }
 
 TEST_F(FleetProcesses, TheServerKilledAndRestartedWithItsStoreEveryNodeConverges) {

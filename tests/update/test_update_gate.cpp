@@ -3,6 +3,7 @@
 // them are test_update_endpoint's.
 #include <cubridge/update/rollback_request.hpp>
 #include <cubridge/update/update_gate.hpp>
+#include <cubridge/update/update_state.hpp>
 
 #include "temp_dir.hpp"
 #include "tools/memory_sink.hpp"
@@ -11,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -126,6 +128,102 @@ TEST_F(UpdateGateTest, TheReplayFloorSurvivesARestartWithAStateFile) {
   expect_refused(gate.push(bundle(4)), "replayed_version");
   EXPECT_EQ(fresh.current_version("filters"), 0u);
   EXPECT_EQ(gate.push(bundle(5)).outcome, gate_outcome::applied);
+}
+
+// The state a gate leaves when its process is killed after recording `version` and before the
+// sink answered: pending in the state file.
+void crash_while_applying(const std::filesystem::path& file, std::uint64_t version) {
+  cubridge::update_state state(file);
+  state.load();
+  state.record_pending("filters", version);
+}
+
+TEST_F(UpdateGateTest, AnApplyInterruptedByACrashIsResumedOnceAfterTheRestart) {
+  cubridge::testing::temp_dir dir;
+  auto o = options();
+  o.state_file = dir.path / "state.json";
+  {
+    cubridge::update_gate gate(sink, o);
+    gate.start();
+    ASSERT_EQ(gate.push(bundle(3)).outcome, gate_outcome::applied);
+  }
+  crash_while_applying(o.state_file, 4);
+  // Restarted over the same file, the sink still at v3: the redelivered v4 is applied.
+  {
+    cubridge::update_gate gate(sink, o);
+    gate.start();
+    EXPECT_EQ(gate.highest_version("filters"), 4u);
+    const auto d = gate.push(bundle(4));
+    ASSERT_EQ(d.outcome, gate_outcome::applied) << d.reason << ": " << d.detail;
+    EXPECT_TRUE(d.reason.empty());
+    EXPECT_NE(d.detail.find("resumes"), std::string::npos) << d.detail;
+    EXPECT_EQ(d.previous_version, 3u);
+    EXPECT_EQ(d.serving_version, 4u);
+    EXPECT_EQ(sink.current_version("filters"), 4u);
+    // Settled: the same bundle again is a duplicate, the sink not called.
+    expect_refused(gate.push(bundle(4)), "replayed_version", gate_outcome::duplicate);
+  }
+  // Settled in the file too: after another restart, served below it, v4 is a replay.
+  cubridge::testing::memory_sink fresh;
+  cubridge::update_gate gate(fresh, o);
+  gate.start();
+  expect_refused(gate.push(bundle(4)), "replayed_version");
+  EXPECT_EQ(fresh.current_version("filters"), 0u);
+}
+
+TEST_F(UpdateGateTest, APendingVersionThatServesIsADuplicateAndSettled) {
+  cubridge::testing::temp_dir dir;
+  auto o = options();
+  o.state_file = dir.path / "state.json";
+  {
+    cubridge::update_gate gate(sink, o);
+    gate.start();
+    ASSERT_EQ(gate.push(bundle(4)).outcome, gate_outcome::applied);
+  }
+  crash_while_applying(o.state_file, 4);  // killed after the promote, before the settle
+  {
+    cubridge::update_gate gate(sink, o);
+    gate.start();
+    expect_refused(gate.push(bundle(4)), "replayed_version", gate_outcome::duplicate);
+  }
+  cubridge::testing::memory_sink fresh;  // known applied: not resumed on an empty service
+  cubridge::update_gate gate(fresh, o);
+  gate.start();
+  expect_refused(gate.push(bundle(4)), "replayed_version");
+}
+
+TEST_F(UpdateGateTest, ASignedRollbackSettlesAPendingVersion) {
+  cubridge::testing::temp_dir dir;
+  auto o = options();
+  o.state_file = dir.path / "state.json";
+  {
+    cubridge::update_gate gate(sink, o);
+    gate.start();
+    ASSERT_EQ(gate.push(bundle(2)).outcome, gate_outcome::applied);
+    ASSERT_EQ(gate.push(bundle(3)).outcome, gate_outcome::applied);
+  }
+  crash_while_applying(o.state_file, 4);
+  cubridge::update_gate gate(sink, o);
+  gate.start();
+  const auto back = gate.rollback(cubridge::sign_rollback_request("filters", 3, keys.secret_key));
+  ASSERT_EQ(back.outcome, gate_outcome::rolled_back) << back.reason << ": " << back.detail;
+  EXPECT_EQ(sink.current_version("filters"), 2u);
+  // The operator went back: neither the rolled-back v3 nor the unsettled v4 comes again.
+  expect_refused(gate.push(bundle(3)), "older_version");
+  expect_refused(gate.push(bundle(4)), "replayed_version");
+  EXPECT_EQ(sink.current_version("filters"), 2u);
+}
+
+TEST_F(UpdateGateTest, AVersionFloorAtAPendingVersionRefusesIt) {
+  cubridge::testing::temp_dir dir;
+  auto o = options();
+  o.state_file = dir.path / "state.json";
+  crash_while_applying(o.state_file, 4);
+  o.version_floor = {{"filters", 4}};
+  cubridge::update_gate gate(sink, o);
+  gate.start();
+  expect_refused(gate.push(bundle(4)), "replayed_version");
+  EXPECT_EQ(sink.current_version("filters"), 0u);
 }
 
 TEST_F(UpdateGateTest, ASignedRollbackIsHonouredOnce) {

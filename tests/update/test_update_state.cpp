@@ -123,6 +123,93 @@ TEST_F(UpdateStateTest, StoringALowerVersionUndoesARecord) {
   EXPECT_EQ(again.highest_versions().count("blur"), 0u);
 }
 
+TEST_F(UpdateStateTest, APendingVersionIsRecordedSettledAndPersisted) {
+  {
+    update_state state(file);
+    state.load();
+    state.store_highest_version("filters", 3);
+    EXPECT_FALSE(state.pending("filters"));
+    state.record_pending("filters", 4);  // as before an apply
+    EXPECT_TRUE(state.pending("filters"));
+    EXPECT_EQ(state.highest_version("filters"), 4u);
+    EXPECT_EQ(read_text(file),
+              "{\"cubridge_update_state\":1,\"highest_versions\":{\"filters\":4},"
+              "\"pending_versions\":{\"filters\":4},\"rollback_nonces\":{}}\n");
+  }  // "killed" before the apply's outcome was known
+  update_state restarted(file);
+  restarted.load();
+  EXPECT_TRUE(restarted.pending("filters"));
+  EXPECT_EQ(restarted.highest_version("filters"), 4u);
+  EXPECT_FALSE(restarted.pending("blur"));
+  restarted.settle("filters");
+  EXPECT_FALSE(restarted.pending("filters"));
+  EXPECT_EQ(restarted.highest_version("filters"), 4u);
+  // Settled, the file is the format without the field again.
+  EXPECT_EQ(read_text(file),
+            "{\"cubridge_update_state\":1,\"highest_versions\":{\"filters\":4},"
+            "\"rollback_nonces\":{}}\n");
+  update_state again(file);
+  again.load();
+  EXPECT_FALSE(again.pending("filters"));
+  // A stored version (an undo, a floor) is settled; so is one under a floor at or above it.
+  again.record_pending("filters", 5);
+  again.store_highest_version("filters", 4);
+  EXPECT_FALSE(again.pending("filters"));
+  again.record_pending("filters", 5);
+  again.raise_highest_version("filters", 4);
+  EXPECT_TRUE(again.pending("filters"));
+  again.raise_highest_version("filters", 5);
+  EXPECT_FALSE(again.pending("filters"));
+}
+
+TEST_F(UpdateStateTest, AFileWithoutPendingVersionsIsSettled) {
+  // As written before the field existed.
+  cubridge::testing::write_text(file,
+                                "{\"cubridge_update_state\":1,\"highest_versions\":{\"filters\":7},"
+                                "\"rollback_nonces\":{}}\n");
+  update_state state(file);
+  state.load();
+  EXPECT_EQ(state.highest_version("filters"), 7u);
+  EXPECT_FALSE(state.pending("filters"));
+}
+
+TEST_F(UpdateStateTest, LoadKeepsAPendingMarkOnlyWithTheHigherVersion) {
+  {
+    update_state writer(file);
+    writer.record_pending("filters", 7);
+    writer.record_pending("blur", 2);
+    writer.record_pending("sharpen", 4);
+  }
+  update_state state(file);
+  state.raise_highest_version("filters", 9);  // higher, settled: the file's mark is gone
+  state.raise_highest_version("blur", 2);     // equal, settled here: settled
+  state.raise_highest_version("sharpen", 1);  // lower: the file's pending 4 stands
+  state.load();
+  EXPECT_FALSE(state.pending("filters"));
+  EXPECT_EQ(state.highest_version("filters"), 9u);
+  EXPECT_FALSE(state.pending("blur"));
+  EXPECT_TRUE(state.pending("sharpen"));
+  EXPECT_EQ(state.highest_version("sharpen"), 4u);
+}
+
+TEST_F(UpdateStateTest, AFailedPendingRecordOrSettleIsTheSafeSide) {
+  const auto directory = dir.path / "state";
+  std::filesystem::create_directory(directory);
+  update_state state(directory / "replay.json");
+  state.store_highest_version("filters", 3);
+  std::filesystem::rename(directory, dir.path / "moved");  // every later write fails
+  EXPECT_THROW(state.record_pending("filters", 4), update_state_error);
+  EXPECT_EQ(state.highest_version("filters"), 3u);
+  EXPECT_FALSE(state.pending("filters"));
+  std::filesystem::rename(dir.path / "moved", directory);
+  state.record_pending("filters", 4);
+  std::filesystem::rename(directory, dir.path / "moved");
+  // The outcome is known: settled in memory even when the file cannot say so.
+  EXPECT_THROW(state.settle("filters"), update_state_error);
+  EXPECT_FALSE(state.pending("filters"));
+  EXPECT_EQ(state.highest_version("filters"), 4u);
+}
+
 TEST_F(UpdateStateTest, LoadMergesWithWhatIsHeld) {
   {
     update_state writer(file);
@@ -175,7 +262,19 @@ TEST_F(UpdateStateTest, ACorruptFileIsAnErrorNamingIt) {
            "{\"cubridge_update_state\":1,\"highest_versions\":{}," + good_nonces + ",\"extra\":1}",
            "{\"cubridge_update_state\":1,\"highest_versions\":{}," + good_nonces + "}" +
                std::string(1, '\0') + "{\"more\":1}",
-           "{\"cubridge_update_state\":1,\"highest_versions\":{\"\xff\":7}," + good_nonces + "}"}) {
+           "{\"cubridge_update_state\":1,\"highest_versions\":{\"\xff\":7}," + good_nonces + "}",
+           // A pending version is the module's highest one, in an object.
+           "{\"cubridge_update_state\":1,\"highest_versions\":{\"f\":7},\"pending_versions\":[]," +
+               good_nonces + "}",
+           "{\"cubridge_update_state\":1,\"highest_versions\":{\"f\":7},\"pending_versions\":{"
+           "\"f\":6}," +
+               good_nonces + "}",
+           "{\"cubridge_update_state\":1,\"highest_versions\":{\"f\":7},\"pending_versions\":{"
+           "\"g\":7}," +
+               good_nonces + "}",
+           "{\"cubridge_update_state\":1,\"highest_versions\":{\"f\":7},\"pending_versions\":{"
+           "\"f\":\"7\"}," +
+               good_nonces + "}"}) {
     SCOPED_TRACE(::testing::PrintToString(text));
     cubridge::testing::write_text(file, text);
     expect_load_fails(file, update_state_reason::corrupt);

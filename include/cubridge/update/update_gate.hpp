@@ -4,7 +4,8 @@
 // signed rollback request, written once. A gate verifies (size, verify_bundle against the trusted
 // keys, module name, device), checks the replay floor (update_state: a version at or below the
 // highest applied is refused; with a state file also across restarts), records the new version
-// before the sink sees it, and applies it through the module_sink under the module's lock. The
+// before the sink sees it (pending until the sink answered: a redelivery after a crash in between
+// resumes that apply), and applies it through the module_sink under the module's lock. The
 // reasons are the endpoint's "error" strings (docs/update-endpoint.md); the endpoint maps them
 // to its HTTP statuses.
 

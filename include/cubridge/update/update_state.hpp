@@ -1,12 +1,16 @@
 #pragma once
 // The replay memory of an update endpoint (update_endpoint.hpp), kept across restarts: per module
-// the highest bundle version ever applied, and the nonces of rollback requests still inside
-// their window. Without it a restarted service would accept a captured old bundle or rollback
-// request again. The file format and its guarantees are in docs/update-endpoint.md ("Replay
-// state"):
+// the highest bundle version ever applied (and whether its apply is still unsettled), and the
+// nonces of rollback requests still inside their window. Without it a restarted service would
+// accept a captured old bundle or rollback request again. The file format and its guarantees are in
+// docs/update-endpoint.md ("Replay state"):
 //
 //   {"cubridge_update_state":1,"highest_versions":{"filters":7},
+//    "pending_versions":{"filters":7},
 //    "rollback_nonces":{"9c1e4f0b7d2a6e3c5b8a1d0f2e4c6a8b":"2026-11-29T12:00:00Z"}}
+//
+// "pending_versions" is optional (absent: every version settled); each entry repeats the
+// module's highest version, recorded for an apply whose outcome is not known yet.
 //
 // Every change is written before the call that makes it returns: a new temporary file in the
 // same directory (O_EXCL, mode 0600), written, fsync'ed, renamed over the file, and the directory
@@ -20,6 +24,7 @@
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <set>
 #include <source_location>
 #include <string>
 #include <string_view>
@@ -74,8 +79,9 @@ class update_state {
   [[nodiscard]] const std::filesystem::path& file() const noexcept { return file_; }
 
   /// Reads the backing file and merges it into what is held (per module the higher version,
-  /// the union of the nonces). A missing file is an empty state (a first start); so is a state
-  /// in memory only. Throws update_state_error naming the file: unreadable, too_large, corrupt.
+  /// pending when the higher one is, or both equal ones are; the union of the nonces). A missing
+  /// file is an empty state (a first start); so is a state in memory only. Throws
+  /// update_state_error naming the file: unreadable, too_large, corrupt.
   void load();
 
   /// The highest version recorded for `module`; 0 when none.
@@ -84,14 +90,30 @@ class update_state {
   [[nodiscard]] std::map<std::string, std::uint64_t, std::less<>> highest_versions() const;
 
   /// Raises the version recorded for `module` to at least `version`, in memory (it is written
-  /// with the next change). For floors a service knows from elsewhere, e.g. its configuration.
+  /// with the next change). For floors a service knows from elsewhere, e.g. its configuration;
+  /// a floor at or above a pending version settles it (every bundle at the floor is refused).
   void raise_highest_version(std::string_view module, std::uint64_t version);
 
   /// Records `version` as the highest of `module` (also a lower one: to undo a record whose
-  /// apply failed) and writes the file before returning. Throws update_state_error
+  /// apply failed), settled, and writes the file before returning. Throws update_state_error
   /// (write_failed) when it cannot be written; then the recorded version is unchanged in memory
   /// (the file may hold either: the new one only if the rename was done).
   void store_highest_version(std::string_view module, std::uint64_t version);
+
+  /// As store_highest_version, but `version` stays pending: recorded before its apply, whose
+  /// outcome is not known until settle(). A pending version found after a restart may be an
+  /// apply the crash interrupted. Throws update_state_error (write_failed) as
+  /// store_highest_version; then the version and its pending mark are unchanged in memory.
+  void record_pending(std::string_view module, std::uint64_t version);
+
+  /// Whether the highest version of `module` is pending (recorded, its apply's outcome unknown).
+  [[nodiscard]] bool pending(std::string_view module) const;
+
+  /// Marks the highest version of `module` settled (its apply's outcome is known) and, when it
+  /// was pending, writes the file before returning. Throws update_state_error (write_failed)
+  /// when it cannot be written; it is settled in memory even then (the safe side: a settled
+  /// version is refused again).
+  void settle(std::string_view module);
 
   /// Remembers the nonce of a rollback request created at `created`, unless it is known
   /// already, and forgets first every nonce of a request created before `forget_before`. When it
@@ -107,10 +129,12 @@ class update_state {
 
  private:
   void save_locked() const;  // writes the whole state; the caller holds mutex_
+  void record_locked(const std::string& module, std::uint64_t version, bool pending);
 
   std::filesystem::path file_;
   mutable std::mutex mutex_;
   std::map<std::string, std::uint64_t, std::less<>> highest_;
+  std::set<std::string, std::less<>> pending_;  // modules whose highest version is pending
   std::unordered_map<std::string, std::chrono::sys_seconds> nonces_;  // nonce -> request time
 };
 
