@@ -1,0 +1,75 @@
+"""cubridge for Python: CUDA contexts, run-time kernels, hot swaps and signed module bundles.
+
+This package is a thin Python face over cubridge's C++ library (the extension module
+``cubridge._cubridge``); it implements nothing twice. What runs without a GPU:
+
+    >>> import cubridge
+    >>> cubridge.doctor()["driver"]["available"]          # the report of `cubridge doctor`
+    >>> info = cubridge.inspect("kernels.cubin")          # kind, targets, kernels
+    >>> cubin = cubridge.compile_cuda(source, arch="sm_90")
+    >>> keys = cubridge.generate_keypair()
+    >>> bundle = cubridge.sign_bundle(cubin, keys.secret_key, name="filters", version=2,
+    ...                               target="sm_90")
+    >>> cubridge.verify_bundle(bundle, [keys.public_key]).manifest.version
+
+Failures raise subclasses of :class:`cubridge.Error`, which carry the C++ error's fields.
+"""
+
+from __future__ import annotations
+
+import json as _json
+import os as _os
+from typing import Any, Mapping, Sequence, Union
+
+from . import _cubridge
+from ._cubridge import (BundleManifest, ImageInfo, ImageKernel, ImageTarget, KeyPair, PublicKey,
+                        SecretKey, VerifiedBundle, device_count, driver_available,
+                        generate_keypair, sign_bundle, verify_bundle)
+from ._errors import (BundleError, CompileError, ContextResetError, DriverUnavailable, Error,
+                      ImageError, IOFailure, LaunchArgumentError, PreconditionError,
+                      VersionRejected)
+
+__version__ = "0.1.0"
+
+ImageSource = Union[bytes, bytearray, memoryview, str, "_os.PathLike[str]"]
+
+
+def doctor() -> dict[str, Any]:
+    """What ``cubridge doctor --json`` reports: driver, runtime, devices, loading mode, JIT cache.
+
+    Never raises for a missing driver: ``doctor()["driver"]["available"]`` is False then and
+    ``doctor()["driver"]["reason"]`` says why.
+    """
+    return _json.loads(_cubridge.diagnose())
+
+
+def inspect(image: ImageSource) -> ImageInfo:
+    """What a cubin, fatbin or PTX image holds: its kind, targets and kernels with parameter sizes.
+
+    ``image`` is the image's bytes (bytes, bytearray, memoryview) or the path of its file (str or
+    os.PathLike). Needs no GPU. Raises ImageError for bytes that are no valid image and
+    IOFailure for a file that cannot be read.
+    """
+    if isinstance(image, (bytes, bytearray, memoryview)):
+        return _cubridge.inspect_bytes(bytes(image))
+    return _cubridge.inspect_file(_os.fspath(image))
+
+
+def compile_cuda(source: str, arch: str = "sm_90", *, name: str = "kernel.cu",
+                 options: Sequence[str] = (), defines: Mapping[str, str] | None = None) -> bytes:
+    """CUDA C++ ``source`` compiled by NVRTC to a cubin for ``arch`` (e.g. "sm_90", "sm_90a").
+
+    ``name`` names the source in messages, ``options`` are further NVRTC options
+    ("-std=c++20", "--use_fast_math"), ``defines`` macros ({"N": "256"}). Needs no GPU. Raises
+    CompileError with the compiler's log (``.log``), PreconditionError for a bad ``arch``.
+    """
+    return _cubridge.compile_cuda(source, arch, name, list(options), dict(defines or {}))
+
+
+__all__ = [
+    "doctor", "inspect", "compile_cuda", "device_count", "driver_available", "generate_keypair",
+    "sign_bundle", "verify_bundle", "ImageInfo", "ImageTarget", "ImageKernel", "KeyPair",
+    "PublicKey", "SecretKey", "BundleManifest", "VerifiedBundle", "Error", "DriverUnavailable",
+    "ImageError", "LaunchArgumentError", "ContextResetError", "VersionRejected",
+    "PreconditionError", "IOFailure", "CompileError", "BundleError",
+]

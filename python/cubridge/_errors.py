@@ -1,0 +1,102 @@
+"""cubridge's exceptions: one class per kind of failure, all carrying the C++ error's fields."""
+
+from __future__ import annotations
+
+
+class Error(Exception):
+    """A failure cubridge reported, with the fields of the C++ ``cubridge::error``.
+
+    Attributes:
+        code: the raw code (a CUresult, cudaError_t, nvrtcResult, nvJitLinkResult or a layer's
+            own code).
+        name: the code's symbolic name, e.g. ``"CUDA_ERROR_INVALID_HANDLE"``,
+            ``"CUBRIDGE_BAD_IMAGE"``.
+        description: the library's description of the code.
+        call: the call that failed, e.g. ``"cuModuleLoadDataEx"``.
+        involved: what was involved (module, kernel, context, device, parameter, file).
+        source: which library reported it: ``"driver"``, ``"runtime"``, ``"nvrtc"``,
+            ``"nvjitlink"`` or ``"cubridge"``.
+        layer: for ``source == "cubridge"``, the layer whose code it is (``"core"``,
+            ``"swap"``, ``"update"``, ...); otherwise None.
+        where: the C++ source file and line that raised it.
+    """
+
+    def __init__(self, message: str, *, code: int = 0, name: str = "", description: str = "",
+                 call: str = "", involved: str = "", source: str = "cubridge",
+                 layer: str | None = None, where: str = "") -> None:
+        super().__init__(message)
+        self.code = code
+        self.name = name
+        self.description = description
+        self.call = call
+        self.involved = involved
+        self.source = source
+        self.layer = layer
+        self.where = where
+
+
+class DriverUnavailable(Error):
+    """No usable CUDA driver: libcuda.so.1 is missing or lacks an entry point."""
+
+
+class ImageError(Error):
+    """Bytes that are not a valid GPU image, or an image with no code for the device."""
+
+
+class LaunchArgumentError(Error, TypeError):
+    """Launch arguments that do not match the kernel's parameter list."""
+
+
+class ContextResetError(Error):
+    """A context was destroyed or reset by someone else (e.g. ``cudaDeviceReset``)."""
+
+
+class VersionRejected(Error):
+    """A staged module version failed validation; the serving version serves on."""
+
+
+class PreconditionError(Error, ValueError):
+    """A documented precondition was broken (a bad argument)."""
+
+
+class IOFailure(Error, OSError):
+    """Reading or writing a file failed."""
+
+
+class CompileError(Error):
+    """NVRTC or nvJitLink refused a source.
+
+    Attributes:
+        source_name: the name of the source that failed.
+        architecture: the architecture it was compiled for.
+        log: the compiler's log.
+    """
+
+    def __init__(self, message: str, *, source_name: str = "", architecture: str = "",
+                 log: str = "", **fields) -> None:
+        super().__init__(message, **fields)
+        self.source_name = source_name
+        self.architecture = architecture
+        self.log = log
+
+
+class BundleError(Error):
+    """A signed bundle, manifest or key was refused.
+
+    Attributes:
+        reason: which check failed: ``"too_large"``, ``"bad_magic"``, ``"bad_signature"``,
+            ``"payload_mismatch"``, ``"unknown_key"``, ``"expired"``, ``"bad_key"``, ...
+    """
+
+    def __init__(self, message: str, *, reason: str = "", **fields) -> None:
+        super().__init__(message, **fields)
+        self.reason = reason
+
+
+def _make(class_name: str, message: str, fields: dict) -> Error:
+    """The exception the extension raises for a C++ error (called from C++ only)."""
+    return globals()[class_name](message, **fields)
+
+
+__all__ = ["Error", "DriverUnavailable", "ImageError", "LaunchArgumentError", "ContextResetError",
+           "VersionRejected", "PreconditionError", "IOFailure", "CompileError", "BundleError"]

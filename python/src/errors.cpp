@@ -1,0 +1,94 @@
+// C++ exceptions to Python: every cubridge::error becomes an instance of a class of
+// cubridge/_errors.py carrying the C++ fields; the most specific C++ type picks the class.
+#include "bindings.hpp"
+
+#include <cubridge/compile/compile.hpp>
+#include <cubridge/core/error.hpp>
+#include <cubridge/swap/error.hpp>
+#include <cubridge/update/bundle.hpp>
+
+#include <nanobind/stl/string.h>
+
+#include <exception>
+#include <string>
+
+namespace nb = nanobind;
+
+namespace cubridge::python {
+namespace {
+
+const char* source_name(error_source source) {
+  switch (source) {
+    case error_source::driver:
+      return "driver";
+    case error_source::runtime:
+      return "runtime";
+    case error_source::nvrtc:
+      return "nvrtc";
+    case error_source::nvjitlink:
+      return "nvjitlink";
+    case error_source::cubridge:
+      return "cubridge";
+  }
+  return "cubridge";
+}
+
+/// The fields every cubridge error has, as keyword arguments of cubridge.Error.
+nb::dict fields_of(const error& e) {
+  nb::dict fields;
+  fields["code"] = e.code();
+  fields["name"] = e.code_name();
+  fields["description"] = e.description();
+  fields["call"] = e.call();
+  fields["involved"] = e.involved();
+  fields["source"] = source_name(e.source());
+  fields["layer"] = e.domain() ? nb::cast(std::string(e.domain()->layer())) : nb::none();
+  fields["where"] = std::string(e.where().file_name()) + ":" + std::to_string(e.where().line());
+  return fields;
+}
+
+/// The class of cubridge/_errors.py for this error, by its C++ type and code.
+const char* class_of(const error& e) {
+  if (dynamic_cast<const bundle_error*>(&e)) return "BundleError";
+  if (dynamic_cast<const compile_error*>(&e)) return "CompileError";
+  if (dynamic_cast<const driver_unavailable*>(&e)) return "DriverUnavailable";
+  if (dynamic_cast<const image_error*>(&e)) return "ImageError";
+  if (dynamic_cast<const launch_argument_error*>(&e)) return "LaunchArgumentError";
+  if (dynamic_cast<const context_reset_error*>(&e)) return "ContextResetError";
+  if (dynamic_cast<const version_rejected_error*>(&e)) return "VersionRejected";
+  if (e.is(errc::precondition)) return "PreconditionError";
+  if (e.is(errc::io)) return "IOFailure";
+  return "Error";
+}
+
+void raise(const error& e) {
+  nb::dict fields = fields_of(e);
+  if (const auto* b = dynamic_cast<const bundle_error*>(&e))
+    fields["reason"] = std::string(to_string(b->reason()));
+  if (const auto* c = dynamic_cast<const compile_error*>(&e)) {
+    fields["source_name"] = c->source_name();
+    fields["architecture"] = c->architecture();
+    fields["log"] = c->log();
+  }
+  nb::object exc =
+      nb::module_::import_("cubridge._errors").attr("_make")(class_of(e), e.what(), fields);
+  PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
+}
+
+}  // namespace
+
+void register_errors(nb::module_&) {
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const error& e) {
+      try {
+        raise(e);
+      } catch (nb::python_error& failed) {  // cubridge._errors missing: still say what failed
+        failed.restore();
+      }
+    }
+  });
+}
+
+}  // namespace cubridge::python

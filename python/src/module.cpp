@@ -1,0 +1,78 @@
+// cubridge._cubridge: the C++ library for Python. The package cubridge (cubridge/__init__.py)
+// puts Python's idiom on top; everything here calls the C++ API, nothing is done twice.
+#include "bindings.hpp"
+#include "doctor.hpp"
+
+#include <cubridge/compile/machine_code.hpp>
+#include <cubridge/core/compute_capability.hpp>
+#include <cubridge/core/device.hpp>
+#include <cubridge/core/driver.hpp>
+#include <cubridge/core/error.hpp>
+
+#include <nanobind/stl/map.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <string>
+
+namespace nb = nanobind;
+
+namespace cubridge::python {
+namespace {
+
+compute_capability parse_arch(const std::string& arch) {
+  const auto cc = parse_compute_capability(arch);
+  CUBRIDGE_EXPECTS(cc.has_value(),
+                   "architecture '" + arch + "' is not a real architecture name such as sm_90");
+  return *cc;
+}
+
+nb::bytes compile_cuda(const std::string& source, const std::string& arch, const std::string& name,
+                       const std::vector<std::string>& options,
+                       const std::map<std::string, std::string>& defines) {
+  const auto target = parse_arch(arch);
+  build_options build;
+  build.compile.extra_options = options;
+  build.compile.defines = defines;
+  std::vector<std::byte> code;
+  {
+    nb::gil_scoped_release unlocked;  // NVRTC takes its time; other Python threads may run
+    code = build_machine_code(source_kind::cuda_source,
+                              {reinterpret_cast<const std::byte*>(source.data()), source.size()},
+                              name, target, build);
+  }
+  return to_bytes(code);
+}
+
+}  // namespace
+}  // namespace cubridge::python
+
+NB_MODULE(_cubridge, m) {
+  using namespace cubridge::python;
+  m.doc() = "cubridge's C++ library; use the package `cubridge`, which wraps this module.";
+  register_errors(m);
+  bind_images(m);
+  bind_bundles(m);
+
+  m.def(
+      "diagnose", [] { return cubridge::tool::diagnose().dump(); },
+      "The report of `cubridge doctor --json`, as JSON text.");
+  m.def(
+      "render_doctor",
+      [](const std::string& report) {
+        return cubridge::tool::render_table(nlohmann::json::parse(report));
+      },
+      nb::arg("report"), "The report of diagnose() as `cubridge doctor` prints it for people.");
+  m.def("driver_available", &cubridge::driver::available,
+        "True when libcuda.so.1 was found and has every entry point cubridge needs.");
+  m.def(
+      "driver_unavailable_reason",
+      [] { return std::string(cubridge::driver::unavailable_reason()); },
+      "Why the driver is unavailable (empty when it is available).");
+  m.def("device_count", &cubridge::device::count,
+        "The number of CUDA devices. Raises DriverUnavailable without a driver.");
+  m.def("compile_cuda", &compile_cuda, nb::arg("source"), nb::arg("arch") = "sm_90",
+        nb::arg("name") = "kernel.cu", nb::arg("options") = std::vector<std::string>{},
+        nb::arg("defines") = std::map<std::string, std::string>{},
+        "CUDA C++ source compiled by NVRTC to a cubin for `arch` (build_machine_code).");
+}

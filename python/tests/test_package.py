@@ -1,0 +1,28 @@
+"""The package imports, exports what it documents, and documents everything it exports."""
+
+import inspect as pyinspect
+
+import cubridge
+
+
+def test_every_public_name_is_exported_and_documented():
+    for name in cubridge.__all__:
+        item = getattr(cubridge, name)
+        assert pyinspect.getdoc(item), f"cubridge.{name} has no docstring"
+
+
+def test_classes_document_their_properties():
+    for cls in (cubridge.ImageInfo, cubridge.ImageTarget, cubridge.ImageKernel,
+                cubridge.BundleManifest, cubridge.VerifiedBundle, cubridge.PublicKey):
+        for name, member in vars(cls).items():
+            if not name.startswith("_"):
+                assert pyinspect.getdoc(member), f"{cls.__name__}.{name} has no docstring"
+
+
+def test_error_classes_share_the_base():
+    for name in ("DriverUnavailable", "ImageError", "LaunchArgumentError", "ContextResetError",
+                 "VersionRejected", "PreconditionError", "IOFailure", "CompileError",
+                 "BundleError"):
+        assert issubclass(getattr(cubridge, name), cubridge.Error)
+    assert issubclass(cubridge.PreconditionError, ValueError)
+    assert issubclass(cubridge.IOFailure, OSError)
