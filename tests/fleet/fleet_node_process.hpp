@@ -4,6 +4,8 @@
 // with a deadline, never a fixed sleep. Killed (SIGKILL) when the object goes.
 #include "temp_dir.hpp"
 
+#include "eventually.hpp"
+
 #include <cubridge/core/detail/child_process.hpp>
 
 #include <fcntl.h>
@@ -22,15 +24,6 @@
 namespace cubridge::testing {
 
 /// Polls `done` every 10 ms for up to `deadline`: a condition, never a fixed sleep.
-inline bool eventually(const std::function<bool()>& done,
-                       std::chrono::milliseconds deadline = std::chrono::seconds(60)) {
-  const auto until = std::chrono::steady_clock::now() + deadline;
-  while (!done()) {
-    if (std::chrono::steady_clock::now() > until) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return true;
-}
 
 class fleet_node_process {
  public:

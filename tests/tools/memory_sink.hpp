@@ -1,8 +1,10 @@
 #pragma once
-// A module_sink in memory for the CLI tests (update_test_server, test_cli): per module the
-// serving version and one to roll back to, as hot_module keeps them; no GPU.
+// A module_sink in memory for the CLI and fleet tests (update_test_server, test_cli,
+// test_fleet_agent, test_fleet_rollout): per module the serving version and one to roll back
+// to, as hot_module keeps them; counts its applies and can refuse one version; no GPU.
 #include <cubridge/update/module_sink.hpp>
 
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -22,7 +24,13 @@ class memory_sink final : public cubridge::module_sink {
     return it == modules_.end() ? 0 : it->second.first;
   }
   cubridge::sink_result apply(const cubridge::verified_bundle& bundle) override {
+    ++applies;
     std::lock_guard lock(mutex_);
+    if (bundle.version() == fail_version) {  // as a failed smoke test would: nothing changes
+      const auto it = modules_.find(bundle.manifest.name);
+      return {cubridge::sink_outcome::failed, it == modules_.end() ? 0 : it->second.first,
+              "smoke test failed"};
+    }
     auto& [current, previous] = modules_[bundle.manifest.name];
     previous = current;
     current = bundle.version();
@@ -45,6 +53,11 @@ class memory_sink final : public cubridge::module_sink {
       out.push_back({name, v.first, {v.second, v.first}, 0, {}});
     return out;
   }
+  /// Calls of apply(), whatever their outcome.
+  std::atomic<int> applies{0};
+  /// A version apply() refuses (0: none), as a failed smoke test would.
+  std::atomic<std::uint64_t> fail_version{0};
+
   /// The payload last applied to `name` (empty when none).
   std::vector<std::byte> payload(const std::string& name) const {
     std::lock_guard lock(mutex_);

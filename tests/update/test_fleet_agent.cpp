@@ -6,6 +6,7 @@
 #include <cubridge/update/fleet_subjects.hpp>
 #include <cubridge/update/rollback_request.hpp>
 
+#include "eventually.hpp"
 #include "nats_server.hpp"
 #include "tools/memory_sink.hpp"
 #include "update/fleet_nats.hpp"
@@ -26,35 +27,9 @@ using cubridge::gate_outcome;
 using cubridge::fleet::result_record;
 namespace nats = cubridge::fleet::detail;
 
-// Polls `done` every 10 ms for up to `deadline`: a condition, never a fixed sleep.
-bool eventually(const std::function<bool()>& done, std::chrono::milliseconds deadline = 30s) {
-  const auto until = std::chrono::steady_clock::now() + deadline;
-  while (!done()) {
-    if (std::chrono::steady_clock::now() > until) return false;
-    std::this_thread::sleep_for(10ms);
-  }
-  return true;
-}
-
-// The memory sink, counting applies.
-class counting_sink final : public cubridge::module_sink {
- public:
-  std::optional<cubridge::compute_capability> device_capability() const override {
-    return inner.device_capability();
-  }
-  std::uint64_t current_version(std::string_view name) const override {
-    return inner.current_version(name);
-  }
-  cubridge::sink_result apply(const cubridge::verified_bundle& bundle) override {
-    ++applies;
-    return inner.apply(bundle);
-  }
-  cubridge::sink_result rollback(std::string_view name) override { return inner.rollback(name); }
-  std::vector<cubridge::module_report> status() const override { return inner.status(); }
-
-  cubridge::testing::memory_sink inner;
-  std::atomic<int> applies{0};
-};
+using cubridge::testing::eventually;
+// The memory sink counts its applies.
+using counting_sink = cubridge::testing::memory_sink;
 
 class FleetAgentTest : public ::testing::Test {
  protected:

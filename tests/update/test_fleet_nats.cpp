@@ -1,6 +1,7 @@
 // The fleet's NATS plumbing (src/update/fleet_nats.hpp) against a real nats-server
 // (tests/nats_server.hpp): streams and bucket made idempotently, a stream configured otherwise
 // refused, the payload limit, an unreachable server, and a server stopped and started again.
+#include "eventually.hpp"
 #include "nats_server.hpp"
 #include "update/fleet_nats.hpp"
 
@@ -36,16 +37,7 @@ cubridge::error expect_fleet_error(F&& f, fleet_errc code) {
   return cubridge::error(cubridge::fleet_error_domain, 0, "", "", "", {});
 }
 
-// Polls `condition` every 10 ms for up to 30 s.
-template <class F>
-bool eventually(F&& condition) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (!condition()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return true;
-}
+using cubridge::testing::eventually;
 
 std::vector<std::byte> bytes_of(std::string_view text) {
   const auto* data = reinterpret_cast<const std::byte*>(text.data());

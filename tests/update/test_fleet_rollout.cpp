@@ -2,6 +2,7 @@
 // a module out to four real fleet_agents (fleet_agent.hpp) over memory sinks, through a real
 // nats-server. Canaries first, then everyone; a canary whose sink fails halts the rollout, and
 // the canary that had applied it is rolled back by the signed request.
+#include "eventually.hpp"
 #include "nats_server.hpp"
 #include "tools/memory_sink.hpp"
 #include "update/source_bundles.hpp"
@@ -20,38 +21,8 @@ namespace {
 using namespace std::chrono_literals;
 using cubridge::fleet::controller;
 
-bool eventually(const std::function<bool()>& done) {
-  const auto until = std::chrono::steady_clock::now() + 30s;
-  while (!done()) {
-    if (std::chrono::steady_clock::now() > until) return false;
-    std::this_thread::sleep_for(10ms);
-  }
-  return true;
-}
-
-// The memory sink; apply fails for one version when told to, as a failed smoke test would.
-class node_sink final : public cubridge::module_sink {
- public:
-  std::optional<cubridge::compute_capability> device_capability() const override {
-    return inner.device_capability();
-  }
-  std::uint64_t current_version(std::string_view name) const override {
-    return inner.current_version(name);
-  }
-  cubridge::sink_result apply(const cubridge::verified_bundle& bundle) override {
-    ++applies;
-    if (bundle.version() == fail_version)
-      return {cubridge::sink_outcome::failed, inner.current_version(bundle.manifest.name),
-              "smoke test failed"};
-    return inner.apply(bundle);
-  }
-  cubridge::sink_result rollback(std::string_view name) override { return inner.rollback(name); }
-  std::vector<cubridge::module_report> status() const override { return inner.status(); }
-
-  cubridge::testing::memory_sink inner;
-  std::atomic<std::uint64_t> fail_version{0};
-  std::atomic<int> applies{0};
-};
+using cubridge::testing::eventually;
+using node_sink = cubridge::testing::memory_sink;
 
 class FleetRolloutEndToEnd : public ::testing::Test {
  protected:
