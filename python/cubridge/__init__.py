@@ -12,6 +12,17 @@ This package is a thin Python face over cubridge's C++ library (the extension mo
     ...                               target="sm_90")
     >>> cubridge.verify_bundle(bundle, [keys.public_key]).manifest.version
 
+With a GPU, beside torch or CuPy (which use the device's primary context):
+
+    >>> ctx = cubridge.PrimaryContext.adopt_runtime()     # the context torch uses
+    >>> mod = cubridge.Module.from_source(source, ctx)     # NVRTC, on-disk cache
+    >>> scale = mod.get_kernel("scale")                    # C++ name; parameters from the driver
+    >>> cfg = cubridge.LaunchConfig(grid=n // 256, block=256,
+    ...                             stream=torch.cuda.current_stream())
+    >>> scale.launch(cfg, x, 2.0, n)                       # x: a torch tensor; checked
+    >>> hot = cubridge.HotModule("filters", cubin_v1, ctx) # hot swap
+    >>> hot.promote(hot.stage(cubin_v2, smoke_test=check))
+
 Failures raise subclasses of :class:`cubridge.Error`, which carry the C++ error's fields.
 """
 
@@ -22,9 +33,13 @@ import os as _os
 from typing import Any, Mapping, Sequence, Union
 
 from . import _cubridge
-from ._cubridge import (BundleManifest, ImageInfo, ImageKernel, ImageTarget, KeyPair, PublicKey,
-                        SecretKey, VerifiedBundle, device_count, driver_available,
-                        generate_keypair, sign_bundle, verify_bundle)
+from ._cubridge import (BundleManifest, Context, ContextRef, Device, DeviceView, HotKernel,
+                        HotModule, HotModuleStats, HotReloader, ImageInfo, ImageKernel,
+                        ImageTarget, Kernel, KeyPair, LaunchConfig, Module, PrimaryContext,
+                        PublicKey, SecretKey, StagedModule, StagedVersion, Stream,
+                        VerifiedBundle, current_context, device_count, devices,
+                        driver_available, generate_keypair, kernel_signature, scoped_current,
+                        sign_bundle, unmangled_name, verify_bundle)
 from ._errors import (BundleError, CompileError, ContextResetError, DriverUnavailable, Error,
                       ImageError, IOFailure, LaunchArgumentError, PreconditionError,
                       VersionRejected)
@@ -68,6 +83,10 @@ def compile_cuda(source: str, arch: str = "sm_90", *, name: str = "kernel.cu",
 
 __all__ = [
     "doctor", "inspect", "compile_cuda", "device_count", "driver_available", "generate_keypair",
+    "devices", "Device", "Context", "PrimaryContext", "ContextRef", "current_context",
+    "scoped_current", "Stream", "LaunchConfig", "Module", "Kernel", "DeviceView",
+    "kernel_signature", "unmangled_name", "HotModule", "HotKernel", "HotModuleStats",
+    "HotReloader", "StagedModule", "StagedVersion",
     "sign_bundle", "verify_bundle", "ImageInfo", "ImageTarget", "ImageKernel", "KeyPair",
     "PublicKey", "SecretKey", "BundleManifest", "VerifiedBundle", "Error", "DriverUnavailable",
     "ImageError", "LaunchArgumentError", "ContextResetError", "VersionRejected",

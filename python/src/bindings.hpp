@@ -1,18 +1,101 @@
 #pragma once
 // The parts of the extension module cubridge._cubridge, one function per file.
+#include "signature.hpp"
+
+#include <cubridge/core/context_ref.hpp>
+#include <cubridge/core/kernel.hpp>
+#include <cubridge/core/launch_config.hpp>
+#include <cubridge/core/stream_ref.hpp>
+
 #include <nanobind/nanobind.h>
 
 #include <cstddef>
+#include <exception>
 #include <span>
+#include <string>
+#include <vector>
 
 namespace cubridge::python {
 
 /// Python exceptions for cubridge errors (the classes live in cubridge/_errors.py).
 void register_errors(nanobind::module_& m);
+/// The Python exception object for a C++ exception (what the translator would raise), for
+/// callbacks that hand an error to Python code rather than raise it. Needs the GIL.
+[[nodiscard]] nanobind::object python_exception(const std::exception_ptr& p);
 /// ImageInfo, ImageTarget, ImageKernel, inspect_bytes, inspect_file, render_image.
 void bind_images(nanobind::module_& m);
 /// PublicKey, SecretKey, KeyPair, BundleManifest, VerifiedBundle and the bundle functions.
 void bind_bundles(nanobind::module_& m);
+
+/// Device, devices(), ContextRef, current_context(), Context, PrimaryContext, scoped_current,
+/// Stream, LaunchConfig (contexts.cpp).
+void bind_contexts_and_streams(nanobind::module_& m);
+/// Module, Kernel (kernels.cpp).
+void bind_kernels(nanobind::module_& m);
+/// HotModule, HotKernel, StagedVersion, HotModuleStats, HotReloader (hot.cpp).
+void bind_hot_modules(nanobind::module_& m);
+
+/// The context a Python argument names: a Context, PrimaryContext or ContextRef, or None for the
+/// calling thread's current context (refused when there is none). Owning contexts are kept alive
+/// by what is created in them. @throws error (errc::precondition) for anything else.
+[[nodiscard]] context_arg as_context(nanobind::handle context);
+
+/// The stream a Python object names: None (the legacy default stream), a cubridge.Stream, an
+/// object with __cuda_stream__ (cuda.core, torch), a torch stream (.cuda_stream), a CuPy stream
+/// (.ptr) or a handle as an int. @throws error (errc::precondition) for anything else.
+[[nodiscard]] stream_ref as_stream(nanobind::handle stream);
+
+/// A launch configuration as Python holds it: the stream object kept alive beside its handle.
+struct py_launch_config {
+  launch_config config;
+  nanobind::object stream_object;
+};
+/// LaunchConfig(grid, block, stream=, shared_mem=, cluster=). @throws error (precondition)
+[[nodiscard]] py_launch_config make_launch_config(nanobind::handle grid, nanobind::handle block,
+                                                  nanobind::handle stream, unsigned shared_mem,
+                                                  nanobind::handle cluster);
+
+/// What a launch checks Python arguments against: the driver's parameter list and the types
+/// the kernel's name spells (empty for extern "C" kernels).
+struct launch_signature {
+  std::string kernel_name;
+  std::vector<parameter_info> parameters;
+  std::vector<parameter_type> types;
+};
+[[nodiscard]] launch_signature signature_of(std::string name,
+                                            std::span<const parameter_info> parameters);
+
+/// The Python arguments `args` converted for the kernel of `signature` into `out` (cleared
+/// first): tensors and arrays (torch, CuPy, __cuda_array_interface__, DLPack) as their device
+/// address, ints, floats and bools as the parameter's type, numpy scalars and bytes as their
+/// bytes. A __cuda_array_interface__ that names a stream makes `config`'s stream wait for it.
+/// @throws launch_argument_error naming the kernel, the parameter and what was given.
+void convert_arguments(const launch_signature& signature, const nanobind::args& args,
+                       const launch_config& config, kernel_arguments& out);
+
+/// A kernel as Python holds it: the kernel and what its launches are checked against.
+struct py_kernel {
+  kernel k;
+  launch_signature signature;
+};
+/// The kernel of `names` (a module's kernels, mangled) that `name` means: itself, or the one
+/// C++ kernel whose unmangled name it is ("scale" for _Z5scalePfi, "ns::scale",
+/// "scale<float>"). @throws error (errc::precondition) naming the candidates when several match.
+[[nodiscard]] std::string resolve_kernel_name(const std::vector<std::string>& names,
+                                              const std::string& name);
+/// The kernel names an image holds (inspect_image), for resolve_kernel_name.
+[[nodiscard]] std::vector<std::string> kernel_names_of(std::span<const std::byte> image);
+
+/// Device memory seen from Python: an address, a size and what keeps it alive. Exposes
+/// __cuda_array_interface__ (bytes), so torch.as_tensor and cupy.asarray wrap it in place.
+struct device_view {
+  std::uintptr_t address = 0;
+  std::size_t bytes = 0;
+  nanobind::object owner;
+};
+
+/// An image as Python passes it: bytes-like (copied into `bytes`) or a path (read).
+[[nodiscard]] std::vector<std::byte> image_bytes(nanobind::handle image);
 
 /// The bytes of a Python bytes object, as the C++ API takes them (no copy).
 inline std::span<const std::byte> byte_span(const nanobind::bytes& b) {

@@ -61,7 +61,7 @@ const char* class_of(const error& e) {
   return "Error";
 }
 
-void raise(const error& e) {
+nb::object exception_of(const error& e) {
   nb::dict fields = fields_of(e);
   if (const auto* b = dynamic_cast<const bundle_error*>(&e))
     fields["reason"] = std::string(to_string(b->reason()));
@@ -70,12 +70,29 @@ void raise(const error& e) {
     fields["architecture"] = c->architecture();
     fields["log"] = c->log();
   }
-  nb::object exc =
-      nb::module_::import_("cubridge._errors").attr("_make")(class_of(e), e.what(), fields);
+  return nb::module_::import_("cubridge._errors").attr("_make")(class_of(e), e.what(), fields);
+}
+
+void raise(const error& e) {
+  const nb::object exc = exception_of(e);
   PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
 }
 
 }  // namespace
+
+nb::object python_exception(const std::exception_ptr& p) {
+  try {
+    std::rethrow_exception(p);
+  } catch (const error& e) {
+    return exception_of(e);
+  } catch (nb::python_error& e) {
+    return nb::borrow(e.value());
+  } catch (const std::exception& e) {
+    return nb::handle(PyExc_RuntimeError)(e.what());
+  } catch (...) {
+    return nb::handle(PyExc_RuntimeError)("an exception of a type cubridge does not know");
+  }
+}
 
 void register_errors(nb::module_&) {
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {

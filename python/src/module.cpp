@@ -10,6 +10,7 @@
 #include <cubridge/core/error.hpp>
 
 #include <nanobind/stl/map.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -53,6 +54,9 @@ NB_MODULE(_cubridge, m) {
   register_errors(m);
   bind_images(m);
   bind_bundles(m);
+  bind_contexts_and_streams(m);
+  bind_kernels(m);
+  bind_hot_modules(m);
 
   m.def(
       "diagnose", [] { return cubridge::tool::diagnose().dump(); },
@@ -71,6 +75,25 @@ NB_MODULE(_cubridge, m) {
       "Why the driver is unavailable (empty when it is available).");
   m.def("device_count", &cubridge::device::count,
         "The number of CUDA devices. Raises DriverUnavailable without a driver.");
+  m.def(
+      "kernel_signature",
+      [](const std::string& mangled) -> std::optional<std::vector<std::string>> {
+        const auto types = cubridge::python::parameter_types(mangled);
+        if (!types) return std::nullopt;
+        std::vector<std::string> out;
+        for (const auto& t : *types) out.push_back(t.spelling);
+        return out;
+      },
+      nb::arg("name"),
+      "The C++ parameter types a mangled kernel name spells (['float*', 'float', 'int'] for "
+      "_Z5scalePffi), or None for a name that spells none (extern \"C\"). What launches check "
+      "Python arguments against, beside the driver's sizes.");
+  m.def(
+      "unmangled_name",
+      [](const std::string& mangled) { return cubridge::python::unmangled_name(mangled); },
+      nb::arg("name"),
+      "A mangled kernel name as C++ spells the function ('scale', 'ns::scale<float>'), or '' "
+      "for a name that is not mangled.");
   m.def("compile_cuda", &compile_cuda, nb::arg("source"), nb::arg("arch") = "sm_90",
         nb::arg("name") = "kernel.cu", nb::arg("options") = std::vector<std::string>{},
         nb::arg("defines") = std::map<std::string, std::string>{},

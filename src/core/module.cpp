@@ -338,6 +338,17 @@ void kernel::throw_argument_size(std::size_t index, std::size_t given) const {
                          " bytes, the argument given is " + std::to_string(given) + " bytes");
 }
 
+void kernel::launch(const launch_config& config, const kernel_arguments& args) const {
+  const auto& p = state_->parameters;
+  const auto sizes = args.sizes();
+  if (p.size() != sizes.size()) [[unlikely]]
+    throw_argument_count(sizes.size());
+  for (std::size_t i = 0; i < sizes.size(); ++i)
+    if (p[i].size != sizes[i]) [[unlikely]]
+      throw_argument_size(i, sizes[i]);
+  launch_raw(config, args.pointers());
+}
+
 void kernel::launch_raw(const launch_config& c, void** arguments) const {
   CUresult r;
   if (c.cluster.x == 0) [[likely]] {

@@ -26,6 +26,12 @@ hot_kernel::chain::lease hot_kernel::acquire() const {
   return state_->versions.acquire();
 }
 
+std::vector<parameter_info> hot_kernel::parameters() const {
+  const auto lease = acquire();
+  const auto p = lease.payload().kernels[index_].parameters();
+  return {p.begin(), p.end()};
+}
+
 hot_kernel::chain::lease hot_kernel::acquire(const launch_config& config) const {
   if (config.stream.is_per_thread()) [[unlikely]]
     hot_module_internal::refuse_per_thread_stream("hot kernel '" + name_ + "' of module '" +

@@ -48,6 +48,30 @@ TEST(KernelArguments, LaidOutInOrderAsConvertedValuesThenNull) {
       [](void** arguments) { EXPECT_EQ(arguments[0], nullptr); });
 }
 
+// A list assembled at run time: each value at its alignment, the table pointing at each, and
+// the table still right after the buffer grew and moved.
+TEST(KernelArguments, RunTimeListKeepsEachValueAlignedAndThePointersCurrent) {
+  cubridge::kernel_arguments args;
+  args.push(char{3});
+  args.push(2.5);
+  const triple t{1, 2, 3};
+  args.push(t);
+  ASSERT_EQ(args.count(), 3u);
+  EXPECT_EQ(args.sizes()[0], 1u);
+  EXPECT_EQ(args.sizes()[1], 8u);
+  EXPECT_EQ(args.sizes()[2], sizeof(triple));
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(args.pointers()[1]) % alignof(double), 0u);
+  EXPECT_EQ(*static_cast<const double*>(args.pointers()[1]), 2.5);
+  for (int i = 0; i < 100; ++i) args.push(i);  // enough to move the buffer
+  EXPECT_EQ(*static_cast<const char*>(args.pointers()[0]), 3);
+  EXPECT_EQ(static_cast<const triple*>(args.pointers()[2])->c, 3);
+  EXPECT_EQ(*static_cast<const int*>(args.pointers()[102]), 99);
+  args.clear();
+  EXPECT_EQ(args.count(), 0u);
+  args.push(7u);
+  EXPECT_EQ(*static_cast<const unsigned*>(args.pointers()[0]), 7u);
+}
+
 TEST_F(Kernel, ParameterListComesFromTheDriver) {
   auto k = module_->get_kernel("mixed_parameters");
   EXPECT_EQ(k.name(), "mixed_parameters");
@@ -101,6 +125,39 @@ TEST_F(Kernel, WrongSizeNamesIndexAndBothSizes) {
         << e.what();
   }
   EXPECT_THROW((void)(k.typed<unsigned*, unsigned, unsigned>()), cubridge::launch_argument_error);
+}
+
+TEST_F(Kernel, RunTimeArgumentListIsCheckedAndLaunched) {
+  auto k = module_->get_kernel("mixed_parameters");
+  auto out = cubridge::driver_buffer<float>::allocate(*ctx_, 1);
+  cubridge::kernel_arguments args;
+  args.push(out.data());
+  args.push(3);
+  args.push(char{2});
+  args.push(1.5);
+  try {
+    k.launch({.stream = cubridge::stream_ref::legacy_default()}, args);
+    FAIL() << "no throw";
+  } catch (const cubridge::launch_argument_error& e) {
+    EXPECT_NE(std::string(e.what()).find("takes 5 parameters, 4 arguments given"),
+              std::string::npos)
+        << e.what();
+  }
+  args.push(triple{1, 2, 3});
+  cubridge::scoped_current guard(*ctx_);
+  k.launch({.stream = cubridge::stream_ref::legacy_default()}, args);
+  float value = 0;
+  CUBRIDGE_ASSERT_CU(cubridge::driver::api().cuMemcpy(reinterpret_cast<CUdeviceptr>(&value),
+                                                      out.address(), sizeof value));
+  EXPECT_FLOAT_EQ(value, 3 + 2 + 1.5f + 6);
+  cubridge::kernel_arguments wrong;
+  wrong.push(out.data());
+  wrong.push(3);
+  wrong.push(char{2});
+  wrong.push(1.5f);  // double expected
+  wrong.push(triple{1, 2, 3});
+  EXPECT_THROW(k.launch({.stream = cubridge::stream_ref::legacy_default()}, wrong),
+               cubridge::launch_argument_error);
 }
 
 TEST_F(Kernel, TypedKernelLaunchesOnAStream) {

@@ -58,6 +58,23 @@ TEST_F(HotModule, PromoteSwitchesLaterLaunchesAndRollbackReturns) {
   EXPECT_EQ(hot_->stats().promotions, 2u);
 }
 
+// A list assembled at run time (the Python binding's path) launches the serving version and is
+// checked against the interface's parameters.
+TEST_F(HotModule, RunTimeArgumentListsLaunchTheCurrentVersion) {
+  auto k = hot_->get_kernel("write_version");
+  const auto parameters = k.parameters();
+  ASSERT_EQ(parameters.size(), 1u);
+  EXPECT_EQ(parameters[0].size, sizeof(unsigned*));
+  cubridge::kernel_arguments args;
+  EXPECT_THROW((void)k.launch({.block = {256}, .stream = *stream_}, args),
+               cubridge::launch_argument_error);
+  args.push(out_->data());
+  EXPECT_EQ(hot_->promote(hot_->stage(hot_image("v2"))), 2u);
+  EXPECT_EQ(k.launch({.block = {256}, .stream = *stream_}, args), 2u);
+  EXPECT_EQ(cubridge::driver::api().cuCtxSynchronize(), CUDA_SUCCESS);
+  EXPECT_EQ(read_back(*out_, 255), 2u);
+}
+
 TEST_F(HotModule, InFlightWorkFinishesOnItsVersionAndIsUnloadedAfter) {
   auto spin = hot_->get_kernel("spin_then_write");
   auto slow_out = cubridge::driver_buffer<unsigned>::allocate(*ctx_, 1);

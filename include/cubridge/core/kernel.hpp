@@ -4,6 +4,7 @@
 
 #include <cubridge/core/device_span.hpp>
 #include <cubridge/core/error.hpp>
+#include <cubridge/core/kernel_arguments.hpp>
 #include <cubridge/core/launch_config.hpp>
 
 #include <cuda.h>
@@ -107,6 +108,11 @@ class kernel {
     check_arguments(sizes);
     launch_unchecked(config, args...);
   }
+
+  /// Launches with an argument list assembled at run time, checked against parameters() as the
+  /// typed launch checks its arguments (count, then each size). @throws launch_argument_error
+  /// naming the kernel, the parameter index and both sizes; error if the driver refuses.
+  void launch(const launch_config& config, const kernel_arguments& args) const;
 
   /// A view of this kernel for one argument list, checked once here so that its launches skip
   /// the check. @throws launch_argument_error as launch does.

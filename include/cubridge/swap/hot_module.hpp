@@ -259,8 +259,12 @@ class hot_module {
 class hot_kernel {
  public:
   [[nodiscard]] const std::string& name() const noexcept { return name_; }
+  /// The interface's parameters, as the driver reports them (every version takes these).
+  /// @throws error (errc::precondition) for a moved-from hot_kernel.
+  [[nodiscard]] std::vector<parameter_info> parameters() const;
 
-  /// Launches the current version's kernel with `args` (checked as kernel::launch checks them).
+  /// Launches the current version's kernel with `args` (checked as kernel::launch checks them;
+  /// one kernel_arguments list assembled at run time is checked the same way).
   /// Returns the id of the version that ran. The stream is a stream of the module's context or
   /// the legacy default stream (one per context, so the event the reclaimer records on it
   /// later follows this launch). The per-thread default stream is refused: it is another

@@ -1,0 +1,369 @@
+// Python values to kernel arguments, streams and contexts. The launch path: every launch from
+// Python converts its arguments here, so the common cases (torch and CuPy tensors, ints,
+// floats) take a few attribute reads and no allocation; what a type is gets worked out once per
+// type and remembered.
+#include "bindings.hpp"
+
+#include <cubridge/core/context.hpp>
+#include <cubridge/core/detail/check.hpp>
+#include <cubridge/core/driver.hpp>
+#include <cubridge/core/error.hpp>
+#include <cubridge/core/primary_context.hpp>
+#include <cubridge/core/stream.hpp>
+
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+namespace nb = nanobind;
+
+namespace cubridge::python {
+namespace {
+
+[[noreturn]] void refuse_argument(const launch_signature& s, std::size_t index,
+                                  const std::string& why) {
+  std::string type;
+  if (index < s.types.size() && !s.types[index].spelling.empty())
+    type = " (" + s.types[index].spelling + ")";
+  detail::throw_errc(
+      errc::bad_launch_arguments, "Kernel.launch",
+      "kernel '" + s.kernel_name + "' parameter " + std::to_string(index) + type + ": " + why);
+}
+
+std::string type_name(PyObject* o) {
+  return Py_TYPE(o)->tp_name;
+}
+
+/// How a Python type hands over a device address; worked out once per type.
+enum class array_protocol { none, torch, cupy, cuda_array_interface, dlpack };
+
+bool type_has(PyTypeObject* t, const char* attribute) {
+  return PyObject_HasAttrString(reinterpret_cast<PyObject*>(t), attribute) == 1;
+}
+
+array_protocol protocol_of(PyTypeObject* t) {
+  // The interpreter holds the GIL for us: the cache needs no lock of its own.
+  static std::unordered_map<PyTypeObject*, array_protocol> known;
+  if (const auto it = known.find(t); it != known.end()) return it->second;
+  const std::string module =
+      nb::cast<std::string>(nb::getattr(reinterpret_cast<PyObject*>(t), "__module__", nb::str("")));
+  array_protocol p = array_protocol::none;
+  if (type_has(t, "data_ptr") && type_has(t, "is_cuda"))
+    p = array_protocol::torch;
+  else if (module.starts_with("cupy") && type_has(t, "__cuda_array_interface__"))
+    p = array_protocol::cupy;
+  else if (type_has(t, "__cuda_array_interface__"))
+    p = array_protocol::cuda_array_interface;
+  else if (type_has(t, "__dlpack__"))
+    p = array_protocol::dlpack;
+  Py_INCREF(t);  // the key must stay a live type
+  known.emplace(t, p);
+  return p;
+}
+
+std::uintptr_t int_of(nb::handle h) {
+  return nb::cast<std::uintptr_t>(h);
+}
+
+std::uintptr_t torch_address(PyObject* tensor, const launch_signature& s, std::size_t index) {
+  static PyObject* is_cuda = PyUnicode_InternFromString("is_cuda");
+  static PyObject* data_ptr = PyUnicode_InternFromString("data_ptr");
+  const nb::object on_gpu = nb::steal(PyObject_GetAttr(tensor, is_cuda));
+  if (!on_gpu.is_valid()) throw nb::python_error();
+  if (on_gpu.ptr() != Py_True)
+    refuse_argument(s, index,
+                    "a torch tensor on the CPU was given; kernels take device memory "
+                    "(move it with .cuda())");
+  const nb::object address = nb::steal(PyObject_CallMethodNoArgs(tensor, data_ptr));
+  if (!address.is_valid()) throw nb::python_error();
+  return int_of(address);
+}
+
+std::uintptr_t cupy_address(PyObject* array) {
+  static PyObject* data = PyUnicode_InternFromString("data");
+  static PyObject* ptr = PyUnicode_InternFromString("ptr");
+  const nb::object memory = nb::steal(PyObject_GetAttr(array, data));
+  if (!memory.is_valid()) throw nb::python_error();
+  const nb::object address = nb::steal(PyObject_GetAttr(memory.ptr(), ptr));
+  if (!address.is_valid()) throw nb::python_error();
+  return int_of(address);
+}
+
+/// Makes `consumer` wait for the work queued on `producer` so far, as __cuda_array_interface__
+/// v3 asks of a consumer given a stream.
+void wait_for(CUstream producer, CUstream consumer) {
+  const auto& api = driver::api();
+  CUevent e = nullptr;
+  CUBRIDGE_CU(cuEventCreate, (&e, CU_EVENT_DISABLE_TIMING),
+              "an event ordering a __cuda_array_interface__ array's stream before a launch");
+  const CUresult recorded = api.cuEventRecord(e, producer);
+  const CUresult waited =
+      recorded == CUDA_SUCCESS ? api.cuStreamWaitEvent(consumer, e, 0) : recorded;
+  detail::check_release(api.cuEventDestroy(e), "cuEventDestroy");
+  if (waited != CUDA_SUCCESS)
+    detail::throw_driver_error(waited, "cuStreamWaitEvent",
+                               "the launch's stream waiting for a __cuda_array_interface__ "
+                               "array's stream",
+                               std::source_location::current());
+}
+
+std::uintptr_t interface_address(PyObject* array, const launch_config& config,
+                                 const launch_signature& s, std::size_t index) {
+  const nb::dict interface =
+      nb::borrow<nb::dict>(nb::getattr(nb::handle(array), "__cuda_array_interface__"));
+  if (!interface.contains("data"))
+    refuse_argument(s, index, "its __cuda_array_interface__ has no 'data'");
+  const nb::object data = interface["data"];
+  const std::uintptr_t address = int_of(nb::borrow<nb::tuple>(data)[0]);
+  if (interface.contains("stream")) {
+    const nb::object stream = interface["stream"];
+    if (!stream.is_none()) {
+      const auto handle = int_of(stream);
+      // 1 and 2 are the legacy and the per-thread default streams (the interface's spelling).
+      const CUstream producer = handle == 1   ? CU_STREAM_LEGACY
+                                : handle == 2 ? CU_STREAM_PER_THREAD
+                                              : reinterpret_cast<CUstream>(handle);
+      if (producer != config.stream.get()) wait_for(producer, config.stream.get());
+    }
+  }
+  return address;
+}
+
+std::uintptr_t dlpack_address(PyObject* array, const launch_signature& s, std::size_t index) {
+  nb::ndarray<> view;
+  if (!nb::try_cast(nb::handle(array), view))
+    refuse_argument(s, index, "a " + type_name(array) + " whose DLPack export failed");
+  const auto kind = view.device_type();
+  if (kind != nb::device::cuda::value && kind != nb::device::cuda_managed::value &&
+      kind != nb::device::cuda_host::value)
+    refuse_argument(
+        s, index,
+        "a " + type_name(array) + " in host memory was given; kernels take device memory");
+  return reinterpret_cast<std::uintptr_t>(view.data());
+}
+
+/// The device address `arg` stands for, or false when it is no array of any protocol.
+bool device_address(PyObject* arg, const launch_config& config, const launch_signature& s,
+                    std::size_t index, std::uintptr_t& address) {
+  switch (protocol_of(Py_TYPE(arg))) {
+    case array_protocol::none:
+      return false;
+    case array_protocol::torch:
+      address = torch_address(arg, s, index);
+      return true;
+    case array_protocol::cupy:
+      address = cupy_address(arg);
+      return true;
+    case array_protocol::cuda_array_interface:
+      address = interface_address(arg, config, s, index);
+      return true;
+    case array_protocol::dlpack:
+      address = dlpack_address(arg, s, index);
+      return true;
+  }
+  return false;
+}
+
+template <class T>
+void push_integer(kernel_arguments& out, long long value, const launch_signature& s,
+                  std::size_t index) {
+  if (value < static_cast<long long>(std::numeric_limits<T>::min()) ||
+      static_cast<unsigned long long>(value) > std::numeric_limits<T>::max())
+    if (value < 0 || static_cast<unsigned long long>(value) > std::numeric_limits<T>::max())
+      refuse_argument(
+          s, index,
+          std::to_string(value) + " does not fit in " + std::to_string(sizeof(T)) + " bytes");
+  out.push(static_cast<T>(value));
+}
+
+void push_int(kernel_arguments& out, PyObject* arg, const launch_signature& s, std::size_t index,
+              parameter_kind kind, std::size_t size) {
+  if (kind == parameter_kind::floating) {  // as C++ converts an int argument to a float one
+    const double v = PyLong_AsDouble(arg);
+    if (v == -1.0 && PyErr_Occurred()) throw nb::python_error();
+    if (size == 4) return out.push(static_cast<float>(v));
+    return out.push(v);
+  }
+  if (kind == parameter_kind::half || kind == parameter_kind::boolean)
+    refuse_argument(s, index,
+                    "an int was given (pass a " +
+                        std::string(kind == parameter_kind::half ? "numpy.float16" : "bool") + ")");
+  const bool is_unsigned = kind == parameter_kind::unsigned_int || kind == parameter_kind::pointer;
+  if (is_unsigned && size == 8) {
+    const unsigned long long v = PyLong_AsUnsignedLongLong(arg);
+    if (v == static_cast<unsigned long long>(-1) && PyErr_Occurred()) {
+      PyErr_Clear();
+      refuse_argument(s, index, "the int given is not in 0 .. 2**64-1");
+    }
+    return out.push(v);
+  }
+  int overflow = 0;
+  const long long v = PyLong_AsLongLongAndOverflow(arg, &overflow);
+  if (overflow != 0 || (v == -1 && PyErr_Occurred())) {
+    PyErr_Clear();
+    refuse_argument(s, index, "the int given does not fit in " + std::to_string(size) + " bytes");
+  }
+  if (is_unsigned && v < 0) refuse_argument(s, index, "a negative int for an unsigned parameter");
+  switch (size) {
+    case 1:
+      return is_unsigned ? push_integer<std::uint8_t>(out, v, s, index)
+                         : push_integer<std::int8_t>(out, v, s, index);
+    case 2:
+      return is_unsigned ? push_integer<std::uint16_t>(out, v, s, index)
+                         : push_integer<std::int16_t>(out, v, s, index);
+    case 4:
+      return is_unsigned ? push_integer<std::uint32_t>(out, v, s, index)
+                         : push_integer<std::int32_t>(out, v, s, index);
+    case 8:
+      return out.push(v);
+    default:
+      refuse_argument(s, index,
+                      "is " + std::to_string(size) +
+                          " bytes, which no int converts to (pass bytes or a numpy "
+                          "scalar)");
+  }
+}
+
+void push_float(kernel_arguments& out, PyObject* arg, const launch_signature& s, std::size_t index,
+                parameter_kind kind, std::size_t size) {
+  if (kind != parameter_kind::floating && kind != parameter_kind::unknown)
+    refuse_argument(s, index, "a float was given");
+  const double v = PyFloat_AS_DOUBLE(arg);
+  if (size == 4) return out.push(static_cast<float>(v));
+  if (size == 8) return out.push(v);
+  refuse_argument(s, index, "is " + std::to_string(size) + " bytes, a float was given");
+}
+
+/// numpy scalars, ctypes values and bytes: their bytes, which must be the parameter's size.
+bool push_buffer(kernel_arguments& out, PyObject* arg, const launch_signature& s, std::size_t index,
+                 parameter_kind kind, std::size_t size) {
+  if (!PyObject_CheckBuffer(arg)) return false;
+  Py_buffer view;
+  if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE | PyBUF_ND) != 0) {
+    PyErr_Clear();
+    return false;
+  }
+  const bool scalar = view.ndim == 0 || PyBytes_Check(arg) || PyByteArray_Check(arg);
+  const auto bytes = static_cast<std::size_t>(view.len);
+  std::string why;
+  if (!scalar)
+    why = "a host array (" + type_name(arg) +
+          ") was given; kernels take device memory (pass a torch or CuPy tensor)";
+  else if (kind == parameter_kind::pointer)
+    why = "a " + type_name(arg) + " value was given for a pointer";
+  else if (bytes != size)
+    why = "is " + std::to_string(size) + " bytes, the " + type_name(arg) + " given is " +
+          std::to_string(bytes) + " bytes";
+  if (why.empty())
+    out.push(view.buf, bytes, bytes >= 16 ? 16 : (bytes >= 8 ? 8 : (bytes >= 4 ? 4 : 1)));
+  PyBuffer_Release(&view);
+  if (!why.empty()) refuse_argument(s, index, why);
+  return true;
+}
+
+void convert_one(const launch_signature& s, std::size_t index, PyObject* arg,
+                 const launch_config& config, kernel_arguments& out) {
+  const std::size_t size = s.parameters[index].size;
+  const parameter_kind kind = s.types.empty() ? parameter_kind::unknown : s.types[index].kind;
+  if (PyBool_Check(arg)) {
+    if (kind != parameter_kind::boolean && !(kind == parameter_kind::unknown && size == 1))
+      refuse_argument(s, index, "a bool was given");
+    return out.push(static_cast<std::uint8_t>(arg == Py_True ? 1 : 0));
+  }
+  if (PyLong_Check(arg)) return push_int(out, arg, s, index, kind, size);
+  if (PyFloat_Check(arg)) return push_float(out, arg, s, index, kind, size);
+  std::uintptr_t address = 0;
+  if (device_address(arg, config, s, index, address)) {
+    if (kind != parameter_kind::pointer && (kind != parameter_kind::unknown || size != 8))
+      refuse_argument(s, index, "a device array (" + type_name(arg) + ") was given");
+    return out.push(address);
+  }
+  if (push_buffer(out, arg, s, index, kind, size)) return;
+  refuse_argument(s, index, "a " + type_name(arg) + " was given, which converts to no argument");
+}
+
+dims dims_of(nb::handle value, const char* what) {
+  if (PyLong_Check(value.ptr())) return {nb::cast<unsigned>(value), 1, 1};
+  const auto items = nb::cast<std::vector<unsigned>>(value);
+  CUBRIDGE_EXPECTS(!items.empty() && items.size() <= 3,
+                   std::string(what) + " must be an int or a tuple of 1 to 3 ints");
+  return {items[0], items.size() > 1 ? items[1] : 1u, items.size() > 2 ? items[2] : 1u};
+}
+
+}  // namespace
+
+launch_signature signature_of(std::string name, std::span<const parameter_info> parameters) {
+  launch_signature s{std::move(name), {parameters.begin(), parameters.end()}, {}};
+  // A list that disagrees with the driver's count is not trusted: sizes are checked alone then.
+  if (auto types = parameter_types(s.kernel_name); types && types->size() == s.parameters.size())
+    s.types = std::move(*types);
+  return s;
+}
+
+void convert_arguments(const launch_signature& s, const nb::args& args, const launch_config& config,
+                       kernel_arguments& out) {
+  out.clear();
+  const auto given = static_cast<std::size_t>(PyTuple_GET_SIZE(args.ptr()));
+  if (given != s.parameters.size())
+    detail::throw_errc(errc::bad_launch_arguments, "Kernel.launch",
+                       "kernel '" + s.kernel_name + "' takes " +
+                           std::to_string(s.parameters.size()) + " parameters, " +
+                           std::to_string(given) + " arguments given");
+  for (std::size_t i = 0; i < given; ++i)
+    convert_one(s, i, PyTuple_GET_ITEM(args.ptr(), static_cast<Py_ssize_t>(i)), config, out);
+}
+
+context_arg as_context(nb::handle c) {
+  if (c.is_none()) {
+    const auto current = context_ref::current();
+    CUBRIDGE_EXPECTS(static_cast<bool>(current),
+                     "no context given and none is current on this thread: pass one, or adopt "
+                     "torch's or CuPy's with cubridge.PrimaryContext.adopt_runtime()");
+    return current;
+  }
+  if (nb::isinstance<context>(c)) return nb::cast<const context&>(c);
+  if (nb::isinstance<primary_context>(c)) return nb::cast<const primary_context&>(c);
+  if (nb::isinstance<context_ref>(c)) return nb::cast<context_ref>(c);
+  detail::throw_errc(errc::precondition, "cubridge",
+                     "a " + type_name(c.ptr()) +
+                         " is no context: pass a Context, PrimaryContext, ContextRef or None");
+}
+
+stream_ref as_stream(nb::handle s) {
+  if (s.is_none()) return stream_ref::legacy_default();
+  if (nb::isinstance<stream>(s)) return nb::cast<const stream&>(s);
+  if (PyLong_Check(s.ptr())) return stream_ref::from_native(reinterpret_cast<CUstream>(int_of(s)));
+  if (nb::hasattr(s, "__cuda_stream__")) {
+    const auto pair = nb::borrow<nb::tuple>(s.attr("__cuda_stream__")());
+    CUBRIDGE_EXPECTS(nb::len(pair) == 2, "__cuda_stream__() must return (version, handle)");
+    return stream_ref::from_native(reinterpret_cast<CUstream>(int_of(pair[1])));
+  }
+  for (const char* attribute : {"cuda_stream", "ptr"})  // torch, CuPy
+    if (nb::hasattr(s, attribute))
+      return stream_ref::from_native(reinterpret_cast<CUstream>(int_of(s.attr(attribute))));
+  detail::throw_errc(errc::precondition, "cubridge",
+                     "a " + type_name(s.ptr()) +
+                         " is no stream: pass None, a cubridge.Stream, a torch or CuPy stream, "
+                         "an object with __cuda_stream__, or a handle as an int");
+}
+
+py_launch_config make_launch_config(nb::handle grid, nb::handle block, nb::handle stream,
+                                    unsigned shared_mem, nb::handle cluster) {
+  py_launch_config c{launch_config{.grid = dims_of(grid, "grid"),
+                                   .block = dims_of(block, "block"),
+                                   .dynamic_shared_bytes = shared_mem,
+                                   .stream = as_stream(stream)},
+                     nb::borrow(stream)};
+  if (!cluster.is_none()) c.config.cluster = dims_of(cluster, "cluster");
+  return c;
+}
+
+}  // namespace cubridge::python
