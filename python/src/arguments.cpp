@@ -22,6 +22,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <utility>
 
 namespace nb = nanobind;
 
@@ -175,12 +176,9 @@ bool device_address(PyObject* arg, const launch_config& config, const launch_sig
 template <class T>
 void push_integer(kernel_arguments& out, long long value, const launch_signature& s,
                   std::size_t index) {
-  if (value < static_cast<long long>(std::numeric_limits<T>::min()) ||
-      static_cast<unsigned long long>(value) > std::numeric_limits<T>::max())
-    if (value < 0 || static_cast<unsigned long long>(value) > std::numeric_limits<T>::max())
-      refuse_argument(
-          s, index,
-          std::to_string(value) + " does not fit in " + std::to_string(sizeof(T)) + " bytes");
+  if (!std::in_range<T>(value))
+    refuse_argument(s, index, "the int given (" + std::to_string(value) + ") does not fit in " +
+                                  std::to_string(sizeof(T)) + (sizeof(T) == 1 ? " byte" : " bytes"));
   out.push(static_cast<T>(value));
 }
 

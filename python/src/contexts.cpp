@@ -85,13 +85,14 @@ void bind_device(nb::module_& m) {
   nb::class_<device>(m, "Device", "A CUDA device (a CUdevice). Compare with ==.")
       .def(nb::new_([](int ordinal) { return device::get(ordinal); }), nb::arg("ordinal") = 0,
            "The device of `ordinal`. Raises Error for an ordinal out of range.")
-      .def_prop_ro("ordinal", &device::ordinal)
-      .def_prop_ro("name", &device::name)
+      .def_prop_ro("ordinal", &device::ordinal, "The device's ordinal (0, 1, ...).")
+      .def_prop_ro("name", &device::name, "The device's name ('NVIDIA H200').")
       .def_prop_ro(
           "compute_capability", [](const device& d) { return to_string(d.capability()); },
           "The architecture name, e.g. 'sm_90'.")
       .def_prop_ro("total_memory", &device::total_memory, "Bytes of device memory.")
-      .def_prop_ro("multiprocessor_count", &device::multiprocessor_count)
+      .def_prop_ro("multiprocessor_count", &device::multiprocessor_count,
+                   "The number of streaming multiprocessors.")
       .def_prop_ro(
           "primary_context_active", [](const device& d) { return d.primary_state().active; },
           "True when the device's primary context is active (the runtime or torch made it).")
@@ -113,10 +114,13 @@ void bind_device(nb::module_& m) {
 void bind_contexts(nb::module_& m) {
   nb::class_<context_ref> ref(m, "ContextRef",
                               "A context made elsewhere (not owned): keep its owner alive.");
-  ref.def_prop_ro("handle", [](const context_ref& c) { return handle_of(c.get()); })
-      .def_prop_ro("device", &context_ref::device)
-      .def_prop_ro("id", &context_ref::id)
-      .def("synchronize", &context_ref::synchronize, nb::call_guard<nb::gil_scoped_release>())
+  ref.def_prop_ro(
+         "handle", [](const context_ref& c) { return handle_of(c.get()); },
+         "The CUcontext as an int.")
+      .def_prop_ro("device", &context_ref::device, "The context's device.")
+      .def_prop_ro("id", &context_ref::id, "The driver's unique id of the context.")
+      .def("synchronize", &context_ref::synchronize, nb::call_guard<nb::gil_scoped_release>(),
+           "Waits for all work in the context.")
       .def("__eq__", [](const context_ref& a, const context_ref& b) { return a == b; })
       .def("__repr__", [](const context_ref& c) { return "<cubridge " + c.describe() + ">"; });
   m.def(
@@ -175,14 +179,18 @@ void bind_streams(nb::module_& m) {
            }),
            nb::arg("context") = nb::none(), nb::arg("non_blocking") = true,
            "A stream in `context` (default: the thread's current context).")
-      .def_prop_ro("handle",
-                   [](const stream& s) { return reinterpret_cast<std::uintptr_t>(s.get()); })
-      .def("__cuda_stream__",
-           [](const stream& s) {
-             return std::make_tuple(0, reinterpret_cast<std::uintptr_t>(s.get()));
-           })
-      .def("synchronize", &stream::synchronize, nb::call_guard<nb::gil_scoped_release>())
-      .def_prop_ro("ready", &stream::ready);
+      .def_prop_ro(
+          "handle", [](const stream& s) { return reinterpret_cast<std::uintptr_t>(s.get()); },
+          "The CUstream as an int.")
+      .def(
+          "__cuda_stream__",
+          [](const stream& s) {
+            return std::make_tuple(0, reinterpret_cast<std::uintptr_t>(s.get()));
+          },
+          "(0, handle): the stream protocol of cuda.core and others.")
+      .def("synchronize", &stream::synchronize, nb::call_guard<nb::gil_scoped_release>(),
+           "Waits for the work queued so far.")
+      .def_prop_ro("ready", &stream::ready, "True when all work queued so far is done.");
 }
 
 void bind_launch_config(nb::module_& m) {
@@ -199,17 +207,24 @@ void bind_launch_config(nb::module_& m) {
            "grid, block, cluster: an int or a tuple of up to 3 ints. stream: None (the legacy "
            "default stream), a cubridge.Stream, a torch or CuPy stream, any object with "
            "__cuda_stream__, or a handle as an int.")
-      .def_prop_ro("grid",
-                   [](const py_launch_config& c) {
-                     return std::make_tuple(c.config.grid.x, c.config.grid.y, c.config.grid.z);
-                   })
-      .def_prop_ro("block",
-                   [](const py_launch_config& c) {
-                     return std::make_tuple(c.config.block.x, c.config.block.y, c.config.block.z);
-                   })
-      .def_prop_ro("shared_mem",
-                   [](const py_launch_config& c) { return c.config.dynamic_shared_bytes; })
-      .def_prop_ro("stream", [](const py_launch_config& c) { return c.stream_object; })
+      .def_prop_ro(
+          "grid",
+          [](const py_launch_config& c) {
+            return std::make_tuple(c.config.grid.x, c.config.grid.y, c.config.grid.z);
+          },
+          "(x, y, z) blocks.")
+      .def_prop_ro(
+          "block",
+          [](const py_launch_config& c) {
+            return std::make_tuple(c.config.block.x, c.config.block.y, c.config.block.z);
+          },
+          "(x, y, z) threads per block.")
+      .def_prop_ro(
+          "shared_mem", [](const py_launch_config& c) { return c.config.dynamic_shared_bytes; },
+          "Dynamic shared memory in bytes.")
+      .def_prop_ro(
+          "stream", [](const py_launch_config& c) { return c.stream_object; },
+          "The stream object it was made with (None: the legacy default stream).")
       .def("__repr__", [](const py_launch_config& c) {
         return "<cubridge.LaunchConfig " + c.config.describe() + ">";
       });

@@ -184,28 +184,41 @@ void bind_staged(nb::module_& m) {
              auto k = s.get().get_kernel(resolve_kernel_name(s.kernel_names, name));
              auto signature = signature_of(k.name(), k.parameters());
              return py_kernel{std::move(k), std::move(signature)};
-           })
-      .def_prop_ro("kernel_names", [](const staged_module& s) { return s.kernel_names; });
+           },
+           nb::arg("name"), "A kernel of the staged version, to launch on probe data.")
+      .def_prop_ro(
+          "kernel_names", [](const staged_module& s) { return s.kernel_names; },
+          "The interface's kernel names.");
   nb::class_<staged_version>(m, "StagedVersion",
                              "A version loaded and validated, not serving yet: promote it or "
                              "drop it (dropping unloads it).")
-      .def_prop_ro("source", [](const staged_version& v) { return v.origin().source; });
-  nb::class_<hot_module_stats>(m, "HotModuleStats")
-      .def_ro("current_id", &hot_module_stats::current_id)
-      .def_ro("promotions", &hot_module_stats::promotions)
-      .def_ro("rollbacks", &hot_module_stats::rollbacks)
-      .def_ro("rejected", &hot_module_stats::rejected)
-      .def_ro("retired_waiting", &hot_module_stats::retired_waiting)
-      .def_ro("unloaded", &hot_module_stats::unloaded)
-      .def_ro("reclaim_failures", &hot_module_stats::reclaim_failures)
-      .def_ro("last_reclaim_failure", &hot_module_stats::last_reclaim_failure);
+      .def_prop_ro(
+          "source", [](const staged_version& v) { return v.origin().source; },
+          "Where it came from (stage's source_name).");
+  nb::class_<hot_module_stats>(m, "HotModuleStats", "A hot module's counters at one instant.")
+      .def_ro("current_id", &hot_module_stats::current_id,
+              "The serving version's id (1 for the first, +1 per promote; rollback returns to an "
+              "older id).")
+      .def_ro("promotions", &hot_module_stats::promotions,
+              "Switches to another version (promote and rollback).")
+      .def_ro("rollbacks", &hot_module_stats::rollbacks, "Rollbacks that switched.")
+      .def_ro("rejected", &hot_module_stats::rejected, "Versions refused by stage or promote.")
+      .def_ro("retired_waiting", &hot_module_stats::retired_waiting,
+              "Old versions not unloaded yet (pinned, or their GPU work not done).")
+      .def_ro("unloaded", &hot_module_stats::unloaded, "Versions unloaded so far.")
+      .def_ro("reclaim_failures", &hot_module_stats::reclaim_failures,
+              "Failures on the unload path so far.")
+      .def_ro("last_reclaim_failure", &hot_module_stats::last_reclaim_failure,
+              "The latest of them, '' if none.");
 }
 
 void bind_hot_kernel(nb::module_& m) {
   nb::class_<py_hot_kernel>(m, "HotKernel",
                             "A kernel of a hot module: every launch runs the version serving "
                             "at that moment and returns its id.")
-      .def_prop_ro("name", [](const py_hot_kernel& k) { return k.k.name(); })
+      .def_prop_ro(
+          "name", [](const py_hot_kernel& k) { return k.k.name(); },
+          "The name the image exports (mangled for C++ kernels).")
       .def("launch", &launch_hot, nb::arg("config"), nb::arg("args"),
            "As Kernel.launch, on the serving version; returns the id of the version that ran. "
            "The per-thread default stream is refused (its work could not be fenced).");
@@ -219,7 +232,8 @@ void bind_hot_modules(nb::module_& m) {
   nb::class_<py_hot_reloader>(m, "HotReloader",
                               "Promotes every good file dropped into a directory (.cu, .ptx, "
                               ".cubin, .fatbin). A context manager; close() stops it.")
-      .def("close", &py_hot_reloader::close)
+      .def("close", &py_hot_reloader::close,
+           "Stops watching (waits for a file being handled).")
       .def("__enter__", [](nb::handle self) { return nb::borrow(self); })
       .def("__exit__", [](py_hot_reloader& r, nb::args) { r.close(); });
 
@@ -258,12 +272,17 @@ void bind_hot_modules(nb::module_& m) {
             return py_hot_kernel{std::move(k), std::move(signature)};
           },
           nb::arg("name"), "A kernel of the interface (by its image name or C++ name).")
-      .def_prop_ro("stats", [](const py_hot_module& h) { return h.hot.stats(); })
+      .def_prop_ro(
+          "stats", [](const py_hot_module& h) { return h.hot.stats(); },
+          "The counters (HotModuleStats).")
       .def_prop_ro("versions", &versions_of,
                    "{'serving': ..., 'rollback_target': ... or None, 'retired': [...]}: each "
                    "version's id, bundle_version, key_id, source and staged_at.")
-      .def_prop_ro("name", [](const py_hot_module& h) { return h.hot.name(); })
-      .def_prop_ro("context", [](const py_hot_module& h) { return h.hot.context(); })
+      .def_prop_ro(
+          "name", [](const py_hot_module& h) { return h.hot.name(); }, "The module's name.")
+      .def_prop_ro(
+          "context", [](const py_hot_module& h) { return h.hot.context(); },
+          "The context it is loaded into (a ContextRef).")
       .def(
           "read_global",
           [](const py_hot_module& h, const std::string& name, std::size_t nbytes) {

@@ -115,6 +115,10 @@ void bind_kernel(nb::module_& m) {
           "Each parameter's C++ type as the mangled name spells it, or None for an "
           "extern \"C\" kernel (then only sizes are checked).")
       .def_prop_ro(
+          "handle",
+          [](const py_kernel& k) { return reinterpret_cast<std::uintptr_t>(k.k.launch_handle()); },
+          "The handle cuLaunchKernel takes (a CUfunction) as an int.")
+      .def_prop_ro(
           "max_threads_per_block",
           [](const py_kernel& k) { return k.k.attribute(CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK); })
       .def_prop_ro("num_registers",
@@ -135,8 +139,8 @@ void bind_kernels(nb::module_& m) {
                           "Device memory cubridge exposes (a __device__ variable, a shared "
                           "buffer): wrap it with torch.as_tensor(v, device='cuda') or "
                           "cupy.asarray(v).")
-      .def_ro("address", &device_view::address)
-      .def_ro("nbytes", &device_view::bytes)
+      .def_ro("address", &device_view::address, "The device address as an int.")
+      .def_ro("nbytes", &device_view::bytes, "Its size in bytes.")
       .def_prop_ro("__cuda_array_interface__", [](const device_view& v) {
         nb::dict d;
         d["shape"] = nb::make_tuple(v.bytes);
@@ -164,11 +168,14 @@ void bind_kernels(nb::module_& m) {
                   nb::arg("cache") = true,
                   "CUDA C++ compiled by NVRTC for the context's device (through the on-disk "
                   "compile cache unless cache=False) and loaded. Raises CompileError with the log.")
-      .def_prop_ro("name", [](const py_module& m) { return m.loaded.name(); })
+      .def_prop_ro(
+          "name", [](const py_module& m) { return m.loaded.name(); }, "The module's name.")
       .def_prop_ro(
           "kernel_names", [](const py_module& m) { return m.kernel_names; },
           "The kernels the image holds, as it names them.")
-      .def_prop_ro("context", [](const py_module& m) { return m.loaded.context(); })
+      .def_prop_ro(
+          "context", [](const py_module& m) { return m.loaded.context(); },
+          "The context it is loaded into (a ContextRef).")
       .def("get_kernel", &kernel_of, nb::arg("name"),
            "The kernel `name`: as the image names it, or a C++ kernel by its unmangled name "
            "('scale', 'ns::scale', 'scale<float>').")

@@ -13,7 +13,12 @@ def test_every_public_name_is_exported_and_documented():
 
 def test_classes_document_their_properties():
     for cls in (cubridge.ImageInfo, cubridge.ImageTarget, cubridge.ImageKernel,
-                cubridge.BundleManifest, cubridge.VerifiedBundle, cubridge.PublicKey):
+                cubridge.BundleManifest, cubridge.VerifiedBundle, cubridge.PublicKey,
+                cubridge.Device, cubridge.Context, cubridge.PrimaryContext, cubridge.ContextRef,
+                cubridge.Stream, cubridge.LaunchConfig, cubridge.Module, cubridge.Kernel,
+                cubridge.DeviceView, cubridge.HotModule, cubridge.HotKernel,
+                cubridge.HotModuleStats, cubridge.HotReloader, cubridge.StagedModule,
+                cubridge.StagedVersion):
         for name, member in vars(cls).items():
             if not name.startswith("_"):
                 assert pyinspect.getdoc(member), f"{cls.__name__}.{name} has no docstring"
