@@ -177,8 +177,9 @@ template <class T>
 void push_integer(kernel_arguments& out, long long value, const launch_signature& s,
                   std::size_t index) {
   if (!std::in_range<T>(value))
-    refuse_argument(s, index, "the int given (" + std::to_string(value) + ") does not fit in " +
-                                  std::to_string(sizeof(T)) + (sizeof(T) == 1 ? " byte" : " bytes"));
+    refuse_argument(s, index,
+                    "the int given (" + std::to_string(value) + ") does not fit in " +
+                        std::to_string(sizeof(T)) + (sizeof(T) == 1 ? " byte" : " bytes"));
   out.push(static_cast<T>(value));
 }
 
@@ -306,17 +307,32 @@ launch_signature signature_of(std::string name, std::span<const parameter_info> 
   return s;
 }
 
-void convert_arguments(const launch_signature& s, const nb::args& args, const launch_config& config,
-                       kernel_arguments& out) {
+void convert_arguments(const launch_signature& s, std::span<PyObject* const> args,
+                       const launch_config& config, kernel_arguments& out) {
   out.clear();
-  const auto given = static_cast<std::size_t>(PyTuple_GET_SIZE(args.ptr()));
-  if (given != s.parameters.size())
+  if (args.size() != s.parameters.size())
     detail::throw_errc(errc::bad_launch_arguments, "Kernel.launch",
                        "kernel '" + s.kernel_name + "' takes " +
                            std::to_string(s.parameters.size()) + " parameters, " +
-                           std::to_string(given) + " arguments given");
-  for (std::size_t i = 0; i < given; ++i)
-    convert_one(s, i, PyTuple_GET_ITEM(args.ptr(), static_cast<Py_ssize_t>(i)), config, out);
+                           std::to_string(args.size()) + " arguments given");
+  for (std::size_t i = 0; i < args.size(); ++i) convert_one(s, i, args[i], config, out);
+}
+
+const py_launch_config& launch_config_of(PyObject* config) {
+  static PyTypeObject* const type =
+      reinterpret_cast<PyTypeObject*>(nb::type<py_launch_config>().ptr());
+  if (!PyObject_TypeCheck(config, type)) [[unlikely]]
+    detail::throw_errc(
+        errc::precondition, "Kernel.launch",
+        "launch(config, *args) takes a cubridge.LaunchConfig first, not a " + type_name(config));
+  return *nb::inst_ptr<py_launch_config>(config);
+}
+
+void add_fast_method(nb::handle cls, PyMethodDef& method) {
+  const nb::object descriptor =
+      nb::steal(PyDescr_NewMethod(reinterpret_cast<PyTypeObject*>(cls.ptr()), &method));
+  if (!descriptor.is_valid()) throw nb::python_error();
+  nb::setattr(cls, method.ml_name, descriptor);
 }
 
 context_arg as_context(nb::handle c) {

@@ -70,8 +70,22 @@ struct launch_signature {
 /// address, ints, floats and bools as the parameter's type, numpy scalars and bytes as their
 /// bytes. A __cuda_array_interface__ that names a stream makes `config`'s stream wait for it.
 /// @throws launch_argument_error naming the kernel, the parameter and what was given.
-void convert_arguments(const launch_signature& signature, const nanobind::args& args,
+void convert_arguments(const launch_signature& signature, std::span<PyObject* const> args,
                        const launch_config& config, kernel_arguments& out);
+/// The items of a tuple, as convert_arguments takes them.
+inline std::span<PyObject* const> items_of(const nanobind::tuple& t) {
+  return {&PyTuple_GET_ITEM(t.ptr(), 0), static_cast<std::size_t>(PyTuple_GET_SIZE(t.ptr()))};
+}
+
+/// `name(config, *args)` added to `cls` as a METH_FASTCALL method that calls
+/// `launch(self, config, args)`: the launch path then skips nanobind's general dispatcher, which
+/// builds an argument tuple per call. C++ exceptions become Python exceptions as elsewhere.
+using fast_launch_function = PyObject* (*)(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
+void add_fast_method(nanobind::handle cls, PyMethodDef& method);
+/// The C++ object of `config`, a cubridge.LaunchConfig. @throws error (precondition) otherwise.
+[[nodiscard]] const py_launch_config& launch_config_of(PyObject* config);
+/// Sets the Python error for the exception being handled (what the translator raises).
+void set_python_error(const std::exception_ptr& p) noexcept;
 
 /// A kernel as Python holds it: the kernel and what its launches are checked against.
 struct py_kernel {

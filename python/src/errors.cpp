@@ -94,6 +94,28 @@ nb::object python_exception(const std::exception_ptr& p) {
   }
 }
 
+void set_python_error(const std::exception_ptr& p) noexcept {
+  try {
+    std::rethrow_exception(p);
+  } catch (const error& e) {
+    try {
+      raise(e);
+    } catch (nb::python_error& failed) {  // cubridge._errors missing: still say what failed
+      failed.restore();
+    }
+  } catch (nb::python_error& e) {
+    e.restore();
+  } catch (const nb::builtin_exception& e) {
+    PyErr_SetString(
+        e.type() == nb::exception_type::type_error ? PyExc_TypeError : PyExc_RuntimeError,
+        e.what());
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  } catch (...) {
+    PyErr_SetString(PyExc_RuntimeError, "an exception of a type cubridge does not know");
+  }
+}
+
 void register_errors(nb::module_&) {
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {

@@ -92,11 +92,30 @@ staged_version stage(const py_hot_module& h, nb::handle image, nb::handle smoke_
   return h.hot.stage(bytes, info, options);
 }
 
-std::uint64_t launch_hot(const py_hot_kernel& k, const py_launch_config& c, const nb::args& args) {
-  thread_local kernel_arguments values;
-  convert_arguments(k.signature, args, c.config, values);
-  return k.k.launch(c.config, values);
+/// HotKernel.launch(config, *args), METH_FASTCALL (add_fast_method).
+PyObject* launch_hot(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  try {
+    if (nargs < 1) [[unlikely]]
+      detail::throw_errc(errc::precondition, "HotKernel.launch",
+                         "launch(config, *args) needs a config");
+    const auto& k = *nb::inst_ptr<py_hot_kernel>(self);
+    const auto& c = launch_config_of(args[0]);
+    thread_local kernel_arguments values;
+    convert_arguments(k.signature, {args + 1, static_cast<std::size_t>(nargs - 1)}, c.config,
+                      values);
+    return PyLong_FromUnsignedLongLong(k.k.launch(c.config, values));
+  } catch (...) {
+    set_python_error(std::current_exception());
+    return nullptr;
+  }
 }
+
+PyMethodDef launch_hot_method{
+    "launch", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&launch_hot)),
+    METH_FASTCALL,
+    "launch($self, config, /, *args)\n--\n\n"
+    "As Kernel.launch, on the serving version; returns the id of the version that ran. The "
+    "per-thread default stream is refused (its work could not be fenced)."};
 
 nb::dict held(const held_version& v) {
   nb::dict d;
@@ -179,13 +198,14 @@ class py_hot_reloader {
 void bind_staged(nb::module_& m) {
   nb::class_<staged_module>(m, "StagedModule",
                             "The module a smoke test checks, before it can serve.")
-      .def("get_kernel",
-           [](const staged_module& s, const std::string& name) {
-             auto k = s.get().get_kernel(resolve_kernel_name(s.kernel_names, name));
-             auto signature = signature_of(k.name(), k.parameters());
-             return py_kernel{std::move(k), std::move(signature)};
-           },
-           nb::arg("name"), "A kernel of the staged version, to launch on probe data.")
+      .def(
+          "get_kernel",
+          [](const staged_module& s, const std::string& name) {
+            auto k = s.get().get_kernel(resolve_kernel_name(s.kernel_names, name));
+            auto signature = signature_of(k.name(), k.parameters());
+            return py_kernel{std::move(k), std::move(signature)};
+          },
+          nb::arg("name"), "A kernel of the staged version, to launch on probe data.")
       .def_prop_ro(
           "kernel_names", [](const staged_module& s) { return s.kernel_names; },
           "The interface's kernel names.");
@@ -213,15 +233,14 @@ void bind_staged(nb::module_& m) {
 }
 
 void bind_hot_kernel(nb::module_& m) {
-  nb::class_<py_hot_kernel>(m, "HotKernel",
-                            "A kernel of a hot module: every launch runs the version serving "
-                            "at that moment and returns its id.")
-      .def_prop_ro(
-          "name", [](const py_hot_kernel& k) { return k.k.name(); },
-          "The name the image exports (mangled for C++ kernels).")
-      .def("launch", &launch_hot, nb::arg("config"), nb::arg("args"),
-           "As Kernel.launch, on the serving version; returns the id of the version that ran. "
-           "The per-thread default stream is refused (its work could not be fenced).");
+  auto cls =
+      nb::class_<py_hot_kernel>(m, "HotKernel",
+                                "A kernel of a hot module: every launch runs the version serving "
+                                "at that moment and returns its id.")
+          .def_prop_ro(
+              "name", [](const py_hot_kernel& k) { return k.k.name(); },
+              "The name the image exports (mangled for C++ kernels).");
+  add_fast_method(cls, launch_hot_method);
 }
 
 }  // namespace
@@ -232,8 +251,7 @@ void bind_hot_modules(nb::module_& m) {
   nb::class_<py_hot_reloader>(m, "HotReloader",
                               "Promotes every good file dropped into a directory (.cu, .ptx, "
                               ".cubin, .fatbin). A context manager; close() stops it.")
-      .def("close", &py_hot_reloader::close,
-           "Stops watching (waits for a file being handled).")
+      .def("close", &py_hot_reloader::close, "Stops watching (waits for a file being handled).")
       .def("__enter__", [](nb::handle self) { return nb::borrow(self); })
       .def("__exit__", [](py_hot_reloader& r, nb::args) { r.close(); });
 

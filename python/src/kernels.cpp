@@ -13,6 +13,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <chrono>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -82,11 +83,33 @@ py_kernel kernel_of(const py_module& m, const std::string& name) {
   return {std::move(k), std::move(signature)};
 }
 
-void launch(const py_kernel& k, const py_launch_config& c, const nb::args& args) {
-  thread_local kernel_arguments values;  // reused: no allocation per launch
-  convert_arguments(k.signature, args, c.config, values);
-  k.k.launch(c.config, values);
+/// Kernel.launch(config, *args), METH_FASTCALL (add_fast_method).
+PyObject* launch(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  try {
+    if (nargs < 1) [[unlikely]]
+      detail::throw_errc(errc::precondition, "Kernel.launch",
+                         "launch(config, *args) needs a config");
+    const auto& k = *nb::inst_ptr<py_kernel>(self);
+    const auto& c = launch_config_of(args[0]);
+    thread_local kernel_arguments values;  // reused: no allocation per launch
+    convert_arguments(k.signature, {args + 1, static_cast<std::size_t>(nargs - 1)}, c.config,
+                      values);
+    k.k.launch(c.config, values);
+    Py_RETURN_NONE;
+  } catch (...) {
+    set_python_error(std::current_exception());
+    return nullptr;
+  }
 }
+
+PyMethodDef launch_method{
+    "launch", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&launch)), METH_FASTCALL,
+    "launch($self, config, /, *args)\n--\n\n"
+    "Launches with `args` checked against the kernel's parameters: torch and CuPy tensors, "
+    "__cuda_array_interface__ or DLPack arrays pass their device address, ints, floats and "
+    "bools convert to the parameter's type (range-checked), numpy scalars and bytes pass their "
+    "bytes. Raises LaunchArgumentError naming the parameter, and launches nothing, when one "
+    "does not fit."};
 
 std::vector<std::pair<std::size_t, std::size_t>> parameter_list(const launch_signature& s) {
   std::vector<std::pair<std::size_t, std::size_t>> out;
@@ -102,39 +125,73 @@ nb::object signature_list(const launch_signature& s) {
 }
 
 void bind_kernel(nb::module_& m) {
-  nb::class_<py_kernel>(m, "Kernel",
-                        "A kernel of a loaded module. Launch it with launch(config, *args).")
-      .def_prop_ro(
-          "name", [](const py_kernel& k) { return k.k.name(); },
-          "The name the module exports (mangled for C++ kernels).")
-      .def_prop_ro(
-          "parameters", [](const py_kernel& k) { return parameter_list(k.signature); },
-          "(offset, size) of each parameter, as the driver reports them.")
-      .def_prop_ro(
-          "signature", [](const py_kernel& k) { return signature_list(k.signature); },
-          "Each parameter's C++ type as the mangled name spells it, or None for an "
-          "extern \"C\" kernel (then only sizes are checked).")
-      .def_prop_ro(
-          "handle",
-          [](const py_kernel& k) { return reinterpret_cast<std::uintptr_t>(k.k.launch_handle()); },
-          "The handle cuLaunchKernel takes (a CUfunction) as an int.")
-      .def_prop_ro(
-          "max_threads_per_block",
-          [](const py_kernel& k) { return k.k.attribute(CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK); })
-      .def_prop_ro("num_registers",
-                   [](const py_kernel& k) { return k.k.attribute(CU_FUNC_ATTRIBUTE_NUM_REGS); })
-      .def("launch", &launch, nb::arg("config"), nb::arg("args"),
-           "Launches with `args` checked against the kernel's parameters: torch and CuPy "
-           "tensors, __cuda_array_interface__ or DLPack arrays pass their device address, ints, "
-           "floats and bools convert to the parameter's type (range-checked), numpy scalars and "
-           "bytes pass their bytes. Raises LaunchArgumentError naming the parameter, and "
-           "launches nothing, when one does not fit.")
-      .def("__repr__", [](const py_kernel& k) { return "<cubridge.Kernel " + k.k.name() + ">"; });
+  auto cls =
+      nb::class_<py_kernel>(m, "Kernel",
+                            "A kernel of a loaded module. Launch it with launch(config, *args).")
+          .def_prop_ro(
+              "name", [](const py_kernel& k) { return k.k.name(); },
+              "The name the module exports (mangled for C++ kernels).")
+          .def_prop_ro(
+              "parameters", [](const py_kernel& k) { return parameter_list(k.signature); },
+              "(offset, size) of each parameter, as the driver reports them.")
+          .def_prop_ro(
+              "signature", [](const py_kernel& k) { return signature_list(k.signature); },
+              "Each parameter's C++ type as the mangled name spells it, or None for an "
+              "extern \"C\" kernel (then only sizes are checked).")
+          .def_prop_ro(
+              "handle",
+              [](const py_kernel& k) {
+                return reinterpret_cast<std::uintptr_t>(k.k.launch_handle());
+              },
+              "The handle cuLaunchKernel takes (a CUfunction) as an int.")
+          .def_prop_ro("max_threads_per_block",
+                       [](const py_kernel& k) {
+                         return k.k.attribute(CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK);
+                       })
+          .def_prop_ro("num_registers",
+                       [](const py_kernel& k) { return k.k.attribute(CU_FUNC_ATTRIBUTE_NUM_REGS); })
+          .def("__repr__",
+               [](const py_kernel& k) { return "<cubridge.Kernel " + k.k.name() + ">"; });
+  add_fast_method(cls, launch_method);
+}
+
+/// The benchmark's floor (bench/python/bench_launch.py): `count` launches from C++ with the
+/// arguments converted once, i.e. what the driver's cuLaunchKernel costs by itself in this
+/// process. Returns nanoseconds per launch.
+double driver_launch_loop(const py_kernel& k, const py_launch_config& c, std::size_t count,
+                          const nb::args& args) {
+  kernel_arguments values;
+  convert_arguments(k.signature, items_of(args), c.config, values);
+  nb::gil_scoped_release unlocked;
+  const auto start = std::chrono::steady_clock::now();
+  for (std::size_t i = 0; i < count; ++i) k.k.launch_raw(c.config, values.pointers());
+  const std::chrono::duration<double, std::nano> elapsed = std::chrono::steady_clock::now() - start;
+  return elapsed.count() / static_cast<double>(count);
+}
+
+/// The benchmark's breakdown: `count` conversions of `args` for `k` with nothing launched, i.e.
+/// what checking and converting Python arguments costs. Returns nanoseconds per conversion.
+double conversion_loop(const py_kernel& k, const py_launch_config& c, std::size_t count,
+                       const nb::args& args) {
+  kernel_arguments values;
+  const auto start = std::chrono::steady_clock::now();
+  for (std::size_t i = 0; i < count; ++i)
+    convert_arguments(k.signature, items_of(args), c.config, values);
+  const std::chrono::duration<double, std::nano> elapsed = std::chrono::steady_clock::now() - start;
+  return elapsed.count() / static_cast<double>(count);
 }
 
 }  // namespace
 
 void bind_kernels(nb::module_& m) {
+  m.def("_conversion_loop", &conversion_loop, nb::arg("kernel"), nb::arg("config"),
+        nb::arg("count"), nb::arg("args"),
+        "Benchmark breakdown: `count` conversions of `args` for `kernel`, nothing launched; "
+        "nanoseconds per conversion.");
+  m.def("_driver_launch_loop", &driver_launch_loop, nb::arg("kernel"), nb::arg("config"),
+        nb::arg("count"), nb::arg("args"),
+        "Benchmark floor: `count` launches of `kernel` from C++ (cuLaunchKernel alone, arguments "
+        "converted once); nanoseconds per launch.");
   nb::class_<device_view>(m, "DeviceView",
                           "Device memory cubridge exposes (a __device__ variable, a shared "
                           "buffer): wrap it with torch.as_tensor(v, device='cuda') or "

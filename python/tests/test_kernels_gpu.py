@@ -218,3 +218,11 @@ def test_torch_keeps_working_after_adopt_and_kernels(torch, ctx, mod):
     mod.get_kernel("fill").launch(config_for(10), torch.empty(10, device="cuda"), 0.0, 10)
     torch.testing.assert_close(a @ b, (a.double() @ b.double()).float(), rtol=1e-3, atol=1e-3)
     assert not ctx.was_reset
+
+
+def test_a_launch_without_a_launch_config_is_refused(mod):
+    fill = mod.get_kernel("fill")
+    with pytest.raises(cubridge.PreconditionError, match="takes a cubridge.LaunchConfig first"):
+        fill.launch((1, 1), None, 1.0, 1)
+    with pytest.raises(cubridge.PreconditionError, match="needs a config"):
+        fill.launch()
