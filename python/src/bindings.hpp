@@ -77,6 +77,25 @@ inline std::span<PyObject* const> items_of(const nanobind::tuple& t) {
   return {&PyTuple_GET_ITEM(t.ptr(), 0), static_cast<std::size_t>(PyTuple_GET_SIZE(t.ptr()))};
 }
 
+/// The argument list a launch converts into: one per thread, reused so that a launch allocates
+/// nothing, and a fresh one for a launch made while converting another (a Python property
+/// such as __cuda_array_interface__ may launch).
+class launch_arguments {
+ public:
+  launch_arguments() noexcept : list_(busy_ ? own_ : reused_), nested_(busy_) { busy_ = true; }
+  ~launch_arguments() { busy_ = nested_; }
+  launch_arguments(const launch_arguments&) = delete;
+  launch_arguments& operator=(const launch_arguments&) = delete;
+  [[nodiscard]] kernel_arguments& get() noexcept { return list_; }
+
+ private:
+  static thread_local inline kernel_arguments reused_;
+  static thread_local inline bool busy_ = false;
+  kernel_arguments own_;
+  kernel_arguments& list_;
+  bool nested_;
+};
+
 /// `name(config, *args)` added to `cls` as a METH_FASTCALL method that calls
 /// `launch(self, config, args)`: the launch path then skips nanobind's general dispatcher, which
 /// builds an argument tuple per call. C++ exceptions become Python exceptions as elsewhere.

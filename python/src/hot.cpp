@@ -100,10 +100,10 @@ PyObject* launch_hot(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
                          "launch(config, *args) needs a config");
     const auto& k = *nb::inst_ptr<py_hot_kernel>(self);
     const auto& c = launch_config_of(args[0]);
-    thread_local kernel_arguments values;
+    launch_arguments values;
     convert_arguments(k.signature, {args + 1, static_cast<std::size_t>(nargs - 1)}, c.config,
-                      values);
-    return PyLong_FromUnsignedLongLong(k.k.launch(c.config, values));
+                      values.get());
+    return PyLong_FromUnsignedLongLong(k.k.launch(c.config, values.get()));
   } catch (...) {
     set_python_error(std::current_exception());
     return nullptr;

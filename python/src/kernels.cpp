@@ -91,10 +91,10 @@ PyObject* launch(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
                          "launch(config, *args) needs a config");
     const auto& k = *nb::inst_ptr<py_kernel>(self);
     const auto& c = launch_config_of(args[0]);
-    thread_local kernel_arguments values;  // reused: no allocation per launch
+    launch_arguments values;
     convert_arguments(k.signature, {args + 1, static_cast<std::size_t>(nargs - 1)}, c.config,
-                      values);
-    k.k.launch(c.config, values);
+                      values.get());
+    k.k.launch(c.config, values.get());
     Py_RETURN_NONE;
   } catch (...) {
     set_python_error(std::current_exception());

@@ -226,3 +226,20 @@ def test_a_launch_without_a_launch_config_is_refused(mod):
         fill.launch((1, 1), None, 1.0, 1)
     with pytest.raises(cubridge.PreconditionError, match="needs a config"):
         fill.launch()
+
+
+def test_a_launch_made_while_converting_another_keeps_both_argument_lists(torch, mod):
+    n = 256
+    inner, outer = torch.zeros(n, device="cuda"), torch.zeros(n, device="cuda")
+    fill = mod.get_kernel("fill")
+
+    class LaunchesWhenAsked:  # its array interface launches a kernel of its own
+        @property
+        def __cuda_array_interface__(self):
+            fill.launch(config_for(n), inner, 5.0, n)
+            return outer.__cuda_array_interface__
+
+    fill.launch(config_for(n), LaunchesWhenAsked(), 3.0, n)
+    torch.cuda.synchronize()
+    assert inner.tolist() == [5.0] * n
+    assert outer.tolist() == [3.0] * n
