@@ -132,7 +132,10 @@ std::uintptr_t interface_address(PyObject* array, const launch_config& config,
       const CUstream producer = handle == 1   ? CU_STREAM_LEGACY
                                 : handle == 2 ? CU_STREAM_PER_THREAD
                                               : reinterpret_cast<CUstream>(handle);
-      if (producer != config.stream.get()) wait_for(producer, config.stream.get());
+      const bool same =
+          producer == config.stream.get() ||
+          (stream_ref::from_native(producer).is_legacy() && config.stream.is_legacy());
+      if (!same) wait_for(producer, config.stream.get());
     }
   }
   return address;
