@@ -73,9 +73,14 @@ nb::object exception_of(const error& e) {
   return nb::module_::import_("cubridge._errors").attr("_make")(class_of(e), e.what(), fields);
 }
 
-void raise(const error& e) {
-  const nb::object exc = exception_of(e);
-  PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
+/// Sets `e` as the Python error; never throws.
+void raise(const error& e) noexcept {
+  try {
+    const nb::object exc = exception_of(e);
+    PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
+  } catch (nb::python_error& failed) {  // cubridge._errors missing: still say what failed
+    failed.restore();
+  }
 }
 
 }  // namespace
@@ -98,11 +103,7 @@ void set_python_error(const std::exception_ptr& p) noexcept {
   try {
     std::rethrow_exception(p);
   } catch (const error& e) {
-    try {
-      raise(e);
-    } catch (nb::python_error& failed) {  // cubridge._errors missing: still say what failed
-      failed.restore();
-    }
+    raise(e);
   } catch (nb::python_error& e) {
     e.restore();
   } catch (const nb::builtin_exception& e) {
@@ -121,11 +122,7 @@ void register_errors(nb::module_&) {
     try {
       std::rethrow_exception(p);
     } catch (const error& e) {
-      try {
-        raise(e);
-      } catch (nb::python_error& failed) {  // cubridge._errors missing: still say what failed
-        failed.restore();
-      }
+      raise(e);
     }
   });
 }
