@@ -22,6 +22,11 @@ With a GPU, beside torch or CuPy (which use the device's primary context):
     >>> scale.launch(cfg, x, 2.0, n)                       # x: a torch tensor; checked
     >>> hot = cubridge.HotModule("filters", cubin_v1, ctx) # hot swap
     >>> hot.promote(hot.stage(cubin_v2, smoke_test=check))
+    >>> guest = cubridge.GuestContext(name="vendor-fft")  # third-party code in its own context
+    >>> with guest:
+    ...     vendor.run()                                   # GuestError for what it broke
+    >>> with cubridge.Sandbox("libvendor.so") as box:      # or in a process of its own
+    ...     status, reply = box.call("entry", b"request", buffers=[cubridge.SharedMemory(n)])
 
 Failures raise subclasses of :class:`cubridge.Error`, which carry the C++ error's fields.
 """
@@ -33,16 +38,17 @@ import os as _os
 from typing import Any, Mapping, Sequence, Union
 
 from . import _cubridge
-from ._cubridge import (BundleManifest, Context, ContextRef, Device, DeviceView, HotKernel,
-                        HotModule, HotModuleStats, HotReloader, ImageInfo, ImageKernel,
-                        ImageTarget, Kernel, KeyPair, LaunchConfig, Module, PrimaryContext,
-                        PublicKey, SecretKey, StagedModule, StagedVersion, Stream,
-                        VerifiedBundle, current_context, device_count, devices,
-                        driver_available, generate_keypair, kernel_signature, scoped_current,
-                        sign_bundle, unmangled_name, verify_bundle)
+from ._cubridge import (BundleManifest, Context, ContextRef, Device, DeviceView, GuestContext,
+                        HotKernel, HotModule, HotModuleStats, HotReloader, ImageInfo,
+                        ImageKernel, ImageTarget, Kernel, KeyPair, LaunchConfig, Module,
+                        PrimaryContext, PublicKey, Sandbox, SecretKey, SharedMemory,
+                        StagedModule, StagedVersion, Stream, VerifiedBundle,
+                        current_context, device_count, devices, driver_available,
+                        generate_keypair, kernel_signature, scoped_current, sign_bundle,
+                        unmangled_name, verify_bundle)
 from ._errors import (BundleError, CompileError, ContextResetError, DriverUnavailable, Error,
-                      ImageError, IOFailure, LaunchArgumentError, PreconditionError,
-                      VersionRejected)
+                      GuestError, ImageError, IOFailure, LaunchArgumentError, PreconditionError,
+                      SandboxError, VersionRejected)
 
 __version__ = "0.1.0"
 
@@ -86,9 +92,10 @@ __all__ = [
     "devices", "Device", "Context", "PrimaryContext", "ContextRef", "current_context",
     "scoped_current", "Stream", "LaunchConfig", "Module", "Kernel", "DeviceView",
     "kernel_signature", "unmangled_name", "HotModule", "HotKernel", "HotModuleStats",
-    "HotReloader", "StagedModule", "StagedVersion",
+    "HotReloader", "StagedModule", "StagedVersion", "GuestContext", "SharedMemory", "Sandbox",
     "sign_bundle", "verify_bundle", "ImageInfo", "ImageTarget", "ImageKernel", "KeyPair",
     "PublicKey", "SecretKey", "BundleManifest", "VerifiedBundle", "Error", "DriverUnavailable",
     "ImageError", "LaunchArgumentError", "ContextResetError", "VersionRejected",
-    "PreconditionError", "IOFailure", "CompileError", "BundleError",
+    "PreconditionError", "IOFailure", "CompileError", "BundleError", "GuestError",
+    "SandboxError",
 ]

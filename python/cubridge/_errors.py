@@ -93,10 +93,54 @@ class BundleError(Error):
         self.reason = reason
 
 
+class GuestError(Error):
+    """A call inside a :class:`cubridge.GuestContext` broke the host's state.
+
+    The caller's context stack was restored before this was raised.
+
+    Attributes:
+        findings: what broke, as a list of ``(what, detail)``; ``what`` is
+            ``"context_stack"`` (repaired), ``"primary_context_reset"``, ``"host_buffer_lost"``
+            or ``"sticky_error"`` (the process is poisoned).
+        guest: the guest context's name.
+    """
+
+    def __init__(self, message: str, *, findings: list[tuple[str, str]] | None = None,
+                 guest: str = "", **fields) -> None:
+        super().__init__(message, **fields)
+        self.findings = list(findings or [])
+        self.guest = guest
+
+    def broke(self, what: str) -> bool:
+        """True if one of the findings is ``what`` (e.g. ``"primary_context_reset"``)."""
+        return any(found == what for found, _ in self.findings)
+
+
+class SandboxError(Error):
+    """A sandboxed call or the sandbox's worker process failed; the host is untouched.
+
+    Attributes:
+        reason: ``"crashed"``, ``"aborted"``, ``"timed_out"``, ``"cuda_fault"``,
+            ``"protocol"``, ``"start_failed"``, ``"no_such_entry"`` or
+            ``"buffer_import_failed"``.
+        restarted: True when a fresh worker is up (after a crash, abort, timeout, CUDA fault
+            or protocol failure).
+        restart_ms: how long the restart took, in milliseconds (0.0 when there was none).
+    """
+
+    def __init__(self, message: str, *, reason: str = "", restarted: bool = False,
+                 restart_ms: float = 0.0, **fields) -> None:
+        super().__init__(message, **fields)
+        self.reason = reason
+        self.restarted = restarted
+        self.restart_ms = restart_ms
+
+
 def _make(class_name: str, message: str, fields: dict) -> Error:
     """The exception the extension raises for a C++ error (called from C++ only)."""
     return globals()[class_name](message, **fields)
 
 
 __all__ = ["Error", "DriverUnavailable", "ImageError", "LaunchArgumentError", "ContextResetError",
-           "VersionRejected", "PreconditionError", "IOFailure", "CompileError", "BundleError"]
+           "VersionRejected", "PreconditionError", "IOFailure", "CompileError", "BundleError",
+           "GuestError", "SandboxError"]

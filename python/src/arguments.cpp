@@ -15,6 +15,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <charconv>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -292,6 +293,42 @@ void convert_one(const launch_signature& s, std::size_t index, PyObject* arg,
   refuse_argument(s, index, "a " + type_name(arg) + " was given, which converts to no argument");
 }
 
+[[noreturn]] void refuse_range(const std::string& what, const std::string& why) {
+  detail::throw_errc(errc::precondition, "cubridge", what + ": " + why);
+}
+
+std::size_t size_of(nb::handle h) {
+  return nb::cast<std::size_t>(h);
+}
+
+/// The bytes a __cuda_array_interface__ spans: its shape times the item size, or with strides
+/// the distance from the first to the last element's end.
+device_range interface_range(nb::handle array, const std::string& what) {
+  const nb::dict interface = nb::borrow<nb::dict>(nb::getattr(array, "__cuda_array_interface__"));
+  if (!interface.contains("data") || !interface.contains("shape") || !interface.contains("typestr"))
+    refuse_range(what, "its __cuda_array_interface__ lacks 'data', 'shape' or 'typestr'");
+  const auto typestr = nb::cast<std::string>(interface["typestr"]);
+  std::size_t item = 0;  // "<f4": byte order, kind, item size
+  const char* end = typestr.data() + typestr.size();
+  if (typestr.size() < 3 || std::from_chars(typestr.data() + 2, end, item).ptr != end || !item)
+    refuse_range(what, "its typestr '" + typestr + "' names no item size");
+  const auto shape = nb::cast<std::vector<std::size_t>>(interface["shape"]);
+  device_range range{nb::cast<std::uintptr_t>(nb::borrow<nb::tuple>(interface["data"])[0]), item};
+  const nb::object strides =
+      interface.contains("strides") ? nb::object(interface["strides"]) : nb::none();
+  if (strides.is_none()) {
+    for (const auto n : shape) range.bytes *= n;
+    return range;
+  }
+  const auto steps = nb::cast<std::vector<long long>>(strides);
+  if (steps.size() != shape.size()) refuse_range(what, "its strides and shape differ in length");
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] == 0) return {range.address, 0};
+    range.bytes += (shape[i] - 1) * static_cast<std::size_t>(steps[i] < 0 ? -steps[i] : steps[i]);
+  }
+  return range;
+}
+
 dims dims_of(nb::handle value, const char* what) {
   if (PyLong_Check(value.ptr())) return {nb::cast<unsigned>(value), 1, 1};
   const auto items = nb::cast<std::vector<unsigned>>(value);
@@ -349,9 +386,45 @@ context_arg as_context(nb::handle c) {
   if (nb::isinstance<context>(c)) return nb::cast<const context&>(c);
   if (nb::isinstance<primary_context>(c)) return nb::cast<const primary_context&>(c);
   if (nb::isinstance<context_ref>(c)) return nb::cast<context_ref>(c);
+  if (auto guest = guest_context_arg(c)) return *std::move(guest);
   detail::throw_errc(errc::precondition, "cubridge",
                      "a " + type_name(c.ptr()) +
-                         " is no context: pass a Context, PrimaryContext, ContextRef or None");
+                         " is no context: pass a Context, PrimaryContext, GuestContext, "
+                         "ContextRef or None");
+}
+
+device_range as_device_range(nb::handle array, const std::string& what) {
+  PyObject* o = array.ptr();
+  if (nb::isinstance<device_view>(array)) {
+    const auto& v = nb::cast<const device_view&>(array);
+    return {v.address, v.bytes};
+  }
+  switch (protocol_of(Py_TYPE(o))) {
+    case array_protocol::torch: {
+      if (!nb::cast<bool>(array.attr("is_cuda")))
+        refuse_range(what, "a torch tensor on the CPU was given; device memory is needed");
+      return {int_of(array.attr("data_ptr")()),
+              size_of(array.attr("numel")()) * size_of(array.attr("element_size")())};
+    }
+    case array_protocol::cupy:
+      return {cupy_address(o), size_of(array.attr("nbytes"))};
+    case array_protocol::cuda_array_interface:
+      return interface_range(array, what);
+    case array_protocol::dlpack: {
+      nb::ndarray<> view;
+      if (!nb::try_cast(array, view))
+        refuse_range(what, "a " + type_name(o) + " whose DLPack export failed");
+      const auto kind = view.device_type();
+      if (kind != nb::device::cuda::value && kind != nb::device::cuda_managed::value)
+        refuse_range(what, "a " + type_name(o) + " in host memory was given");
+      return {reinterpret_cast<std::uintptr_t>(view.data()), view.nbytes()};
+    }
+    case array_protocol::none:
+      break;
+  }
+  refuse_range(what, "a " + type_name(o) +
+                         " is no device memory: pass a torch or CuPy tensor, a DeviceView, a "
+                         "SharedMemory, or an object with __cuda_array_interface__ or __dlpack__");
 }
 
 stream_ref as_stream(nb::handle s) {

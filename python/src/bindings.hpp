@@ -5,12 +5,17 @@
 #include <cubridge/core/context_ref.hpp>
 #include <cubridge/core/kernel.hpp>
 #include <cubridge/core/launch_config.hpp>
+#include <cubridge/core/shared_device_memory.hpp>
 #include <cubridge/core/stream_ref.hpp>
+#include <cubridge/swap/hot_module.hpp>
 
 #include <nanobind/nanobind.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <exception>
+#include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -34,11 +39,37 @@ void bind_contexts_and_streams(nanobind::module_& m);
 void bind_kernels(nanobind::module_& m);
 /// HotModule, HotKernel, StagedVersion, HotModuleStats, HotReloader (hot.cpp).
 void bind_hot_modules(nanobind::module_& m);
+/// GuestContext, SharedMemory (isolation.cpp).
+void bind_isolation(nanobind::module_& m);
+/// Sandbox (sandbox.cpp).
+void bind_sandbox(nanobind::module_& m);
 
-/// The context a Python argument names: a Context, PrimaryContext or ContextRef, or None for the
-/// calling thread's current context (refused when there is none). Owning contexts are kept alive
-/// by what is created in them. @throws error (errc::precondition) for anything else.
+/// A hot module as Python holds it: the module and the kernel names of its first version (the
+/// interface, for resolve_kernel_name).
+struct py_hot_module {
+  hot_module hot;
+  std::vector<std::string> kernel_names;
+};
+
+/// The context a Python argument names: a Context, PrimaryContext, GuestContext or ContextRef, or
+/// None for the calling thread's current context (refused when there is none). Owning contexts
+/// are kept alive by what is created in them. @throws error (errc::precondition) for anything
+/// else.
 [[nodiscard]] context_arg as_context(nanobind::handle context);
+/// The guest's context, owning a share of the guest, when `object` is a GuestContext; else
+/// nullopt (isolation.cpp).
+[[nodiscard]] std::optional<context_arg> guest_context_arg(nanobind::handle object);
+
+/// Device memory a Python object stands for: where it starts and how many bytes it spans.
+struct device_range {
+  std::uintptr_t address = 0;
+  std::size_t bytes = 0;
+};
+/// The memory of a torch tensor (data_ptr, numel * element_size), a CuPy array (.data.ptr,
+/// .nbytes), a DeviceView or SharedMemory, an object with __cuda_array_interface__ (its extent)
+/// or a DLPack array in device memory. `what` names it in errors ("buffer 'input'").
+/// @throws error (errc::precondition) for host memory and for objects of no such kind.
+[[nodiscard]] device_range as_device_range(nanobind::handle array, const std::string& what);
 
 /// The stream a Python object names: None (the legacy default stream), a cubridge.Stream, an
 /// object with __cuda_stream__ (cuda.core, torch), a torch stream (.cuda_stream), a CuPy stream
@@ -125,6 +156,12 @@ struct device_view {
   std::uintptr_t address = 0;
   std::size_t bytes = 0;
   nanobind::object owner;
+};
+
+/// cubridge.SharedMemory: VMM memory (isolation.cpp). Shared: a sandbox's share of it holds the
+/// memory too (sandbox.cpp), so the memory outlives every share of it.
+struct py_shared_memory {
+  std::shared_ptr<const shared_device_memory> memory;
 };
 
 /// An image as Python passes it: bytes-like (copied into `bytes`) or a path (read).

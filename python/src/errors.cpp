@@ -4,11 +4,14 @@
 
 #include <cubridge/compile/compile.hpp>
 #include <cubridge/core/error.hpp>
+#include <cubridge/isolation/guest_context.hpp>
+#include <cubridge/isolation/sandbox.hpp>
 #include <cubridge/swap/error.hpp>
 #include <cubridge/update/bundle.hpp>
 
 #include <nanobind/stl/string.h>
 
+#include <chrono>
 #include <exception>
 #include <string>
 
@@ -50,6 +53,8 @@ nb::dict fields_of(const error& e) {
 /// The class of cubridge/_errors.py for this error, by its C++ type and code.
 const char* class_of(const error& e) {
   if (dynamic_cast<const bundle_error*>(&e)) return "BundleError";
+  if (dynamic_cast<const guest_error*>(&e)) return "GuestError";
+  if (dynamic_cast<const sandbox_error*>(&e)) return "SandboxError";
   if (dynamic_cast<const compile_error*>(&e)) return "CompileError";
   if (dynamic_cast<const driver_unavailable*>(&e)) return "DriverUnavailable";
   if (dynamic_cast<const image_error*>(&e)) return "ImageError";
@@ -65,6 +70,18 @@ nb::object exception_of(const error& e) {
   nb::dict fields = fields_of(e);
   if (const auto* b = dynamic_cast<const bundle_error*>(&e))
     fields["reason"] = std::string(to_string(b->reason()));
+  if (const auto* g = dynamic_cast<const guest_error*>(&e)) {
+    nb::list findings;
+    for (const auto& f : g->findings())
+      findings.append(nb::make_tuple(std::string(to_string(f.what)), f.detail));
+    fields["findings"] = findings;
+    fields["guest"] = g->guest();
+  }
+  if (const auto* s = dynamic_cast<const sandbox_error*>(&e)) {
+    fields["reason"] = std::string(to_string(s->reason()));
+    fields["restarted"] = s->restarted();
+    fields["restart_ms"] = std::chrono::duration<double, std::milli>(s->restart_duration()).count();
+  }
   if (const auto* c = dynamic_cast<const compile_error*>(&e)) {
     fields["source_name"] = c->source_name();
     fields["architecture"] = c->architecture();

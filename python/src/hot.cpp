@@ -24,13 +24,6 @@ namespace nb = nanobind;
 namespace cubridge::python {
 namespace {
 
-/// A hot module as Python holds it: the module and the kernel names of its first version (the
-/// interface, for resolve_kernel_name).
-struct py_hot_module {
-  hot_module hot;
-  std::vector<std::string> kernel_names;
-};
-
 struct py_hot_kernel {
   hot_kernel k;
   launch_signature signature;

@@ -57,6 +57,8 @@ NB_MODULE(_cubridge, m) {
   bind_contexts_and_streams(m);
   bind_kernels(m);
   bind_hot_modules(m);
+  bind_isolation(m);
+  bind_sandbox(m);
 
   m.def(
       "diagnose", [] { return cubridge::tool::diagnose().dump(); },

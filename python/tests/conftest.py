@@ -36,3 +36,67 @@ def images(tmp_path_factory) -> dict[str, pathlib.Path]:
                          "-gencode", "arch=compute_90,code=sm_90",
                          "-gencode", "arch=compute_90,code=compute_90"),
     }
+
+
+# --- isolation: the sandbox's test libraries and the reset guard, built from the tree ---------
+# Each can be given prebuilt through an environment variable (e.g. the CMake build's target
+# file); otherwise it is compiled here with the C compiler or nvcc, or the tests skip saying why.
+
+SANDBOX_CPU_LIBRARY = REPO / "tests" / "sandbox" / "cpu_library.c"
+GUEST_LIBRARY = REPO / "tests" / "guest_lib" / "guest_lib.cu"
+RESET_GUARD = REPO / "tools" / "reset_guard" / "reset_guard.c"
+
+
+def _prebuilt(variable: str) -> pathlib.Path | None:
+    path = os.environ.get(variable)
+    if not path:
+        return None
+    if not os.path.isfile(path):
+        pytest.fail(f"${variable} names {path}, which does not exist")
+    return pathlib.Path(path)
+
+
+def _c_compiler() -> str:
+    found = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    if not found:
+        pytest.skip("no C compiler (cc, gcc) to build the test library; set the variable")
+    return found
+
+
+def _compile_c(out: pathlib.Path, source: pathlib.Path, *flags: str) -> pathlib.Path:
+    subprocess.run([_c_compiler(), "-shared", "-fPIC", "-fvisibility=hidden", "-O2",
+                    f"-I{REPO / 'include'}", *flags, "-o", str(out), str(source)], check=True)
+    return out
+
+
+@pytest.fixture(scope="session")
+def sandbox_cpu_library(tmp_path_factory) -> pathlib.Path:
+    """tests/sandbox/cpu_library.c (entries echo, count_calls, crash, do_abort, hang, ...), or
+    $CUBRIDGE_TEST_SANDBOX_CPU_LIB."""
+    return _prebuilt("CUBRIDGE_TEST_SANDBOX_CPU_LIB") or _compile_c(
+        tmp_path_factory.mktemp("sandbox") / "libcubridge_test_sandbox_cpu.so",
+        SANDBOX_CPU_LIBRARY)
+
+
+@pytest.fixture(scope="session")
+def reset_guard_library(tmp_path_factory) -> pathlib.Path:
+    """tools/reset_guard (libcubridge_reset_guard.so, for LD_PRELOAD), built as its CMake file
+    does, or $CUBRIDGE_RESET_GUARD_LIB."""
+    return _prebuilt("CUBRIDGE_RESET_GUARD_LIB") or _compile_c(
+        tmp_path_factory.mktemp("reset_guard") / "libcubridge_reset_guard.so", RESET_GUARD,
+        "-std=gnu11", "-Wl,-Bsymbolic", "-ldl", "-lpthread")
+
+
+@pytest.fixture(scope="session")
+def guest_library(tmp_path_factory) -> pathlib.Path:
+    """tests/guest_lib/guest_lib.cu as nvcc builds a third-party library by default (static
+    cudart; entries guest_init, guest_reset, guest_add_one, guest_abort, ...), or
+    $CUBRIDGE_TEST_GUEST_LIB."""
+    prebuilt = _prebuilt("CUBRIDGE_TEST_GUEST_LIB")
+    if prebuilt:
+        return prebuilt
+    out = tmp_path_factory.mktemp("guest_lib") / "libcubridge_test_guest_lib.so"
+    subprocess.run([_nvcc(), "-shared", "-Xcompiler", "-fPIC,-fvisibility=hidden",
+                    "-cudart", "static", "-gencode", "arch=compute_90,code=sm_90",
+                    f"-I{REPO / 'include'}", "-o", str(out), str(GUEST_LIBRARY)], check=True)
+    return out
