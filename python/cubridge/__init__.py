@@ -27,6 +27,7 @@ With a GPU, beside torch or CuPy (which use the device's primary context):
     ...     vendor.run()                                   # GuestError for what it broke
     >>> with cubridge.Sandbox("libvendor.so") as box:      # or in a process of its own
     ...     status, reply = box.call("entry", b"request", buffers=[cubridge.SharedMemory(n)])
+    >>> endpoint = cubridge.UpdateEndpoint(hot, [keys.public_key])  # signed pushes, HTTP
 
 Failures raise subclasses of :class:`cubridge.Error`, which carry the C++ error's fields.
 """
@@ -42,7 +43,7 @@ from ._cubridge import (BundleManifest, Context, ContextRef, Device, DeviceView,
                         HotKernel, HotModule, HotModuleStats, HotReloader, ImageInfo,
                         ImageKernel, ImageTarget, Kernel, KeyPair, LaunchConfig, Module,
                         PrimaryContext, PublicKey, Sandbox, SecretKey, SharedMemory,
-                        StagedModule, StagedVersion, Stream, VerifiedBundle,
+                        StagedModule, StagedVersion, Stream, UpdateEndpoint, VerifiedBundle,
                         current_context, device_count, devices, driver_available,
                         generate_keypair, kernel_signature, scoped_current, sign_bundle,
                         unmangled_name, verify_bundle)
@@ -93,6 +94,7 @@ __all__ = [
     "scoped_current", "Stream", "LaunchConfig", "Module", "Kernel", "DeviceView",
     "kernel_signature", "unmangled_name", "HotModule", "HotKernel", "HotModuleStats",
     "HotReloader", "StagedModule", "StagedVersion", "GuestContext", "SharedMemory", "Sandbox",
+    "UpdateEndpoint",
     "sign_bundle", "verify_bundle", "ImageInfo", "ImageTarget", "ImageKernel", "KeyPair",
     "PublicKey", "SecretKey", "BundleManifest", "VerifiedBundle", "Error", "DriverUnavailable",
     "ImageError", "LaunchArgumentError", "ContextResetError", "VersionRejected",

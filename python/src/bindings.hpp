@@ -43,6 +43,8 @@ void bind_hot_modules(nanobind::module_& m);
 void bind_isolation(nanobind::module_& m);
 /// Sandbox (sandbox.cpp).
 void bind_sandbox(nanobind::module_& m);
+/// UpdateEndpoint (endpoint.cpp).
+void bind_update_endpoint(nanobind::module_& m);
 
 /// A hot module as Python holds it: the module and the kernel names of its first version (the
 /// interface, for resolve_kernel_name).

@@ -59,6 +59,7 @@ NB_MODULE(_cubridge, m) {
   bind_hot_modules(m);
   bind_isolation(m);
   bind_sandbox(m);
+  bind_update_endpoint(m);
 
   m.def(
       "diagnose", [] { return cubridge::tool::diagnose().dump(); },

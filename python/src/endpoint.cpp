@@ -1,0 +1,211 @@
+// The update endpoint (update/update_endpoint.hpp) embeddable in a Python service: an HTTP
+// endpoint on threads of its own that takes signed bundles and promotes them into HotModules
+// through a hot_module_sink. The endpoint's threads never touch Python: the sink works on the
+// C++ hot modules, whose Python objects the endpoint keeps alive.
+#include "bindings.hpp"
+
+#include <cubridge/core/error.hpp>
+#include <cubridge/update/bundle.hpp>
+#include <cubridge/update/hot_module_sink.hpp>
+#include <cubridge/update/update_endpoint.hpp>
+
+#include <nanobind/stl/map.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace nb = nanobind;
+
+namespace cubridge::python {
+namespace {
+
+/// What UpdateEndpoint takes besides the modules and keys (the update_endpoint_options a
+/// Python service sets; the rest keep their C++ defaults).
+struct endpoint_settings {
+  std::string host;
+  std::uint16_t port = 0;
+  std::size_t threads = 4;
+  std::size_t max_body_bytes = std::size_t{64} << 20;
+  std::string state_file;
+  std::map<std::string, std::uint64_t> version_floor;
+  bool require_expiry = false;
+  std::optional<double> max_bundle_age_s;
+  double rollback_window_s = 300;
+  bool serve_metrics = false;
+  std::string tls_certificate, tls_private_key;
+};
+
+update_endpoint_options options_of(const endpoint_settings& s,
+                                   const std::vector<public_key>& keys) {
+  update_endpoint_options o;
+  o.bind_address = s.host;
+  o.port = s.port;
+  for (const auto& k : keys) o.keys.add(k);
+  o.threads = s.threads;
+  o.max_body_bytes = s.max_body_bytes;
+  o.max_buffered_body_bytes = std::max(o.max_buffered_body_bytes, s.max_body_bytes);
+  o.state_file = s.state_file;
+  o.version_floor.insert(s.version_floor.begin(), s.version_floor.end());
+  o.require_expiry = s.require_expiry;
+  if (s.max_bundle_age_s) {
+    CUBRIDGE_EXPECTS(*s.max_bundle_age_s > 0, "UpdateEndpoint max_bundle_age_s must be > 0");
+    o.max_bundle_age = std::chrono::seconds(static_cast<std::int64_t>(*s.max_bundle_age_s));
+  }
+  CUBRIDGE_EXPECTS(s.rollback_window_s > 0, "UpdateEndpoint rollback_window_s must be > 0");
+  o.rollback_window = std::chrono::seconds(static_cast<std::int64_t>(s.rollback_window_s));
+  o.serve_metrics = s.serve_metrics;
+  o.tls_certificate = s.tls_certificate;
+  o.tls_private_key = s.tls_private_key;
+  return o;
+}
+
+class py_update_endpoint {
+ public:
+  py_update_endpoint(nb::handle hot_modules, const std::vector<public_key>& keys,
+                     const endpoint_settings& settings, bool start_now)
+      : endpoint_(std::make_unique<update_endpoint>(sink_, options_of(settings, keys))) {
+    if (nb::isinstance<py_hot_module>(hot_modules)) {
+      add(hot_modules);
+    } else {
+      for (nb::handle h : hot_modules) add(h);
+    }
+    if (start_now) start();
+  }
+  py_update_endpoint(const py_update_endpoint&) = delete;
+  py_update_endpoint& operator=(const py_update_endpoint&) = delete;
+  ~py_update_endpoint() { stop(); }
+
+  /// Serves `hot_module` too (its serving version's bundle_version is where versions start).
+  void add(nb::handle hot_module) {
+    if (!nb::isinstance<py_hot_module>(hot_module))
+      detail::throw_errc(errc::precondition, "cubridge.UpdateEndpoint",
+                         std::string("a ") + Py_TYPE(hot_module.ptr())->tp_name +
+                             " is no HotModule: the endpoint serves HotModules");
+    sink_.add(nb::cast<py_hot_module&>(hot_module).hot);
+    modules_.push_back(nb::borrow(hot_module));
+  }
+
+  void start() {
+    nb::gil_scoped_release unlocked;
+    endpoint_->start();
+  }
+  void stop() {
+    nb::gil_scoped_release unlocked;
+    endpoint_->stop();
+  }
+  [[nodiscard]] const update_endpoint& get() const { return *endpoint_; }
+  [[nodiscard]] nb::list modules() const {
+    nb::list out;
+    for (const auto& m : modules_) out.append(m);
+    return out;
+  }
+
+ private:
+  // Destroyed in reverse: the endpoint (stopped) before the sink, the sink before the modules.
+  std::vector<nb::object> modules_;  // the HotModules the sink points into
+  hot_module_sink sink_;
+  std::unique_ptr<update_endpoint> endpoint_;
+};
+
+nb::dict stats_of(const update_endpoint& e) {
+  const auto s = e.stats();
+  nb::dict d;
+  d["applied"] = s.applied;
+  d["refused"] = s.refused;
+  d["rolled_back"] = s.rolled_back;
+  d["connections_refused"] = s.connections_refused;
+  d["open_connections"] = s.open_connections;
+  return d;
+}
+
+}  // namespace
+
+void bind_update_endpoint(nb::module_& m) {
+  nb::class_<py_update_endpoint>(
+      m, "UpdateEndpoint",
+      "The update endpoint (docs/update-endpoint.md) in this process: PUT /v1/modules/NAME "
+      "with a signed bundle stages and promotes it into the HotModule NAME; POST "
+      "/v1/modules/NAME/rollback rolls back; GET /v1/modules reports. Only bundles signed by "
+      "`public_keys` are applied, each version at most once. Runs on threads of its own; a "
+      "context manager (stops on exit).")
+      .def(
+          "__init__",
+          [](py_update_endpoint* self, nb::handle hot_modules, const std::vector<public_key>& keys,
+             std::string host, std::uint16_t port, bool start, std::size_t threads,
+             std::size_t max_body_bytes, std::string state_file,
+             std::map<std::string, std::uint64_t> version_floor, bool require_expiry,
+             std::optional<double> max_bundle_age_s, double rollback_window_s, bool serve_metrics,
+             std::string tls_certificate, std::string tls_private_key) {
+            const endpoint_settings settings{std::move(host),
+                                             port,
+                                             threads,
+                                             max_body_bytes,
+                                             std::move(state_file),
+                                             std::move(version_floor),
+                                             require_expiry,
+                                             max_bundle_age_s,
+                                             rollback_window_s,
+                                             serve_metrics,
+                                             std::move(tls_certificate),
+                                             std::move(tls_private_key)};
+            new (self) py_update_endpoint(hot_modules, keys, settings, start);
+          },
+          nb::arg("hot_modules"), nb::arg("public_keys"), nb::kw_only(),
+          nb::arg("host") = "127.0.0.1", nb::arg("port") = 0, nb::arg("start") = true,
+          nb::arg("threads") = 4, nb::arg("max_body_bytes") = std::size_t{64} << 20,
+          nb::arg("state_file") = "",
+          nb::arg("version_floor") = std::map<std::string, std::uint64_t>{},
+          nb::arg("require_expiry") = false, nb::arg("max_bundle_age_s") = nb::none(),
+          nb::arg("rollback_window_s") = 300.0, nb::arg("serve_metrics") = false,
+          nb::arg("tls_certificate") = "", nb::arg("tls_private_key") = "",
+          "An endpoint over `hot_modules` (a HotModule or a list of them; each serves updates "
+          "under its name, from its bundle_version on) accepting bundles signed by "
+          "`public_keys`. Binds `host`:`port` (0: a free port, see .port) and starts unless "
+          "start=False. state_file: the replay state kept across restarts; version_floor: "
+          "{name: version} refused as replays; TLS with both tls_ files. Raises IOFailure when "
+          "the address cannot be bound.")
+      .def("add", &py_update_endpoint::add, nb::arg("hot_module"),
+           "Serves one more HotModule (also while running).")
+      .def("start", &py_update_endpoint::start,
+           "Binds and starts serving. Raises PreconditionError when running already.")
+      .def("stop", &py_update_endpoint::stop,
+           "Stops accepting, lets a request being applied finish, joins the threads.")
+      .def("close", &py_update_endpoint::stop, "stop().")
+      .def(
+          "__enter__",
+          [](nb::handle self) {
+            auto& e = nb::cast<py_update_endpoint&>(self);
+            if (!e.get().running()) e.start();
+            return nb::borrow(self);
+          },
+          "Starts the endpoint unless it runs already; returns it.")
+      .def(
+          "__exit__", [](py_update_endpoint& e, nb::handle, nb::handle, nb::handle) { e.stop(); },
+          nb::arg("exc_type").none(), nb::arg("exc_value").none(), nb::arg("traceback").none(),
+          "stop().")
+      .def_prop_ro(
+          "running", [](const py_update_endpoint& e) { return e.get().running(); },
+          "True between start() and stop().")
+      .def_prop_ro(
+          "port", [](const py_update_endpoint& e) { return e.get().port(); },
+          "The bound port; 0 when not running.")
+      .def_prop_ro(
+          "url", [](const py_update_endpoint& e) { return e.get().url(); },
+          "'http://127.0.0.1:PORT' (https with TLS); '' when not running.")
+      .def_prop_ro(
+          "stats", [](const py_update_endpoint& e) { return stats_of(e.get()); },
+          "{'applied', 'refused', 'rolled_back', 'connections_refused', 'open_connections'}.")
+      .def_prop_ro("hot_modules", &py_update_endpoint::modules, "The HotModules served.");
+}
+
+}  // namespace cubridge::python
