@@ -179,3 +179,21 @@ def test_a_file_dropped_in_a_watched_directory_is_promoted(torch, ctx, tmp_path)
     out = torch.empty_like(x)
     assert hot.get_kernel("tag").launch(cubridge.LaunchConfig(block=256), out, x, n) == 2
     expect(torch, out, x, 2)
+
+
+def test_cupy_arrays_go_through_hot_kernels_across_a_swap(ctx):
+    cupy = pytest.importorskip("cupy")
+    hot = cubridge.HotModule("cupy-tagger", build(ctx, 1, scale=3), ctx)
+    tag = hot.get_kernel("tag")
+    n = 2048
+    x = cupy.arange(n, dtype=cupy.float32)
+    out = cupy.empty_like(x)
+    with cupy.cuda.Stream(non_blocking=True) as stream:
+        config = cubridge.LaunchConfig(grid=n // 256, block=256, stream=stream)
+        assert tag.launch(config, out, x, n) == 1
+        stream.synchronize()
+        assert bool(cupy.allclose(out, x * 3 + 1))
+        hot.promote(hot.stage(build(ctx, 2, scale=3)))
+        assert tag.launch(config, out, x, n) == 2
+        stream.synchronize()
+        assert bool(cupy.allclose(out, x * 3 + 2))
