@@ -233,7 +233,7 @@ void sandbox::state::fill(std::size_t index, std::unique_lock<std::mutex>& lock,
   lock.lock();
   if (!w) {
     slots[index].busy = false;
-    slot_freed.notify_one();
+    slot_freed.notify_all();
     throw sandbox_error(sandbox_failure::start_failed, sandbox_internal::call_name(entry),
                         "sandbox '" + name + "': starting worker " + worker_path.string() +
                             " for " + options.library.string() + " failed: " + failure,
@@ -247,14 +247,14 @@ void sandbox::state::release(std::size_t index) noexcept {
   std::lock_guard lock(mutex);
   if (slots[index].w) forget_unshared(*slots[index].w);
   slots[index].busy = false;
-  slot_freed.notify_one();
+  slot_freed.notify_all();
 }
 
 void sandbox::state::abandon(std::size_t index) noexcept {
   std::unique_lock lock(mutex);
   dispose(std::move(slots[index].w), lock);
   slots[index].busy = false;
-  slot_freed.notify_one();
+  slot_freed.notify_all();
 }
 
 sandbox_internal::replacement sandbox::state::replace(std::size_t index,
@@ -273,7 +273,7 @@ sandbox_internal::replacement sandbox::state::replace(std::size_t index,
       s.w = std::move(spare);
       ++counters.failovers;
       s.busy = false;
-      slot_freed.notify_one();
+      slot_freed.notify_all();
       return r;
     }
   }
@@ -292,7 +292,7 @@ sandbox_internal::replacement sandbox::state::replace(std::size_t index,
     r.note = "; the worker could NOT be restarted: " + failure;
   }
   s.busy = false;
-  slot_freed.notify_one();
+  slot_freed.notify_all();
   return r;
 }
 

@@ -158,7 +158,7 @@ struct sandbox_stats {
   std::size_t restarts = 0;         ///< workers started in a caller's path (no spare; restart())
   std::size_t spares_started = 0;   ///< spares that became ready
   std::size_t spare_start_failures = 0;  ///< spares that could not be started (retried later)
-  std::vector<pid_t> worker_pids;        ///< the serving workers, by slot
+  std::vector<pid_t> worker_pids;        ///< the serving workers, by slot (0: none there now)
   std::vector<pid_t> spare_pids;         ///< the ready spares, the next to take over first
 };
 
