@@ -50,7 +50,7 @@ std::string worker_process::start(const worker_launch& launch, std::string& cuda
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0)
     return std::string("socketpair failed: ") + std::strerror(errno);
   unique_fd host_end(pair[0]);
-  const unique_fd worker_socket(pair[1]);
+  unique_fd worker_socket(pair[1]);
   // Only the socket, at 3, and the host's 0-2 reach the worker: an inherited socket of another
   // sandbox would keep that worker from seeing its host go away.
   detail::child_spec spec{launch.worker.string(),
@@ -65,6 +65,7 @@ std::string worker_process::start(const worker_launch& launch, std::string& cuda
   } catch (const error& e) {
     return "could not execute " + e.involved();
   }
+  worker_socket.reset();  // the worker's alone now: its death while starting closes the socket
   socket_ = std::move(host_end);
   return await_ready(launch, cuda_status);
 }

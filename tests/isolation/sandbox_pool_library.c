@@ -116,8 +116,12 @@ CUBRIDGE_SANDBOX_EXPORT int wait_for_go(cubridge_sandbox_args* args) {
 }
 
 /* With CUBRIDGE_TEST_LOAD_GATE=DIR: the first process to load the library creates DIR/first and
- * goes on; every later one says so (DIR/held.PID) and never finishes loading. */
+ * goes on; every later one says so (DIR/held.PID) and never finishes loading. With
+ * CUBRIDGE_TEST_DIE_ON_LOAD=exit or crash, the load ends the worker (_exit(7), SIGSEGV). */
 __attribute__((constructor)) static void load_gate(void) {
+  const char* die = getenv("CUBRIDGE_TEST_DIE_ON_LOAD");
+  if (die && strcmp(die, "exit") == 0) _exit(7);
+  if (die && strcmp(die, "crash") == 0) *(volatile int* volatile)NULL = 1;
   const char* dir = getenv("CUBRIDGE_TEST_LOAD_GATE");
   if (!dir) return;
   char path[4200];

@@ -167,6 +167,24 @@ TEST(SandboxStandby, DestroyingTheSandboxWhileASpareStartsJoinsAndReapsIt) {
   EXPECT_EQ(cubridge::testing::children().size(), children_before);
 }
 
+// A worker that dies while it starts is reported as it died, not as a start that timed out
+// (the host held the worker's end of the socket until the start ended, so it saw no EOF).
+TEST(SandboxStandby, AWorkerThatDiesWhileStartingSaysHow) {
+  for (const auto& [how, expected] :
+       {std::pair<std::string, std::string>{"exit", "exited with status 7"},
+        {"crash", "killed by signal 11 (Segmentation fault) while starting"}}) {
+    auto options = pool_options(1, 0);
+    options.environment.variables = {"CUBRIDGE_TEST_DIE_ON_LOAD=" + how};
+    try {
+      (void)sandbox::start(options);
+      ADD_FAILURE() << how << ": started";
+    } catch (const sandbox_error& e) {
+      EXPECT_EQ(e.reason(), sandbox_failure::start_failed) << e.what();
+      EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
+    }
+  }
+}
+
 // --- a pool of workers --------------------------------------------------------------------------
 
 TEST(SandboxPool, FourWorkersServeFourCallsAtOnce) {
