@@ -198,7 +198,7 @@ sandbox_share sandbox::share(const shared_device_memory& memory) {
   std::unique_lock lock(state_->mutex);
   const std::uint64_t id = state_->next_share_id++;
   state_->shares.emplace(id, std::move(buffer));
-  state_->map_in_spares(id, lock);
+  state_->map_ahead(id, lock);
   return sandbox_share(state_, id, memory.address(), memory.size_bytes());
 }
 

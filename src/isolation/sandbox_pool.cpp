@@ -1,6 +1,6 @@
 // A sandbox's workers: the slots that serve calls, the spares kept ready beside them, the
 // background thread that starts spares and reaps failed workers, the replacement of a failed
-// worker, restart, the shares mapped ahead in the spares, the stats and the shutdown.
+// worker, restart, the shares mapped ahead in idle workers and spares, the stats and the shutdown.
 #include "sandbox_state.hpp"
 
 #include <sys/eventfd.h>
@@ -332,11 +332,15 @@ std::pair<std::string, std::chrono::nanoseconds> sandbox::state::restart_all() {
   return {first_failure, clock_type::now() - started};
 }
 
-void sandbox::state::map_in_spares(std::uint64_t id, std::unique_lock<std::mutex>& lock) {
+void sandbox::state::map_ahead(std::uint64_t id, std::unique_lock<std::mutex>& lock) {
   const sandbox_internal::shared_buffers one{{id, shares.at(id)}};
+  // Under the lock: no call takes an idle worker, no failure a spare, while its socket is in use
+  // here. A worker that dies meanwhile is replaced as after a failure.
   std::vector<std::unique_ptr<worker>> dead;
+  for (auto& s : slots)
+    if (s.w && !s.busy && !sandbox_internal::map_buffers(*s.w, one, options.start_timeout, -1))
+      dead.push_back(std::move(s.w));  // the slot is filled again by the next call
   for (auto it = spares.begin(); it != spares.end();) {
-    // Under the lock: a spare is not to take over while its socket is in use here.
     if (sandbox_internal::map_buffers(**it, one, options.start_timeout, -1)) {
       ++it;
     } else {
@@ -346,6 +350,7 @@ void sandbox::state::map_in_spares(std::uint64_t id, std::unique_lock<std::mutex
   }
   if (dead.empty()) return;
   for (auto& w : dead) dispose(std::move(w), lock);
+  slot_freed.notify_all();
   spares_changed.notify_all();
   background_wake.notify_one();
 }

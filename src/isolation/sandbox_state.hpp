@@ -120,8 +120,9 @@ struct sandbox::state {
   sandbox_internal::replacement replace(std::size_t index, clock_type::time_point seen);
   /// See sandbox::restart. Returns "" or why a worker could not start, and how long it took.
   std::pair<std::string, std::chrono::nanoseconds> restart_all();
-  /// Maps the new share `id` in every ready spare. Lock held.
-  void map_in_spares(std::uint64_t id, std::unique_lock<std::mutex>& lock);
+  /// Maps the new share `id` in every idle serving worker and every ready spare (a busy worker
+  /// maps it on its next call that uses it). Lock held.
+  void map_ahead(std::uint64_t id, std::unique_lock<std::mutex>& lock);
   /// Ends a share: unmapped in the idle workers that have it, forgotten here. Never throws.
   void unshare(std::uint64_t id) noexcept;
   bool wait_for_standby(std::chrono::milliseconds timeout) const;

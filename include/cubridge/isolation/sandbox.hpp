@@ -136,7 +136,8 @@ struct sandbox_options {
   int device = 0;
   /// Initialise CUDA in the worker before it reports ready (cuInit, the device's primary context
   /// retained and current), so that a restart includes that cost and the first call does not
-  /// pay it. Off for libraries that need no GPU; a worker without CUDA still runs CPU entries.
+  /// pay it. Off for libraries that need no GPU; a worker without CUDA still runs CPU entries
+  /// (and a reset there is not told apart: no primary context is watched).
   bool initialize_cuda = true;
   /// Workers serving calls in parallel (at least 1). Each holds its own CUDA context.
   std::size_t workers = 1;
@@ -212,9 +213,10 @@ class sandbox {
   /// @throws sandbox_error naming the reason; the failed worker was replaced where it had to be.
   sandbox_reply call(std::string_view entry, const sandbox_request& request = {});
 
-  /// Shares `memory` (allocated with memory_export::posix_fd) with the workers: mapped at once in
-  /// every ready spare (and in each spare as it starts), in a serving worker on its first use in
-  /// a call there; unmapped when the share ends. `memory` must outlive the share.
+  /// Shares `memory` (allocated with memory_export::posix_fd) with every worker: mapped at once in
+  /// each idle worker and ready spare, in each spare as it starts, in a worker busy now (or
+  /// restarted later) on its first call that uses it; unmapped when the share ends. `memory`
+  /// must outlive the share.
   /// @throws error (errc::precondition) if it is not exportable; error if the driver cannot
   ///         export it.
   [[nodiscard]] sandbox_share share(const shared_device_memory& memory);
