@@ -1,6 +1,7 @@
 #pragma once
 // Shared by the sandbox tests (test_sandbox, test_sandbox_pool, test_sandbox_soak): bytes and
-// text, the processes and descriptors this process has, and exportable buffers for the GPU cases.
+// text, the processes and descriptors this process has, a variable set for a scope, and
+// exportable buffers for the GPU cases.
 
 #include <cubridge/core/detail/check.hpp>
 #include <cubridge/core/driver.hpp>
@@ -14,6 +15,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstddef>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <span>
@@ -75,6 +77,26 @@ inline std::size_t open_fd_count() {
   for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) ++n;
   return n;
 }
+
+/// Sets a variable of this process for the scope (the worker's environment is read at start).
+struct scoped_env {
+  scoped_env(const char* name, const std::string& value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    ::setenv(name, value.c_str(), 1);
+  }
+  ~scoped_env() {
+    if (old_.empty())
+      ::unsetenv(name_);
+    else
+      ::setenv(name_, old_.c_str(), 1);
+  }
+  scoped_env(const scoped_env&) = delete;
+  scoped_env& operator=(const scoped_env&) = delete;
+
+ private:
+  const char* name_;
+  std::string old_;
+};
 
 /// A VMM buffer the worker can import, holding `values`.
 inline shared_device_memory exportable_buffer(std::vector<unsigned>& values,

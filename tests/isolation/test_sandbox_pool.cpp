@@ -34,6 +34,7 @@ using cubridge::testing::as_bytes;
 using cubridge::testing::as_text;
 using cubridge::testing::eventually;
 using cubridge::testing::gone;
+using cubridge::testing::scoped_env;
 using namespace std::chrono_literals;
 
 cubridge::sandbox_options pool_options(std::size_t workers, std::size_t standby) {
@@ -275,26 +276,6 @@ constexpr bool sanitized = false;
   do {                                                                          \
     if (sanitized) GTEST_SKIP() << "a preloaded library and a sanitizer clash"; \
   } while (false)
-
-/// Sets a variable of this process for the scope (the worker's environment is read at start).
-struct scoped_env {
-  scoped_env(const char* name, const std::string& value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    ::setenv(name, value.c_str(), 1);
-  }
-  ~scoped_env() {
-    if (old_.empty())
-      ::unsetenv(name_);
-    else
-      ::setenv(name_, old_.c_str(), 1);
-  }
-  scoped_env(const scoped_env&) = delete;
-  scoped_env& operator=(const scoped_env&) = delete;
-
- private:
-  const char* name_;
-  std::string old_;
-};
 
 /// The worker's value of `name` ("" if unset) and whether it is set.
 std::pair<std::string, bool> worker_env(sandbox& box, const std::string& name) {
