@@ -1,5 +1,6 @@
 // The library the isolation benchmark runs in a guest context and in a sandbox worker (nvcc,
-// static cudart, sandbox entry ABI).
+// static cudart, sandbox entry ABI): a no-op, a kernel on a shared buffer, the same through host
+// memory, and one entry for each way a library ends its worker (crash, fault, reset, hang).
 #include <cubridge/isolation/sandbox_entry.hpp>
 
 #include <cuda_runtime.h>
@@ -7,6 +8,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -19,6 +21,10 @@ __global__ void add_one(float* data, size_t n) {
 int add_one_on(float* data, size_t n) {
   add_one<<<static_cast<unsigned>((n + 255) / 256), 256>>>(data, n);
   return cudaDeviceSynchronize();
+}
+
+__global__ void write_to(unsigned* where) {
+  *where = 0xdead;
 }
 }  // namespace
 
@@ -62,4 +68,28 @@ CUBRIDGE_SANDBOX_EXPORT int bench_add_one_staged(cubridge_sandbox_args* args) {
     return e;
   if (const int e = add_one_on(device, bytes / sizeof(float)); e != 0) return e;
   return cudaMemcpy(host, device, bytes, cudaMemcpyDeviceToHost);
+}
+
+// The failures (bench_isolation's BM_sandbox_failure): each after a runtime call, so that the
+// library's CUDA state is up in the worker as it would be in a service.
+CUBRIDGE_SANDBOX_EXPORT int bench_crash(cubridge_sandbox_args*) {
+  cudaFree(nullptr);
+  volatile int* volatile nowhere = nullptr;
+  *nowhere = 42;
+  return 0;
+}
+
+CUBRIDGE_SANDBOX_EXPORT int bench_fault(cubridge_sandbox_args*) {
+  write_to<<<1, 1>>>(reinterpret_cast<unsigned*>(0x10));
+  return cudaDeviceSynchronize();
+}
+
+CUBRIDGE_SANDBOX_EXPORT int bench_reset(cubridge_sandbox_args*) {
+  cudaFree(nullptr);
+  return cudaDeviceReset();
+}
+
+CUBRIDGE_SANDBOX_EXPORT int bench_hang(cubridge_sandbox_args*) {
+  cudaFree(nullptr);
+  for (;;) pause();
 }

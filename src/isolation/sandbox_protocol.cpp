@@ -226,6 +226,38 @@ std::vector<std::byte> copy_of(std::span<const std::byte> bytes) {
 // Bytes of one buffer_descriptor on the wire: id, size, address (u64 each), has_fd (u8), device.
 constexpr std::size_t buffer_descriptor_bytes = 3 * 8 + 1 + 4;
 
+void write_buffers(binary_writer& w, const std::vector<buffer_descriptor>& buffers) {
+  w.u32(static_cast<std::uint32_t>(buffers.size()));
+  for (const auto& b : buffers)
+    w.u64(b.id).u64(b.size_bytes).u64(b.host_address).u8(b.has_fd ? 1 : 0).i32(b.device);
+}
+
+std::vector<buffer_descriptor> read_buffers(binary_reader& r, const char* message) {
+  const std::size_t at = r.offset();
+  const std::uint32_t count = r.u32("buffer count");
+  // Refuse counts the rest cannot hold before reserving room for them.
+  if (count > r.remaining() / buffer_descriptor_bytes)
+    throw protocol_violation(std::string(message) + ": buffer count at offset " +
+                             std::to_string(at) + " announces " + std::to_string(count) +
+                             " buffers, " + std::to_string(r.remaining()) + " bytes are left");
+  std::vector<buffer_descriptor> buffers(count);
+  for (auto& b : buffers) {
+    b.id = r.u64("buffer id");
+    b.size_bytes = r.u64("buffer size");
+    b.host_address = r.u64("buffer address");
+    const std::uint8_t has_fd = r.u8("buffer flag");
+    if (has_fd > 1)
+      throw protocol_violation("buffer flag " + std::to_string(has_fd) + " is not 0 or 1");
+    b.has_fd = has_fd == 1;
+    b.device = r.i32("buffer device");
+  }
+  return buffers;
+}
+
+void put_le(std::byte* at, std::uint64_t value, std::size_t bytes) noexcept {
+  for (std::size_t i = 0; i < bytes; ++i) at[i] = static_cast<std::byte>((value >> (8 * i)) & 0xff);
+}
+
 }  // namespace
 
 std::vector<std::byte> encode(const ready_message& m) {
@@ -236,12 +268,8 @@ std::vector<std::byte> encode(const start_failed_message& m) {
 }
 std::vector<std::byte> encode(const call_message& m) {
   binary_writer w;
-  w.text(m.entry)
-      .length_prefixed(m.request)
-      .u64(m.reply_capacity)
-      .u32(static_cast<std::uint32_t>(m.buffers.size()));
-  for (const auto& b : m.buffers)
-    w.u64(b.id).u64(b.size_bytes).u64(b.host_address).u8(b.has_fd ? 1 : 0).i32(b.device);
+  w.text(m.entry).length_prefixed(m.request).u64(m.reply_capacity);
+  write_buffers(w, m.buffers);
   return w.take();
 }
 std::vector<std::byte> encode(const result_message& m) {
@@ -251,10 +279,44 @@ std::vector<std::byte> encode(const call_failed_message& m) {
   return binary_writer().u16(static_cast<std::uint16_t>(m.reason)).text(m.detail).take();
 }
 std::vector<std::byte> encode(const cuda_fault_message& m) {
-  return binary_writer().i32(m.code).text(m.name).text(m.entry).i32(m.entry_status).take();
+  return binary_writer()
+      .i32(m.code)
+      .text(m.name)
+      .text(m.entry)
+      .i32(m.entry_status)
+      .u8(m.context_reset ? 1 : 0)
+      .take();
 }
 std::vector<std::byte> encode(const unshare_message& m) {
   return binary_writer().u64(m.id).take();
+}
+std::vector<std::byte> encode(const dying_message& m) {
+  return binary_writer().u16(static_cast<std::uint16_t>(m.cause)).i32(m.value).take();
+}
+std::vector<std::byte> encode(const map_message& m) {
+  binary_writer w;
+  write_buffers(w, m.buffers);
+  return w.take();
+}
+std::vector<std::byte> encode(const mapped_message& m) {
+  binary_writer w;
+  w.u32(static_cast<std::uint32_t>(m.ids.size()));
+  for (const auto id : m.ids) w.u64(id);
+  return w.text(m.failure).take();
+}
+
+void encode_dying_frame(const dying_message& m,
+                        std::span<std::byte, dying_frame_bytes> out) noexcept {
+  // The layout of encode_header() and encode(dying_message), written in place: no allocation.
+  std::byte* p = out.data();
+  put_le(p, frame_magic, 4);
+  put_le(p + 4, protocol_version, 2);
+  put_le(p + 6, static_cast<std::uint16_t>(message_type::dying), 2);
+  put_le(p + 8, 0, 4);   // descriptors
+  put_le(p + 12, 0, 4);  // reserved
+  put_le(p + 16, dying_frame_bytes - header_bytes, 8);
+  put_le(p + header_bytes, static_cast<std::uint16_t>(m.cause), 2);
+  put_le(p + header_bytes + 2, static_cast<std::uint32_t>(m.value), 4);
 }
 
 ready_message decode_ready(std::span<const std::byte> payload) {
@@ -275,24 +337,7 @@ call_message decode_call(std::span<const std::byte> payload) {
     m.entry = r.text("entry");
     m.request = copy_of(r.length_prefixed("request"));
     m.reply_capacity = r.u64("reply capacity");
-    const std::size_t at = r.offset();
-    const std::uint32_t count = r.u32("buffer count");
-    // Refuse counts the rest cannot hold before reserving room for them.
-    if (count > r.remaining() / buffer_descriptor_bytes)
-      throw protocol_violation("call message: buffer count at offset " + std::to_string(at) +
-                               " announces " + std::to_string(count) + " buffers, " +
-                               std::to_string(r.remaining()) + " bytes are left");
-    m.buffers.resize(count);
-    for (auto& b : m.buffers) {
-      b.id = r.u64("buffer id");
-      b.size_bytes = r.u64("buffer size");
-      b.host_address = r.u64("buffer address");
-      const std::uint8_t has_fd = r.u8("buffer flag");
-      if (has_fd > 1)
-        throw protocol_violation("buffer flag " + std::to_string(has_fd) + " is not 0 or 1");
-      b.has_fd = has_fd == 1;
-      b.device = r.i32("buffer device");
-    }
+    m.buffers = read_buffers(r, "call message");
     return m;
   });
 }
@@ -322,12 +367,52 @@ cuda_fault_message decode_cuda_fault(std::span<const std::byte> payload) {
     m.name = r.text("error name");
     m.entry = r.text("entry");
     m.entry_status = r.i32("entry status");
+    const std::uint8_t reset = r.u8("reset flag");
+    if (reset > 1)
+      throw protocol_violation("reset flag " + std::to_string(reset) + " is not 0 or 1");
+    m.context_reset = reset == 1;
     return m;
   });
 }
 unshare_message decode_unshare(std::span<const std::byte> payload) {
   return decode(payload, "unshare message",
                 [](binary_reader& r) { return unshare_message{r.u64("buffer id")}; });
+}
+
+dying_message decode_dying(std::span<const std::byte> payload) {
+  return decode(payload, "dying message", [](binary_reader& r) {
+    dying_message m;
+    const std::uint16_t cause = r.u16("cause");
+    if (cause < 1 || cause > 2)
+      throw protocol_violation("unknown dying cause " + std::to_string(cause));
+    m.cause = static_cast<dying_cause>(cause);
+    m.value = r.i32("value");
+    return m;
+  });
+}
+map_message decode_map(std::span<const std::byte> payload) {
+  return decode(payload, "map message",
+                [](binary_reader& r) { return map_message{read_buffers(r, "map message")}; });
+}
+mapped_message decode_mapped(std::span<const std::byte> payload) {
+  return decode(payload, "mapped message", [](binary_reader& r) {
+    mapped_message m;
+    const std::size_t at = r.offset();
+    const std::uint32_t count = r.u32("id count");
+    if (count > r.remaining() / 8)
+      throw protocol_violation("mapped message: id count at offset " + std::to_string(at) +
+                               " announces " + std::to_string(count) + " ids, " +
+                               std::to_string(r.remaining()) + " bytes are left");
+    m.ids.resize(count);
+    for (auto& id : m.ids) id = r.u64("buffer id");
+    m.failure = r.text("failure");
+    return m;
+  });
+}
+
+std::size_t fd_count(const map_message& m) noexcept {
+  return static_cast<std::size_t>(
+      std::count_if(m.buffers.begin(), m.buffers.end(), [](const auto& b) { return b.has_fd; }));
 }
 
 std::size_t fd_count(const call_message& m) noexcept {

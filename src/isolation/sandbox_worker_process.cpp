@@ -1,7 +1,6 @@
 #include "sandbox_worker_process.hpp"
 
-#include <cubridge/isolation/detail/sandbox_protocol.hpp>
-
+#include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
 
@@ -15,19 +14,50 @@ namespace cubridge::sandbox_internal {
 namespace protocol = detail::sandbox_protocol;
 using clock_type = std::chrono::steady_clock;
 
+worker_end last_words(pid_t pid, const protocol::dying_message& m) {
+  detail::child_exit exit;
+  if (m.cause == protocol::dying_cause::signal) {
+    exit.how = detail::child_exit::kind::signaled;
+    exit.signal = m.value;
+  } else {
+    exit.how = detail::child_exit::kind::exited;
+    exit.exit_code = m.value;
+  }
+  worker_end end;
+  end.text = "worker pid " + std::to_string(pid) + " " + exit.describe();
+  if (exit.signaled())
+    end.reason = exit.signal == SIGABRT ? sandbox_failure::aborted : sandbox_failure::crashed;
+  if (exit.exited()) end.exit_code = exit.exit_code;
+  return end;
+}
+
+int wait_socket_or_cancel(int socket, int cancel_fd, clock_type::time_point deadline) noexcept {
+  for (;;) {
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - clock_type::now());
+    if (left.count() <= 0) return 0;
+    pollfd p[2] = {{socket, POLLIN, 0}, {cancel_fd, POLLIN, 0}};
+    const int n = ::poll(p, cancel_fd >= 0 ? 2 : 1,
+                         static_cast<int>(std::min<long long>(left.count(), 1 << 30)));
+    if (n < 0 && errno != EINTR) return 1;  // let the read report the socket's error
+    if (n <= 0) continue;
+    if (cancel_fd >= 0 && p[1].revents) return -1;
+    if (p[0].revents) return 1;
+  }
+}
+
 std::string worker_process::start(const worker_launch& launch, std::string& cuda_status) {
   int pair[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0)
     return std::string("socketpair failed: ") + std::strerror(errno);
   unique_fd host_end(pair[0]);
-  const unique_fd worker_socket(pair[1]);
+  unique_fd worker_socket(pair[1]);
   // Only the socket, at 3, and the host's 0-2 reach the worker: an inherited socket of another
   // sandbox would keep that worker from seeing its host go away.
   detail::child_spec spec{launch.worker.string(),
                           {"--socket=3", "--library=" + launch.library.string(),
                            "--device=" + std::to_string(launch.device),
                            std::string("--cuda=") + (launch.initialize_cuda ? "1" : "0")},
-                          detail::current_environment(),
+                          launch.environment,
                           {{3, worker_socket.get()}},
                           {}};
   try {
@@ -35,6 +65,7 @@ std::string worker_process::start(const worker_launch& launch, std::string& cuda
   } catch (const error& e) {
     return "could not execute " + e.involved();
   }
+  worker_socket.reset();  // the worker's alone now: its death while starting closes the socket
   socket_ = std::move(host_end);
   return await_ready(launch, cuda_status);
 }
@@ -42,14 +73,18 @@ std::string worker_process::start(const worker_launch& launch, std::string& cuda
 std::string worker_process::await_ready(const worker_launch& launch, std::string& cuda_status) {
   protocol::frame f;
   std::string failure;
+  const auto deadline = clock_type::now() + launch.start_timeout;
   try {
-    const auto status =
-        protocol::receive_frame(socket(), f, clock_type::now() + launch.start_timeout);
+    const int ready = wait_socket_or_cancel(socket(), launch.cancel_fd, deadline);
+    const auto status = ready < 0 ? protocol::receive_status::closed
+                                  : protocol::receive_frame(socket(), f, deadline);
     if (status == protocol::receive_status::ok && f.type == protocol::message_type::ready) {
       cuda_status = protocol::decode_ready(f.payload).cuda_status;
       return {};
     }
-    if (status == protocol::receive_status::timed_out) {
+    if (ready < 0) {
+      failure = "the start was given up: the sandbox is being destroyed";
+    } else if (status == protocol::receive_status::timed_out) {
       failure = "the worker did not report ready within " +
                 std::to_string(launch.start_timeout.count()) + " ms; killed";
     } else if (status == protocol::receive_status::closed) {
@@ -57,6 +92,8 @@ std::string worker_process::await_ready(const worker_launch& launch, std::string
       failure = end ? end->text : "the worker closed its socket";
     } else if (f.type == protocol::message_type::start_failed) {
       failure = protocol::decode_start_failed(f.payload).reason;
+    } else if (f.type == protocol::message_type::dying) {
+      failure = last_words(pid(), protocol::decode_dying(f.payload)).text + " while starting";
     } else {
       failure = "the worker sent message type " + std::to_string(static_cast<int>(f.type)) +
                 " instead of ready";
@@ -68,11 +105,22 @@ std::string worker_process::await_ready(const worker_launch& launch, std::string
   return failure;
 }
 
+bool worker_process::idle_and_alive() const noexcept {
+  if (!running() || !socket_) return false;
+  pollfd p{socket_.get(), POLLIN | POLLRDHUP, 0};
+  return ::poll(&p, 1, 0) == 0;
+}
+
 void worker_process::stop(std::chrono::milliseconds grace) noexcept {
   if (!running()) return;
   socket_.reset();
   (void)wait_for_exit(grace);
   if (running()) (void)kill_and_reap();
+}
+
+void worker_process::signal_kill() noexcept {
+  // The pid is ours until reaped, so it cannot name another process yet.
+  if (running()) ::kill(process_.pid(), SIGKILL);
 }
 
 worker_end worker_process::kill_and_reap() noexcept {

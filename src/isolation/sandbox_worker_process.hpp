@@ -1,17 +1,19 @@
 #pragma once
 // The sandbox's worker process, host side: started through the core's child-process spawner
-// with its end of a Unix socket at descriptor 3, waited for until it reports ready, and ended
-// (the socket closed, then SIGKILL after a grace period) or killed and reaped. Internal to
-// cubridge_isolation.
+// with its end of a Unix socket at descriptor 3 and the environment the sandbox chose, waited
+// for until it reports ready, and ended (the socket closed, then SIGKILL after a grace period)
+// or killed and reaped. Internal to cubridge_isolation.
 
 #include <cubridge/core/detail/child_process.hpp>
 #include <cubridge/core/unique_fd.hpp>
+#include <cubridge/isolation/detail/sandbox_protocol.hpp>
 #include <cubridge/isolation/sandbox.hpp>
 
 #include <chrono>
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace cubridge::sandbox_internal {
 
@@ -29,7 +31,17 @@ struct worker_launch {
   int device = 0;
   bool initialize_cuda = true;
   std::chrono::milliseconds start_timeout{60'000};
+  std::vector<std::string> environment;  ///< the worker's whole environment
+  int cancel_fd = -1;  ///< readable: give the start up (the sandbox is being destroyed)
 };
+
+/// How the worker said it is ending (a dying message): "worker pid P killed by signal 11 (...)".
+[[nodiscard]] worker_end last_words(pid_t pid, const detail::sandbox_protocol::dying_message& m);
+
+/// Waits until `socket` or `cancel_fd` (if >= 0) is readable, or `deadline`. Returns 1 for the
+/// socket, 0 for a timeout, -1 for the cancel descriptor.
+int wait_socket_or_cancel(int socket, int cancel_fd,
+                          std::chrono::steady_clock::time_point deadline) noexcept;
 
 /// A worker: its process and the host's end of the socket. The destructor ends it (stop()).
 class worker_process {
@@ -47,9 +59,16 @@ class worker_process {
   [[nodiscard]] pid_t pid() const noexcept { return process_.pid(); }
   [[nodiscard]] int socket() const noexcept { return socket_.get(); }
   [[nodiscard]] bool running() const noexcept { return process_.running(); }
+  /// True while the worker runs and has neither sent anything unasked (its last words) nor
+  /// closed its socket: a spare about to take over is checked so.
+  [[nodiscard]] bool idle_and_alive() const noexcept;
 
   /// Graceful end: close the socket (the worker exits on EOF), give it `grace`, then SIGKILL.
   void stop(std::chrono::milliseconds grace = std::chrono::milliseconds(2000)) noexcept;
+  /// The first half of stop(), so that several workers exit at once: closes the socket.
+  void close_socket() noexcept { socket_.reset(); }
+  /// Sends SIGKILL without waiting (the pid stays owned until reaped).
+  void signal_kill() noexcept;
   /// SIGKILL and reap. Returns how it ended (killed, or whatever it did first).
   worker_end kill_and_reap() noexcept;
   /// Waits up to `timeout` for the worker to exit by itself; nullopt if it still runs.

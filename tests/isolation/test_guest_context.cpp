@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include <unistd.h>
+#include <any>
 #include <csignal>
 #include <type_traits>
 
@@ -55,6 +56,7 @@ TEST(GuestError, NamesEveryFinding) {
       << what;
   EXPECT_NE(what.find("host_buffer_lost: host buffer 'input' is gone"), std::string::npos) << what;
   EXPECT_EQ(cubridge::to_string(cubridge::isolation_errc::guest_damage), "CUBRIDGE_GUEST_DAMAGE");
+  EXPECT_FALSE(e.result().has_value());  // not raised by a call
 }
 
 TEST(GuestError, BreakageNames) {
@@ -230,6 +232,37 @@ TEST(GuestContext, AHostBufferFreedDuringTheCallIsReportedByName) {
   }
   guest.unwatch(raw);
   EXPECT_NO_THROW(guest.check_host());
+}
+
+// The call returned before its damage was found: the error keeps what it returned.
+TEST(GuestContext, AGuestErrorKeepsWhatTheCallReturned) {
+  CUBRIDGE_REQUIRE_GPU();
+  auto guest = guest_context::create(cubridge::device::get(0), {.name = "returns"});
+  auto primary = cubridge::primary_context::retain(cubridge::device::get(0));
+  for (const bool void_call : {false, true}) {
+    CUdeviceptr raw = 0;
+    {
+      cubridge::scoped_current current(primary);
+      CUBRIDGE_ASSERT_CU(cu().cuMemAlloc(&raw, 1 << 20));
+    }
+    guest.watch("input", raw, 1 << 20);
+    try {
+      if (void_call)
+        guest.call([&] { (void)cu().cuMemFree(raw); });
+      else
+        (void)guest.call([&] { return cu().cuMemFree(raw); });
+      FAIL() << "no guest_error";
+    } catch (const guest_error& e) {
+      EXPECT_TRUE(e.broke(guest_breakage::host_buffer_lost)) << e.what();
+      if (void_call) {
+        EXPECT_FALSE(e.result().has_value());
+      } else {
+        ASSERT_TRUE(e.result().has_value());
+        EXPECT_EQ(std::any_cast<CUresult>(e.result()), CUDA_SUCCESS);
+      }
+    }
+    guest.unwatch(raw);
+  }
 }
 
 TEST(GuestContext, AnActivePrimaryIsWatchedByDefault) {

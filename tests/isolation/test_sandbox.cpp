@@ -5,7 +5,9 @@
 #include <cubridge/core/unique_fd.hpp>
 #include <cubridge/isolation/sandbox.hpp>
 
+#include "eventually.hpp"
 #include "gpu_test.hpp"
+#include "isolation/sandbox_test_support.hpp"
 #include "isolation_host.hpp"
 #include "temp_dir.hpp"
 
@@ -31,26 +33,21 @@ using cubridge::sandbox_failure;
 using cubridge::unique_fd;
 using namespace std::chrono_literals;
 
-std::span<const std::byte> as_bytes(std::string_view s) {
-  return std::as_bytes(std::span<const char>(s.data(), s.size()));
-}
-std::string as_text(const std::vector<std::byte>& b) {
-  return {reinterpret_cast<const char*>(b.data()), b.size()};
-}
+using cubridge::testing::as_bytes;
+using cubridge::testing::as_text;
+using cubridge::testing::gone;
+using cubridge::testing::ms;
 
 // --- the worker, with a library that needs no GPU ------------------------------------------------
 
-cubridge::sandbox_options cpu_options() {
+cubridge::sandbox_options cpu_options(std::size_t standby = 1) {
   cubridge::sandbox_options o;
   o.library = CUBRIDGE_TEST_SANDBOX_CPU_LIB;
   o.worker = CUBRIDGE_TEST_SANDBOX_WORKER;
   o.initialize_cuda = false;
   o.call_timeout = 10s;
+  o.standby = standby;
   return o;
-}
-
-double ms(std::chrono::nanoseconds d) {
-  return std::chrono::duration<double, std::milli>(d).count();
 }
 
 TEST(SandboxError, Names) {
@@ -59,6 +56,9 @@ TEST(SandboxError, Names) {
   EXPECT_EQ(cubridge::to_string(sandbox_failure::timed_out), "timed_out");
   EXPECT_EQ(cubridge::to_string(sandbox_failure::cuda_fault), "cuda_fault");
   EXPECT_EQ(cubridge::to_string(sandbox_failure::protocol), "protocol");
+  EXPECT_EQ(cubridge::to_string(sandbox_failure::device_reset), "device_reset");
+  EXPECT_EQ(cubridge::to_string(cubridge::sandbox_recovery::spare_promoted), "spare_promoted");
+  EXPECT_EQ(cubridge::to_string(cubridge::sandbox_recovery::restarted), "restarted");
   EXPECT_EQ(cubridge::to_string(cubridge::isolation_errc::sandbox_failure),
             "CUBRIDGE_SANDBOX_FAILURE");
   const sandbox_error e(sandbox_failure::aborted, "sandbox::call(\"f\")", "worker pid 1 killed",
@@ -66,6 +66,13 @@ TEST(SandboxError, Names) {
   EXPECT_TRUE(e.is(cubridge::isolation_errc::sandbox_failure));
   EXPECT_NE(std::string(e.what()).find("worker restarted in 12.0"), std::string::npos) << e.what();
   EXPECT_NE(std::string(e.what()).find("sandbox aborted"), std::string::npos) << e.what();
+  EXPECT_EQ(e.recovery(), cubridge::sandbox_recovery::restarted);
+  const sandbox_error spare(sandbox_failure::crashed, "sandbox::call(\"f\")", "worker pid 1 died",
+                            cubridge::sandbox_recovery::spare_promoted,
+                            std::chrono::microseconds(40), std::chrono::steady_clock::now());
+  EXPECT_TRUE(spare.restarted());
+  EXPECT_NE(std::string(spare.what()).find("a standby worker took over in 0.04"), std::string::npos)
+      << spare.what();
 }
 
 TEST(Sandbox, EchoesThroughTheWorker) {
@@ -95,11 +102,18 @@ TEST(Sandbox, AnUnknownEntryLeavesTheWorkerRunning) {
   EXPECT_EQ(box.call("echo", {.bytes = as_bytes("still here")}).status, 10);
 }
 
-/// Calls `entry`, expects `reason`, then checks the worker is fresh and serving.
-void expect_failure_and_restart(sandbox& box, const char* entry, sandbox_failure reason,
+/// Calls `entry` in a sandbox with `standby` spares, expects `reason`, then checks the worker that
+/// serves the next call is fresh: a spare that took over (standby 1, once it is ready), or a
+/// worker started before the call threw, the old one reaped by then (standby 0, as before).
+void expect_failure_and_restart(std::size_t standby, const char* entry, sandbox_failure reason,
                                 const char* message, cubridge::sandbox_request request = {}) {
+  SCOPED_TRACE("standby " + std::to_string(standby));
+  auto box = sandbox::start(cpu_options(standby));
   ASSERT_EQ(box.call("count_calls").status, 1);
   ASSERT_EQ(box.call("count_calls").status, 2);
+  if (standby) {
+    ASSERT_TRUE(box.wait_for_standby(60s));
+  }
   const pid_t before = box.worker_pid();
   const std::size_t restarts = box.restarts();
   try {
@@ -108,42 +122,53 @@ void expect_failure_and_restart(sandbox& box, const char* entry, sandbox_failure
   } catch (const sandbox_error& e) {
     EXPECT_EQ(e.reason(), reason) << e.what();
     EXPECT_TRUE(e.restarted()) << e.what();
+    EXPECT_EQ(e.recovery(), standby ? cubridge::sandbox_recovery::spare_promoted
+                                    : cubridge::sandbox_recovery::restarted)
+        << e.what();
     EXPECT_GT(e.restart_duration().count(), 0);
     EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find(entry), std::string::npos) << e.what();
-    std::printf("%s: %s; restart took %.2f ms\n", entry,
-                std::string(cubridge::to_string(e.reason())).c_str(), ms(e.restart_duration()));
+    std::printf("%s: %s; %s in %.3f ms\n", entry,
+                std::string(cubridge::to_string(e.reason())).c_str(),
+                std::string(cubridge::to_string(e.recovery())).c_str(), ms(e.restart_duration()));
   }
   EXPECT_NE(box.worker_pid(), before);
   EXPECT_GT(box.worker_pid(), 0);
   EXPECT_EQ(box.restarts(), restarts + 1);
-  EXPECT_EQ(::kill(before, 0), -1) << "the old worker was not reaped";
+  if (standby) {  // reaped by the background thread
+    EXPECT_TRUE(cubridge::testing::eventually([&] { return gone(before); }))
+        << "the old worker was not reaped";
+  } else {
+    EXPECT_TRUE(gone(before)) << "the old worker was not reaped before the call threw";
+  }
   EXPECT_EQ(box.call("count_calls").status, 1) << "the new worker is not fresh";
 }
 
 TEST(Sandbox, ACrashIsDetectedAndTheWorkerRestarted) {
-  auto box = sandbox::start(cpu_options());
-  expect_failure_and_restart(box, "crash", sandbox_failure::crashed, "signal 11");
+  for (std::size_t standby : {0, 1})
+    expect_failure_and_restart(standby, "crash", sandbox_failure::crashed, "signal 11");
 }
 
 TEST(Sandbox, AnAbortIsReportedAsAborted) {
-  auto box = sandbox::start(cpu_options());
-  expect_failure_and_restart(box, "do_abort", sandbox_failure::aborted, "signal 6");
+  for (std::size_t standby : {0, 1})
+    expect_failure_and_restart(standby, "do_abort", sandbox_failure::aborted, "signal 6");
 }
 
 TEST(Sandbox, AnExitIsReportedAsACrash) {
-  auto box = sandbox::start(cpu_options());
-  expect_failure_and_restart(box, "exit_early", sandbox_failure::crashed, "exited with status 3");
+  for (std::size_t standby : {0, 1})
+    expect_failure_and_restart(standby, "exit_early", sandbox_failure::crashed,
+                               "exited with status 3");
 }
 
 TEST(Sandbox, AHangIsKilledAfterTheTimeout) {
-  auto box = sandbox::start(cpu_options());
-  const auto start = std::chrono::steady_clock::now();
-  expect_failure_and_restart(box, "hang", sandbox_failure::timed_out,
-                             "did not return within 300 ms", {.timeout = 300ms});
-  const auto took = std::chrono::steady_clock::now() - start;
-  EXPECT_GE(took, 300ms);
-  EXPECT_LT(took, 10s);
+  for (std::size_t standby : {0, 1}) {
+    const auto start = std::chrono::steady_clock::now();
+    expect_failure_and_restart(standby, "hang", sandbox_failure::timed_out,
+                               "did not return within 300 ms", {.timeout = 300ms});
+    const auto took = std::chrono::steady_clock::now() - start;
+    EXPECT_GE(took, 300ms);
+    EXPECT_LT(took, 10s);
+  }
   // The sandbox's own timeout applies when the call sets none.
   auto options = cpu_options();
   options.call_timeout = 200ms;
@@ -318,28 +343,8 @@ cubridge::sandbox_options gpu_options() {
   return o;
 }
 
-/// A VMM buffer the worker can import, holding `values`.
-cubridge::shared_device_memory exportable_buffer(std::vector<unsigned>& values) {
-  auto memory = cubridge::shared_device_memory::allocate(cubridge::device::get(0), 1 << 22,
-                                                         cubridge::memory_export::posix_fd);
-  values = cubridge::testing::pattern(memory.size_bytes() / sizeof(unsigned), 0xb0b);
-  CUBRIDGE_CU(cuMemcpy,
-              (memory.address(), reinterpret_cast<CUdeviceptr>(values.data()), memory.size_bytes()),
-              "filling the shared buffer");
-  return memory;
-}
-
-/// How many elements of `memory` differ from values + add.
-std::size_t wrong_elements(const cubridge::shared_device_memory& memory,
-                           const std::vector<unsigned>& values, unsigned add) {
-  std::vector<unsigned> back(values.size());
-  if (cubridge::driver::api().cuMemcpy(reinterpret_cast<CUdeviceptr>(back.data()), memory.address(),
-                                       memory.size_bytes()) != CUDA_SUCCESS)
-    return values.size();
-  std::size_t wrong = 0;
-  for (std::size_t i = 0; i < values.size(); ++i) wrong += back[i] != values[i] + add;
-  return wrong;
-}
+using cubridge::testing::exportable_buffer;
+using cubridge::testing::wrong_elements;
 
 /// Checks the host after a worker misbehaved: buffers, kernels, primary context, and a fresh
 /// worker that works on the shared buffer in place again.
@@ -364,32 +369,42 @@ void expect_host_intact(verdict& v, isolation_host& host, sandbox& box,
   }
 }
 
-/// Runs `entry` in the worker; expects it to fail with `reason` and the worker to be restarted,
-/// then the host to be intact and the fresh worker to work on the host's buffer in place.
+/// Runs `entry` in the worker; expects it to fail with `reason` and the worker to be replaced,
+/// then the host to be intact and the fresh worker to work on the host's buffer in place. Once
+/// without standby (a restart before the call throws), once with a ready spare taking over.
 void sandbox_case(const char* entry, sandbox_failure reason,
                   std::chrono::milliseconds timeout = 0ms) {
   verdict v;
   isolation_host host;
-  std::vector<unsigned> values;
-  auto memory = exportable_buffer(values);
-  auto box = sandbox::start(gpu_options());
-  v.note("worker start (with CUDA): " + std::to_string(ms(box.last_start_duration())) + " ms");
-  auto share = box.share(memory);
-  v.expect(box.call("guest_init").status == 0, "worker library initialised");
-  v.expect(box.call("guest_add_one", {.buffers = {share}}).status == 0, "worker adds in place");
-  v.expect(wrong_elements(memory, values, 1) == 0, "the worker's kernel wrote the host's buffer");
-  try {
-    const auto reply = box.call(entry, {.timeout = timeout});
-    v.expect(false, std::string(entry) + " returned " + std::to_string(reply.status) +
-                        " in the worker instead of failing");
-  } catch (const sandbox_error& e) {
-    v.note(e.what());
-    v.note(std::string(entry) + ": worker restart took " +
-           std::to_string(ms(e.restart_duration())) + " ms");
-    v.expect(e.reason() == reason, std::string("reason: ") + e.what());
-    v.expect(e.restarted(), "worker restarted");
+  for (const std::size_t standby : {0, 1}) {
+    std::vector<unsigned> values;
+    auto memory = exportable_buffer(values);
+    auto options = gpu_options();
+    options.standby = standby;
+    auto box = sandbox::start(options);
+    const std::string with = " (standby " + std::to_string(standby) + ")";
+    v.note("worker start (with CUDA): " + std::to_string(ms(box.last_start_duration())) + " ms");
+    auto share = box.share(memory);
+    v.expect(box.call("guest_init").status == 0, "worker library initialised");
+    v.expect(box.call("guest_add_one", {.buffers = {share}}).status == 0, "worker adds in place");
+    v.expect(wrong_elements(memory, values, 1) == 0, "the worker's kernel wrote the host's buffer");
+    if (standby) v.expect(box.wait_for_standby(60s), "the spare is ready");
+    try {
+      const auto reply = box.call(entry, {.timeout = timeout});
+      v.expect(false, std::string(entry) + " returned " + std::to_string(reply.status) +
+                          " in the worker instead of failing");
+    } catch (const sandbox_error& e) {
+      v.note(e.what());
+      v.note(std::string(entry) + with + ": worker restart took " +
+             std::to_string(ms(e.restart_duration())) + " ms (" +
+             std::string(cubridge::to_string(e.recovery())) + ")");
+      v.expect(e.reason() == reason, std::string("reason: ") + e.what());
+      v.expect(e.recovery() == (standby ? cubridge::sandbox_recovery::spare_promoted
+                                        : cubridge::sandbox_recovery::restarted),
+               "recovery" + with + ": " + e.what());
+    }
+    expect_host_intact(v, host, box, share, memory, values, 1);
   }
-  expect_host_intact(v, host, box, share, memory, values, 1);
   v.exit();
 }
 
@@ -419,17 +434,17 @@ TEST(SandboxMatrix, Sandbox_AddOne_WorksOnTheHostsBufferInPlace) {
 }
 
 // (a), (b): the worker resets its own primary context (the host's belongs to another process);
-// the worker notices, reports it as a cuda_fault and is replaced.
+// the worker notices, reports it as a device_reset (not a cuda_fault) and is replaced.
 TEST(SandboxMatrix, Sandbox_ResetInOwnCall_LeavesTheHostIntact) {
   CUBRIDGE_REQUIRE_GPU();
-  CUBRIDGE_EXPECT_CLEAN_EXIT(sandbox_case("guest_reset", sandbox_failure::cuda_fault),
+  CUBRIDGE_EXPECT_CLEAN_EXIT(sandbox_case("guest_reset", sandbox_failure::device_reset),
                              "primary context of device 0 was reset");
 }
 
 TEST(SandboxMatrix, Sandbox_ResetFromOwnThread_LeavesTheHostIntact) {
   CUBRIDGE_REQUIRE_GPU();
   CUBRIDGE_EXPECT_CLEAN_EXIT(
-      sandbox_case("guest_reset_from_own_thread", sandbox_failure::cuda_fault),
+      sandbox_case("guest_reset_from_own_thread", sandbox_failure::device_reset),
       "primary context of device 0 was reset");
 }
 

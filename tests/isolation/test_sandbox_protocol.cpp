@@ -12,6 +12,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <array>
 #include <chrono>
 #include <cstring>
 #include <system_error>
@@ -132,13 +133,16 @@ TEST(SandboxProtocol, BadHeadersAreViolations) {
     std::uint64_t payload;
     const char* expect;
   };
+  constexpr auto v = proto::protocol_version;
   const case_t cases[] = {
-      {0x12345678, 1, 1, 0, 0, "magic"},
+      {0x12345678, v, 1, 0, 0, "magic"},
       {proto::frame_magic, 9, 1, 0, 0, "protocol version 9"},
-      {proto::frame_magic, 1, 0, 0, 0, "unknown message type 0"},
-      {proto::frame_magic, 1, 99, 0, 0, "unknown message type 99"},
-      {proto::frame_magic, 1, 1, 0, proto::max_payload_bytes + 1, "exceeds the limit"},
-      {proto::frame_magic, 1, 1, 2, 0, "announced 2 file descriptor(s), 0 arrived"},
+      {proto::frame_magic, 1, 1, 0, 0, "protocol version 1"},  // before dying, map, mapped
+      {proto::frame_magic, v, 0, 0, 0, "unknown message type 0"},
+      {proto::frame_magic, v, 11, 0, 0, "unknown message type 11"},
+      {proto::frame_magic, v, 99, 0, 0, "unknown message type 99"},
+      {proto::frame_magic, v, 1, 0, proto::max_payload_bytes + 1, "exceeds the limit"},
+      {proto::frame_magic, v, 1, 2, 0, "announced 2 file descriptor(s), 0 arrived"},
   };
   for (const auto& c : cases) {
     socket_pair s;
@@ -217,12 +221,52 @@ TEST(SandboxProtocol, MessagesRoundTrip) {
   EXPECT_EQ(fault.code, 700);
   EXPECT_EQ(fault.name, "CUDA_ERROR_ILLEGAL_ADDRESS");
   EXPECT_EQ(fault.entry, "write");
+  EXPECT_FALSE(fault.context_reset);
+  EXPECT_TRUE(proto::decode_cuda_fault(
+                  proto::encode(proto::cuda_fault_message{709, "reset", "guest_reset", 0, true}))
+                  .context_reset);
   const auto failed = proto::decode_call_failed(proto::encode(
       proto::call_failed_message{proto::call_failure::no_such_entry, "no entry 'x'"}));
   EXPECT_EQ(failed.reason, proto::call_failure::no_such_entry);
   EXPECT_EQ(proto::decode_ready(proto::encode(proto::ready_message{42, "no GPU"})).cuda_status,
             "no GPU");
   EXPECT_EQ(proto::decode_unshare(proto::encode(proto::unshare_message{5})).id, 5u);
+
+  const auto dying =
+      proto::decode_dying(proto::encode(proto::dying_message{proto::dying_cause::exit, 3}));
+  EXPECT_EQ(dying.cause, proto::dying_cause::exit);
+  EXPECT_EQ(dying.value, 3);
+  const auto map = proto::decode_map(proto::encode(
+      proto::map_message{{{4, 1 << 21, 0x7f0000200000ull, true, 0}, {6, 1 << 21, 0, true, 0}}}));
+  ASSERT_EQ(map.buffers.size(), 2u);
+  EXPECT_EQ(map.buffers[1].id, 6u);
+  EXPECT_EQ(proto::fd_count(map), 2u);
+  const auto mapped =
+      proto::decode_mapped(proto::encode(proto::mapped_message{{4}, "buffer 6: cuMemMap failed"}));
+  EXPECT_EQ(mapped.ids, std::vector<std::uint64_t>{4});
+  EXPECT_EQ(mapped.failure, "buffer 6: cuMemMap failed");
+}
+
+// What a worker's signal handler sends: built without allocating, read as any other frame.
+TEST(SandboxProtocol, TheDyingFrameIsAFrameLikeAnyOther) {
+  socket_pair s;
+  std::array<std::byte, proto::dying_frame_bytes> frame{};
+  proto::encode_dying_frame({proto::dying_cause::signal, 11}, frame);
+  ASSERT_EQ(::send(s.a.get(), frame.data(), frame.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(frame.size()));
+  proto::frame f;
+  ASSERT_EQ(proto::receive_frame(s.b.get(), f, in(1000ms)), proto::receive_status::ok);
+  EXPECT_EQ(f.type, proto::message_type::dying);
+  const auto m = proto::decode_dying(f.payload);
+  EXPECT_EQ(m.cause, proto::dying_cause::signal);
+  EXPECT_EQ(m.value, 11);
+  // The same bytes as the ordinary encoder's frame.
+  proto::send_frame(s.a.get(), proto::message_type::dying,
+                    proto::encode(proto::dying_message{proto::dying_cause::signal, 11}));
+  std::array<std::byte, proto::dying_frame_bytes> sent{};
+  ASSERT_EQ(::recv(s.b.get(), sent.data(), sent.size(), MSG_WAITALL),
+            static_cast<ssize_t>(sent.size()));
+  EXPECT_EQ(sent, frame);
 }
 
 TEST(SandboxProtocol, MalformedPayloadsAreViolations) {
@@ -247,6 +291,16 @@ TEST(SandboxProtocol, MalformedPayloadsAreViolations) {
   // An unknown failure reason.
   auto bad_reason = binary_writer().u16(77).text("x").take();
   EXPECT_THROW((void)proto::decode_call_failed(bad_reason), proto::protocol_violation);
+  // An unknown dying cause, a reset flag that is no flag, more ids than bytes.
+  EXPECT_THROW((void)proto::decode_dying(binary_writer().u16(3).i32(0).take()),
+               proto::protocol_violation);
+  auto bad_flag = binary_writer().i32(1).text("n").text("e").i32(0).u8(2).take();
+  EXPECT_THROW((void)proto::decode_cuda_fault(bad_flag), proto::protocol_violation);
+  EXPECT_THROW((void)proto::decode_mapped(binary_writer().u32(1000).text("").take()),
+               proto::protocol_violation);
+  auto map = proto::encode(proto::map_message{{{1, 2, 3, true, 0}}});
+  for (std::size_t n = 0; n < map.size(); ++n)
+    EXPECT_THROW((void)proto::decode_map(std::span(map).first(n)), proto::protocol_violation) << n;
 }
 
 TEST(SandboxProtocol, AViolationNamesTheMessageTheFieldAndItsOffset) {
@@ -279,7 +333,7 @@ TEST(SandboxProtocol, HeadersAreLittleEndian) {
   unsigned char raw[proto::header_bytes + 3] = {};
   ASSERT_EQ(::recv(s.b.get(), raw, sizeof raw, MSG_WAITALL), static_cast<ssize_t>(sizeof raw));
   const unsigned char expected[proto::header_bytes] = {'C', 'B', 'S', 'X',  // magic 0x58534243
-                                                       1,   0,              // version
+                                                       2,   0,              // version
                                                        7,   0,            // message type (unshare)
                                                        0,   0,   0,   0,  // descriptors
                                                        0,   0,   0,   0,  // reserved

@@ -5,17 +5,21 @@
 // Started by the host (posix_spawn, core/detail/child_process.hpp) with its end of a Unix stream
 // socket at FD. It dlopens the library, optionally initialises CUDA (the device's primary context
 // retained and made current, so the library's runtime uses it too), reports ready, then serves
-// calls one at a time: imports the shared buffers it has not seen (POSIX fds over SCM_RIGHTS ->
-// cuMemImportFromShareableHandle -> cuMemAddressReserve -> cuMemMap -> cuMemSetAccess), calls
-// the entry, and checks the current context for a sticky CUDA error. After one it reports
-// cuda_fault and exits: a poisoned process cannot be repaired. It exits when the host closes the
-// socket, also while an entry still runs (a watchdog thread sees the hang-up).
+// calls one at a time: maps the shared buffers it has not seen (buffer_mappings.hpp; a spare
+// gets them ahead of any call, in a map message), calls the entry, and checks its primary
+// context (reset?) and the current context (a sticky CUDA error?). After either it reports
+// cuda_fault and exits: a poisoned process cannot be repaired. A fatal signal or a library's
+// exit() is reported as the worker's last words (last_words.hpp). It exits when the host closes
+// the socket, also while an entry still runs (a watchdog thread sees the hang-up).
 #include <cubridge/core/detail/check.hpp>
 #include <cubridge/core/detail/describe.hpp>
 #include <cubridge/core/driver.hpp>
 #include <cubridge/core/unique_fd.hpp>
 #include <cubridge/isolation/detail/sandbox_protocol.hpp>
 #include <cubridge/isolation/sandbox_entry.hpp>
+
+#include "buffer_mappings.hpp"
+#include "last_words.hpp"
 
 #include <dlfcn.h>
 #include <poll.h>
@@ -25,7 +29,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <map>
 #include <optional>
 #include <string>
 #include <thread>
@@ -66,11 +69,12 @@ std::optional<worker_options> parse(int argc, char** argv) {
   return o;
 }
 
-/// One host buffer mapped here.
-struct mapping {
-  CUdeviceptr address = 0;
-  std::size_t size = 0;
-  CUmemGenericAllocationHandle handle = 0;
+/// What a call did to CUDA here: the code, its description, and whether the primary context
+/// was reset.
+struct cuda_damage_found {
+  CUresult code = CUDA_SUCCESS;
+  std::string description;
+  bool context_reset = false;
 };
 
 class worker {
@@ -88,6 +92,7 @@ class worker {
     }
     std::string cuda_status;
     if (options_.cuda) cuda_status = initialise_cuda();
+    cubridge_worker::report_exit(options_.socket);
     send(protocol::message_type::ready, protocol::encode(protocol::ready_message{
                                             static_cast<std::int32_t>(::getpid()), cuda_status}));
     for (;;) {
@@ -101,7 +106,10 @@ class worker {
             if (const int code = serve(f); code != 0) return code;
             break;
           case protocol::message_type::unshare:
-            unmap(protocol::decode_unshare(f.payload).id);
+            if (cuda_ready_) buffers_.unmap(protocol::decode_unshare(f.payload).id);
+            break;
+          case protocol::message_type::map:
+            map_ahead(f);
             break;
           default:
             std::fprintf(stderr, "cubridge-sandbox-worker: unexpected message type %d\n",
@@ -162,62 +170,30 @@ class worker {
 
   /// Maps the buffer `d` from `fd`. Returns "" or why it failed.
   std::string map(const protocol::buffer_descriptor& d, cubridge::unique_fd fd) {
-    if (mappings_.count(d.id)) return {};  // mapped already (a re-sent fd is simply closed)
+    if (buffers_.find(d.id)) return {};  // mapped already (a re-sent fd is simply closed)
     if (!cuda_ready_)
       if (auto why = initialise_cuda(); !why.empty())
         return "CUDA is unavailable in the worker: " + why;
-    const auto& cu = cubridge::driver::api();
-    const std::string what = "buffer " + std::to_string(d.id) + " (" +
-                             std::to_string(d.size_bytes) + " bytes at host address " +
-                             cubridge::detail::hex(d.host_address) + ")";
-    if (d.device != options_.device)
-      return what + " lives on device " + std::to_string(d.device) +
-             ", the worker runs on device " + std::to_string(options_.device);
-    if (d.size_bytes == 0 || d.size_bytes % granularity_ != 0)
-      return what + ": size is not a multiple of the allocation granularity " +
-             std::to_string(granularity_);
-    mapping m;
-    m.size = d.size_bytes;
-    CUresult r = cu.cuMemImportFromShareableHandle(
-        &m.handle, reinterpret_cast<void*>(static_cast<std::uintptr_t>(fd.get())),
-        CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
-    if (r != CUDA_SUCCESS) return "cuMemImportFromShareableHandle " + name(r) + " for " + what;
-    // The host's address where it is free here, so pointers the host stored inside the buffer
-    // stay meaningful; any address otherwise.
-    r = cu.cuMemAddressReserve(&m.address, m.size, granularity_, d.host_address, 0);
-    if (r != CUDA_SUCCESS && d.host_address != 0)
-      r = cu.cuMemAddressReserve(&m.address, m.size, granularity_, 0, 0);
-    if (r != CUDA_SUCCESS) {
-      cu.cuMemRelease(m.handle);
-      return "cuMemAddressReserve " + name(r) + " for " + what;
-    }
-    if (r = cu.cuMemMap(m.address, m.size, 0, m.handle, 0); r != CUDA_SUCCESS) {
-      cu.cuMemAddressFree(m.address, m.size);
-      cu.cuMemRelease(m.handle);
-      return "cuMemMap " + name(r) + " for " + what;
-    }
-    CUmemAccessDesc access{};
-    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    access.location.id = options_.device;
-    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    if (r = cu.cuMemSetAccess(m.address, m.size, &access, 1); r != CUDA_SUCCESS) {
-      cu.cuMemUnmap(m.address, m.size);
-      cu.cuMemAddressFree(m.address, m.size);
-      cu.cuMemRelease(m.handle);
-      return "cuMemSetAccess " + name(r) + " for " + what;
-    }
-    mappings_.emplace(d.id, m);
-    return {};
+    return buffers_.map(d, std::move(fd), options_.device, granularity_);
   }
 
-  void unmap(std::uint64_t id) {
-    const auto it = mappings_.find(id);
-    if (it == mappings_.end()) return;
-    const auto& cu = cubridge::driver::api();
-    cu.cuMemUnmap(it->second.address, it->second.size);
-    cu.cuMemAddressFree(it->second.address, it->second.size);
-    cu.cuMemRelease(it->second.handle);
-    mappings_.erase(it);
+  /// Maps the buffers of a map message (a spare's, ahead of any call) and says which it mapped.
+  void map_ahead(protocol::frame& f) {
+    const auto message = protocol::decode_map(f.payload);
+    if (protocol::fd_count(message) != message.buffers.size() ||
+        f.fds.size() != message.buffers.size())
+      throw protocol::protocol_violation("map message has " +
+                                         std::to_string(message.buffers.size()) + " buffers but " +
+                                         std::to_string(f.fds.size()) + " fds");
+    protocol::mapped_message answer;
+    for (std::size_t i = 0; i < message.buffers.size(); ++i) {
+      if (auto why = map(message.buffers[i], std::move(f.fds[i])); !why.empty()) {
+        if (answer.failure.empty()) answer.failure = why;
+        continue;
+      }
+      answer.ids.push_back(message.buffers[i].id);
+    }
+    send(protocol::message_type::mapped, protocol::encode(answer));
   }
 
   /// Serves one call. Returns 0 to go on, or the exit status to end the worker with.
@@ -247,14 +223,14 @@ class worker {
           return 0;
         }
       }
-      const auto it = mappings_.find(d.id);
-      if (it == mappings_.end()) {
+      const auto* m = buffers_.find(d.id);
+      if (!m) {
         refuse(protocol::call_failure::buffer_import,
                "buffer " + std::to_string(d.id) + " was never sent to this worker");
         return 0;
       }
-      buffers.push_back({reinterpret_cast<void*>(static_cast<std::uintptr_t>(it->second.address)),
-                         it->second.size});
+      buffers.push_back(
+          {reinterpret_cast<void*>(static_cast<std::uintptr_t>(m->address)), m->size});
     }
     std::vector<std::byte> reply(call.reply_capacity);
     cubridge_sandbox_args args{};
@@ -271,8 +247,9 @@ class worker {
 
     if (const auto fault = cuda_damage()) {
       send(protocol::message_type::cuda_fault,
-           protocol::encode(protocol::cuda_fault_message{static_cast<std::int32_t>(fault->first),
-                                                         fault->second, call.entry, status}));
+           protocol::encode(protocol::cuda_fault_message{static_cast<std::int32_t>(fault->code),
+                                                         fault->description, call.entry, status,
+                                                         fault->context_reset}));
       return protocol::worker_exit_cuda_fault;
     }
     reply.resize(std::min(args.reply_bytes, reply.size()));
@@ -284,8 +261,8 @@ class worker {
   /// What the call did to this process's CUDA state, if CUDA is in use here (by us or by the
   /// library's own runtime): the worker's primary context reset (a library's cudaDeviceReset:
   /// the shared buffers' mappings and the library's state are no longer trustworthy), or a sticky
-  /// error in the current context. Either ends the worker. Returns the code and its description.
-  std::optional<std::pair<CUresult, std::string>> cuda_damage() {
+  /// error in the current context. Either ends the worker.
+  std::optional<cuda_damage_found> cuda_damage() {
     if (!cuda_ready_) {
       void* loaded = ::dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
       if (!loaded) return std::nullopt;  // nobody touched CUDA
@@ -297,19 +274,20 @@ class worker {
       unsigned long long id = 0;
       const CUresult r = cu.cuCtxGetId(primary_, &id);
       if (r != CUDA_SUCCESS || id != primary_id_)
-        return std::pair{r != CUDA_SUCCESS ? r : CUDA_ERROR_CONTEXT_IS_DESTROYED,
-                         "the worker's primary context of device " +
-                             std::to_string(options_.device) + " was reset (" +
-                             (r != CUDA_SUCCESS ? "cuCtxGetId " + name(r)
-                                                : "id " + std::to_string(primary_id_) + " -> " +
-                                                      std::to_string(id)) +
-                             "), as cudaDeviceReset does"};
+        return cuda_damage_found{r != CUDA_SUCCESS ? r : CUDA_ERROR_CONTEXT_IS_DESTROYED,
+                                 "the worker's primary context of device " +
+                                     std::to_string(options_.device) + " was reset (" +
+                                     (r != CUDA_SUCCESS ? "cuCtxGetId " + name(r)
+                                                        : "id " + std::to_string(primary_id_) +
+                                                              " -> " + std::to_string(id)) +
+                                     "), as cudaDeviceReset does",
+                                 true};
     }
     CUcontext current = nullptr;
     if (cu.cuCtxGetCurrent(&current) != CUDA_SUCCESS || !current) return std::nullopt;
     const CUresult r = cu.cuCtxSynchronize();
     if (r == CUDA_SUCCESS) return std::nullopt;
-    return std::pair{r, name(r)};
+    return cuda_damage_found{r, name(r), false};
   }
 
   static std::string name(CUresult r) { return cubridge::detail::driver_error_name(r); }
@@ -320,7 +298,7 @@ class worker {
   CUcontext primary_ = nullptr;  // retained for the worker's life
   unsigned long long primary_id_ = 0;
   std::size_t granularity_ = 0;
-  std::map<std::uint64_t, mapping> mappings_;
+  cubridge_worker::buffer_mappings buffers_;
 };
 
 /// Ends the process when the host hangs up, also while an entry runs (a hung library would
@@ -344,6 +322,7 @@ int main(int argc, char** argv) {
                  "[--cuda=0|1]\n(started by cubridge::sandbox, not by hand)\n");
     return 64;
   }
+  cubridge_worker::report_fatal_signals(options->socket);
   watch_for_hangup(options->socket);
   const int status = worker(*options).run();
   // No exit handlers: a third-party library's teardown (a static runtime's, after a fault) must

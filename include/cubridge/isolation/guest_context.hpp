@@ -30,6 +30,7 @@
 
 #include <cuda.h>
 
+#include <any>
 #include <cstddef>
 #include <memory>
 #include <source_location>
@@ -71,10 +72,17 @@ class guest_error : public error {
   [[nodiscard]] bool broke(guest_breakage what) const noexcept;
   /// The guest's name.
   [[nodiscard]] const std::string& guest() const noexcept { return guest_; }
+  /// What the function given to guest_context::call returned, when it returned a value that can
+  /// be copied (a library's status: std::any_cast<int>(e.result())): the call did return, and
+  /// broke something on the way. Empty for a void function, a result that cannot be copied, and
+  /// an error from check_host() or guest_scope::leave().
+  [[nodiscard]] const std::any& result() const noexcept { return result_; }
 
  private:
+  friend class guest_context;  // sets result_ in call()
   std::string guest_;
   std::vector<guest_finding> findings_;
+  std::any result_;
 };
 
 /// How a guest context is made and checked.
@@ -110,7 +118,8 @@ class guest_context {
   /// Runs `fn()` with the guest context current, restores the caller's context stack, checks
   /// the host's state and returns what `fn` returned. An exception from `fn` propagates after the
   /// stack was restored (the host check is then skipped).
-  /// @throws guest_error naming everything the call broke; error if a check itself fails.
+  /// @throws guest_error naming everything the call broke, with what `fn` returned
+  ///         (guest_error::result()); error if a check itself fails.
   template <class Fn>
   decltype(auto) call(Fn&& fn);
 
@@ -185,7 +194,17 @@ decltype(auto) guest_context::call(Fn&& fn) {
     scope.leave();
   } else {
     decltype(auto) result = std::forward<Fn>(fn)();
-    scope.leave();
+    using value = std::remove_cvref_t<decltype(result)>;
+    if constexpr (std::is_copy_constructible_v<value>) {
+      try {
+        scope.leave();
+      } catch (guest_error& e) {
+        e.result_ = value(result);  // the caller may still want the library's status
+        throw;
+      }
+    } else {
+      scope.leave();
+    }
     return result;
   }
 }

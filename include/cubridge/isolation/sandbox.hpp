@@ -2,23 +2,28 @@
 // An out-of-process sandbox for third-party CUDA libraries.
 //
 // A fault (illegal address) poisons every context of a process; a separate process is the only
-// boundary (FACTS.md "Faults are process-wide"). sandbox runs a library in a worker process
-// (tools/sandbox_worker, `cubridge-sandbox-worker`) that dlopens it and calls its entry points
+// boundary (FACTS.md "Faults are process-wide"). sandbox runs a library in worker processes
+// (tools/sandbox_worker, `cubridge-sandbox-worker`) that dlopen it and call its entry points
 // (sandbox_entry.hpp) on request. Host and worker talk over a Unix socket; the host's device
 // memory (shared_device_memory allocated with memory_export::posix_fd) is exported as a file
 // descriptor, passed with SCM_RIGHTS and mapped in the worker (cuMemImportFromShareableHandle +
 // cuMemMap + cuMemSetAccess), so a kernel in the worker works on the host's buffer in place.
 //
-// A crash (signal), abort(), a call that outlives its timeout (the worker is SIGKILLed) or a
-// sticky CUDA error in the worker ends only the worker: the call throws sandbox_error with the
-// reason, the sandbox starts a fresh worker before throwing (restart_duration() says how long it
-// took) and the host's contexts and buffers are untouched. What the worker's kernel wrote before
-// it failed stays written. A library that resets the worker's primary context (cudaDeviceReset)
-// is reported as a cuda_fault too: the worker's mappings and the library's state went with it,
-// so the worker is replaced rather than trusted.
+// A crash (signal), abort(), exit(), a call that outlives its timeout (the worker is SIGKILLed),
+// a sticky CUDA error or a reset of the worker's primary context (cudaDeviceReset) ends only the
+// worker: the call throws sandbox_error with the reason and the host's contexts and buffers are
+// untouched. What the worker's kernel wrote before it failed stays written. Who serves the next
+// call (sandbox_options::standby):
+// - standby >= 1 (the default): a spare worker, started beforehand and fully ready (CUDA
+//   initialised, library loaded, every shared buffer mapped), takes the failed worker's place at
+//   once; the failing call throws without waiting for any start, and a replacement spare starts
+//   on the sandbox's background thread. With no spare ready, as for standby = 0.
+// - standby = 0: the sandbox starts a fresh worker before the failing call throws.
+// restart_duration() says how long the replacement took, from the failure being seen.
 //
-// Calls are serialized (one worker, one call at a time); a sandbox is safe to use from several
-// threads.
+// sandbox_options::workers runs several workers: each call goes to a free one (a call waits
+// while all are busy), with the same failure handling per worker; a failure in one never
+// disturbs calls in the others. A sandbox is safe to use from several threads.
 
 #include <cubridge/core/shared_device_memory.hpp>
 #include <cubridge/isolation/error.hpp>
@@ -49,31 +54,70 @@ enum class sandbox_failure {
   start_failed,          ///< the worker could not be started or could not load the library
   no_such_entry,         ///< the library has no such entry point (the worker carries on)
   buffer_import_failed,  ///< a shared buffer could not be mapped in the worker (it carries on)
+  device_reset,          ///< the call reset the worker's primary context (cudaDeviceReset)
 };
+
+/// What the sandbox did about the worker a failure ended.
+enum class sandbox_recovery {
+  none,            ///< nothing (the worker carries on), or no fresh worker could be started
+  spare_promoted,  ///< a standby worker took the failed one's place: no start in the call's path
+  restarted,       ///< a fresh worker was started before the call threw (no spare was ready)
+};
+
+/// "none", "spare_promoted", "restarted".
+[[nodiscard]] std::string_view to_string(sandbox_recovery recovery) noexcept;
 
 /// "crashed", "aborted", "timed_out", ...
 [[nodiscard]] std::string_view to_string(sandbox_failure reason) noexcept;
 
 /// Raised when a sandboxed call or the worker fails (isolation_errc::sandbox_failure). what() names
 /// the library, the entry, the worker's pid, what happened (signal, timeout, CUDA error) and
-/// whether and how fast the worker was restarted.
+/// who serves the next call (a spare, a restarted worker) and how fast it was ready.
 class sandbox_error : public error {
  public:
+  sandbox_error(sandbox_failure reason, std::string call, std::string detail,
+                sandbox_recovery recovery, std::chrono::nanoseconds restart_duration,
+                std::chrono::steady_clock::time_point seen_at,
+                std::source_location where = std::source_location::current());
+  /// As above with recovery restarted (true) or none (false), seen now.
   sandbox_error(sandbox_failure reason, std::string call, std::string detail, bool restarted,
                 std::chrono::nanoseconds restart_duration,
                 std::source_location where = std::source_location::current());
   [[nodiscard]] sandbox_failure reason() const noexcept { return reason_; }
-  /// True when a fresh worker is up (after crashed/aborted/timed_out/cuda_fault/protocol).
-  [[nodiscard]] bool restarted() const noexcept { return restarted_; }
-  /// Time from the failure being seen to the fresh worker reporting ready (zero if none).
+  /// True when a worker is ready for the next call in the failed one's place: a spare took over
+  /// (recovery() spare_promoted) or a fresh worker was started (restarted). After
+  /// crashed/aborted/timed_out/cuda_fault/device_reset/protocol, unless no worker could start.
+  [[nodiscard]] bool restarted() const noexcept { return recovery_ != sandbox_recovery::none; }
+  [[nodiscard]] sandbox_recovery recovery() const noexcept { return recovery_; }
+  /// From the failure being seen to the replacement being ready: a spare's promotion
+  /// (microseconds) or a whole worker start (zero if none).
   [[nodiscard]] std::chrono::nanoseconds restart_duration() const noexcept {
     return restart_duration_;
   }
+  /// When the host saw the failure (the worker's last words, its socket closing, the timeout).
+  [[nodiscard]] std::chrono::steady_clock::time_point seen_at() const noexcept { return seen_at_; }
 
  private:
   sandbox_failure reason_;
-  bool restarted_;
+  sandbox_recovery recovery_;
   std::chrono::nanoseconds restart_duration_;
+  std::chrono::steady_clock::time_point seen_at_;
+};
+
+/// The environment a worker starts with: the host's as it was at sandbox::start, without its
+/// LD_PRELOAD (a guarded or instrumented host would otherwise preload the same into its worker
+/// unasked), then what is set here.
+struct sandbox_environment {
+  /// Keep the host's LD_PRELOAD in the worker.
+  bool inherit_preload = false;
+  /// Preload the reset guard (tools/reset_guard) in the worker: a library's cudaDeviceReset is
+  /// then handled by the guard's policy (CUBRIDGE_RESET_POLICY, deny by default: the call carries
+  /// on) instead of ending the worker (device_reset). Prepended to the worker's LD_PRELOAD.
+  bool reset_guard = false;
+  /// The guard library; empty: sandbox::default_reset_guard().
+  std::filesystem::path reset_guard_library;
+  /// "NAME=value" entries set in the worker, after the above (LD_PRELOAD too).
+  std::vector<std::string> variables;
 };
 
 /// How a sandbox runs its worker.
@@ -92,8 +136,31 @@ struct sandbox_options {
   int device = 0;
   /// Initialise CUDA in the worker before it reports ready (cuInit, the device's primary context
   /// retained and current), so that a restart includes that cost and the first call does not
-  /// pay it. Off for libraries that need no GPU; a worker without CUDA still runs CPU entries.
+  /// pay it. Off for libraries that need no GPU; a worker without CUDA still runs CPU entries
+  /// (and a reset there is not told apart: no primary context is watched).
   bool initialize_cuda = true;
+  /// Workers serving calls in parallel (at least 1). Each holds its own CUDA context.
+  std::size_t workers = 1;
+  /// Spare workers kept ready to replace a failed one at once (see the top of this file); 0: a
+  /// failed worker is replaced by a fresh start before the failing call throws.
+  std::size_t standby = 1;
+  /// The worker's environment.
+  sandbox_environment environment = {};
+};
+
+/// What a sandbox's workers are doing, and what happened to them so far.
+struct sandbox_stats {
+  std::size_t workers = 0;          ///< workers running that serve calls (idle or in a call)
+  std::size_t busy = 0;             ///< of them, in a call now
+  std::size_t spares_ready = 0;     ///< standby workers ready to take over
+  std::size_t spares_starting = 0;  ///< standby workers being started in the background
+  std::size_t failures = 0;         ///< calls that ended their worker
+  std::size_t failovers = 0;        ///< failed workers replaced by a ready spare
+  std::size_t restarts = 0;         ///< workers started in a caller's path (no spare; restart())
+  std::size_t spares_started = 0;   ///< spares that became ready
+  std::size_t spare_start_failures = 0;  ///< spares that could not be started (retried later)
+  std::vector<pid_t> worker_pids;        ///< the serving workers, by slot (0: none there now)
+  std::vector<pid_t> spare_pids;         ///< the ready spares, the next to take over first
 };
 
 /// What an entry point returned.
@@ -116,46 +183,62 @@ struct sandbox_request {
   std::chrono::milliseconds timeout{0};
 };
 
-/// A library running in a worker process, restarted after each failure. Move-only.
+/// A library running in worker processes, each replaced after a failure. Move-only.
 class sandbox {
  public:
-  /// Starts the worker and waits until it has loaded the library.
-  /// @throws sandbox_error (start_failed) naming the worker, the library and the reason.
+  /// Starts the workers and waits until each has loaded the library; the spares start in the
+  /// background (wait_for_standby waits for them).
+  /// @throws sandbox_error (start_failed) naming the worker, the library and the reason;
+  ///         error (errc::precondition) for workers = 0.
   [[nodiscard]] static sandbox start(sandbox_options options);
 
   /// The worker executable to use when sandbox_options::worker is empty: $CUBRIDGE_SANDBOX_WORKER,
   /// else `cubridge-sandbox-worker` next to the running program, else the installed one.
   [[nodiscard]] static std::filesystem::path default_worker();
+  /// The reset guard to preload when sandbox_environment::reset_guard_library is empty:
+  /// $CUBRIDGE_RESET_GUARD, else the installed libcubridge_reset_guard.so.
+  [[nodiscard]] static std::filesystem::path default_reset_guard();
 
   sandbox(sandbox&&) noexcept;
   sandbox& operator=(sandbox&&) noexcept;
   sandbox(const sandbox&) = delete;
   sandbox& operator=(const sandbox&) = delete;
-  /// Closes the socket (the worker exits), killing the worker if it does not exit promptly.
+  /// Stops the background thread (a spare being started is killed) and joins it, closes every
+  /// worker's socket (they exit), killing those that do not exit promptly, and reaps them all.
+  /// No call may be running.
   ~sandbox();
 
-  /// Calls `entry` in the worker. Starts a worker first if the last restart failed.
-  /// @throws sandbox_error naming the reason; the worker was restarted where it had to be.
+  /// Calls `entry` in a free worker, waiting while all are busy. Starts a worker first where a
+  /// failed restart left a slot empty (a ready spare is taken instead where there is one).
+  /// @throws sandbox_error naming the reason; the failed worker was replaced where it had to be.
   sandbox_reply call(std::string_view entry, const sandbox_request& request = {});
 
-  /// Shares `memory` (allocated with memory_export::posix_fd) with the worker: it is mapped there
-  /// on its first use in a call, again after each restart, and unmapped when the share ends.
-  /// `memory` must outlive the share. @throws error (errc::precondition) if it is not exportable;
-  /// error if the driver cannot export it.
+  /// Shares `memory` (allocated with memory_export::posix_fd) with every worker: mapped at once in
+  /// each idle worker and ready spare, in each spare as it starts, in a worker busy now (or
+  /// restarted later) on its first call that uses it; unmapped when the share ends. `memory`
+  /// must outlive the share.
+  /// @throws error (errc::precondition) if it is not exportable; error if the driver cannot
+  ///         export it.
   [[nodiscard]] sandbox_share share(const shared_device_memory& memory);
 
-  /// Kills the worker (if any) and starts a fresh one. @throws sandbox_error (start_failed)
+  /// Waits until no call runs, ends every worker and spare, and starts fresh serving workers
+  /// (in this call) and spares (in the background). @throws sandbox_error (start_failed)
   void restart();
 
-  /// The worker's process id (0 while none runs).
+  /// Waits up to `timeout` until sandbox_options::standby spares are ready; true if they are.
+  bool wait_for_standby(std::chrono::milliseconds timeout) const;
+
+  /// The process id of the worker in the first slot (with workers = 1: the worker; 0 while none
+  /// runs there). stats() lists every worker and spare.
   [[nodiscard]] pid_t worker_pid() const noexcept;
-  /// Workers started after the first one.
+  /// How often a worker was replaced: by a spare or a fresh start after a failure, by restart().
   [[nodiscard]] std::size_t restarts() const noexcept;
-  /// How long the latest worker took to start (spawn to ready).
+  /// How long the latest worker (serving or spare) took to start (spawn to ready).
   [[nodiscard]] std::chrono::nanoseconds last_start_duration() const noexcept;
-  /// What the worker said about CUDA at start: empty when initialised (or not asked for).
+  /// What the latest worker said about CUDA at start: empty when initialised (or not asked for).
   [[nodiscard]] std::string worker_cuda_status() const;
   [[nodiscard]] const std::string& name() const noexcept;
+  [[nodiscard]] sandbox_stats stats() const;
 
   struct state;
 
@@ -164,14 +247,14 @@ class sandbox {
   std::shared_ptr<state> state_;
 };
 
-/// A buffer shared with a sandbox's worker, for as long as this object lives. Move-only.
+/// A buffer shared with a sandbox's workers, for as long as this object lives. Move-only.
 class sandbox_share {
  public:
   sandbox_share(sandbox_share&&) noexcept;
   sandbox_share& operator=(sandbox_share&&) noexcept;
   sandbox_share(const sandbox_share&) = delete;
   sandbox_share& operator=(const sandbox_share&) = delete;
-  /// Unmaps the buffer in the worker (if it runs). Never throws.
+  /// Unmaps the buffer in the workers (a busy one: when its call ends). Never throws.
   ~sandbox_share();
 
   [[nodiscard]] std::uint64_t id() const noexcept { return id_; }

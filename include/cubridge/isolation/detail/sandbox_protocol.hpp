@@ -23,7 +23,8 @@
 namespace cubridge::detail::sandbox_protocol {
 
 inline constexpr std::uint32_t frame_magic = 0x58534243;  // "CBSX"
-inline constexpr std::uint16_t protocol_version = 1;
+inline constexpr std::uint16_t protocol_version =
+    2;  // 2: dying, map, mapped; cuda_fault's reset flag
 inline constexpr std::size_t header_bytes = 24;
 inline constexpr std::size_t max_payload_bytes = std::size_t{64} << 20;
 inline constexpr std::size_t max_fds = 64;
@@ -43,9 +44,11 @@ enum class message_type : std::uint16_t {
   call_failed,   ///< worker -> host: the call could not be made; the worker carries on
   cuda_fault,    ///< worker -> host: a sticky CUDA error after the call; the worker exits
   unshare,       ///< host -> worker: unmap a shared buffer
+  dying,         ///< worker -> host: a fatal signal or exit() is ending the worker (its last words)
+  map,           ///< host -> worker: map these shared buffers now (fds attached), before a call
+  mapped,        ///< worker -> host: the answer to map
 };
-inline constexpr std::uint16_t last_message_type =
-    static_cast<std::uint16_t>(message_type::unshare);
+inline constexpr std::uint16_t last_message_type = static_cast<std::uint16_t>(message_type::mapped);
 
 /// A malformed frame or payload.
 class protocol_violation : public std::runtime_error {
@@ -112,9 +115,25 @@ struct cuda_fault_message {
   std::string name;       ///< "CUDA_ERROR_ILLEGAL_ADDRESS"
   std::string entry;
   std::int32_t entry_status = 0;
+  bool context_reset = false;  ///< the worker's primary context was reset (cudaDeviceReset)
 };
 struct unshare_message {
   std::uint64_t id = 0;
+};
+enum class dying_cause : std::uint16_t {
+  signal = 1,  ///< value: the signal (SIGSEGV, SIGABRT, ...)
+  exit = 2,    ///< value: the status the library passed to exit()
+};
+struct dying_message {
+  dying_cause cause = dying_cause::signal;
+  std::int32_t value = 0;
+};
+struct map_message {
+  std::vector<buffer_descriptor> buffers;  ///< each with has_fd set: one fd each, in order
+};
+struct mapped_message {
+  std::vector<std::uint64_t> ids;  ///< the buffers now mapped
+  std::string failure;             ///< why the first one that could not be mapped was not
 };
 
 std::vector<std::byte> encode(const ready_message& m);
@@ -124,6 +143,15 @@ std::vector<std::byte> encode(const result_message& m);
 std::vector<std::byte> encode(const call_failed_message& m);
 std::vector<std::byte> encode(const cuda_fault_message& m);
 std::vector<std::byte> encode(const unshare_message& m);
+std::vector<std::byte> encode(const dying_message& m);
+std::vector<std::byte> encode(const map_message& m);
+std::vector<std::byte> encode(const mapped_message& m);
+
+/// The whole frame of a dying message: header and payload.
+inline constexpr std::size_t dying_frame_bytes = header_bytes + 2 + 4;
+/// Writes the frame of `m` into `out` without allocating, for a signal handler to send.
+void encode_dying_frame(const dying_message& m,
+                        std::span<std::byte, dying_frame_bytes> out) noexcept;
 
 /// Decoders: @throws protocol_violation for a malformed payload (a field or string past the end,
 /// bytes left over, a value out of range), naming the message, the field and its offset.
@@ -134,8 +162,12 @@ result_message decode_result(std::span<const std::byte> payload);
 call_failed_message decode_call_failed(std::span<const std::byte> payload);
 cuda_fault_message decode_cuda_fault(std::span<const std::byte> payload);
 unshare_message decode_unshare(std::span<const std::byte> payload);
+dying_message decode_dying(std::span<const std::byte> payload);
+map_message decode_map(std::span<const std::byte> payload);
+mapped_message decode_mapped(std::span<const std::byte> payload);
 
-/// Number of buffers of `m` that carry an fd (the fds a call frame must have).
+/// Number of buffers of `m` that carry an fd (the fds a call or map frame must have).
 [[nodiscard]] std::size_t fd_count(const call_message& m) noexcept;
+[[nodiscard]] std::size_t fd_count(const map_message& m) noexcept;
 
 }  // namespace cubridge::detail::sandbox_protocol
