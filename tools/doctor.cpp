@@ -5,6 +5,7 @@
 #include <cubridge/core/device.hpp>
 #include <cubridge/core/driver.hpp>
 #include <cubridge/core/error.hpp>
+#include <cubridge/core/mps.hpp>
 
 #include <cuda_runtime_api.h>
 
@@ -39,6 +40,26 @@ nlohmann::json environment() {
   return env;
 }
 
+/// MPS as detect_mps sees it for device 0 (the devices' own attribute: devices[].mps_enabled).
+nlohmann::json mps() {
+  const auto s = detect_mps(0);
+  nlohmann::json variables = nlohmann::json::object();
+  for (const auto& v : s.environment) variables[v.name] = v.value;
+  return {{"active", s.active},
+          {"decided_by", std::string(to_string(s.decided_by))},
+          {"device", s.device},
+          {"device_attribute", std::string(to_string(s.attribute))},
+          {"device_attribute_detail", s.attribute_detail},
+          {"pipe_directory", s.pipe_directory.string()},
+          {"pipe_directory_source",
+           s.pipe_directory_from_environment ? "CUDA_MPS_PIPE_DIRECTORY" : "default"},
+          {"control_pipe", s.control_pipe().string()},
+          {"control_pipe_present", s.control_pipe_present},
+          {"environment", variables},
+          {"client_contexts_per_device", mps_client_contexts_per_device},
+          {"meaning", s.meaning}};
+}
+
 }  // namespace
 
 nlohmann::json diagnose() {
@@ -47,6 +68,7 @@ nlohmann::json diagnose() {
   report["runtime_version"] =
       cudaRuntimeGetVersion(&runtime_version) == cudaSuccess ? runtime_version : 0;
   report["environment"] = environment();
+  report["mps"] = mps();
   report["driver"]["available"] = driver::available();
   if (!driver::available()) {
     report["driver"]["reason"] = driver::unavailable_reason();
@@ -62,6 +84,7 @@ nlohmann::json diagnose() {
     const auto dev = device::get(i);
     const auto cc = dev.capability();
     const auto state = dev.primary_state();
+    const auto device_mps = detect_mps(i);
     devices.push_back(
         {{"ordinal", i},
          {"name", dev.name()},
@@ -70,7 +93,10 @@ nlohmann::json diagnose() {
          {"memory_bytes", dev.total_memory()},
          {"multiprocessors", dev.multiprocessor_count()},
          {"primary_context_active", state.active},
-         {"primary_context_flags", state.flags}});
+         {"primary_context_flags", state.flags},
+         {"mps_enabled", device_mps.attribute == mps_attribute::unknown
+                             ? nlohmann::json(nullptr)
+                             : nlohmann::json(device_mps.attribute == mps_attribute::enabled)}});
   }
   report["devices"] = devices;
   return report;
@@ -98,6 +124,16 @@ std::string render_table(const nlohmann::json& r) {
           << (dev["primary_context_active"].get<bool>() ? "active" : "inactive") << " (flags "
           << dev["primary_context_flags"].get<unsigned>() << ")\n";
     }
+  }
+  if (r.contains("mps")) {
+    const auto& m = r["mps"];
+    const auto by = m["decided_by"].get<std::string>();
+    out << "MPS               " << (m["active"].get<bool>() ? "DETECTED" : "not detected")
+        << (by == "none" ? " (no signal)" : " (by " + by + ")") << ": device attribute "
+        << m["device_attribute_detail"].get<std::string>() << ", control pipe "
+        << m["control_pipe"].get<std::string>()
+        << (m["control_pipe_present"].get<bool>() ? " present" : " absent") << "\n";
+    out << "                  " << m["meaning"].get<std::string>() << "\n";
   }
   const auto& e = r["environment"];
   out << "CUDA_MODULE_LOADING " << e["CUDA_MODULE_LOADING"].get<std::string>() << ": "

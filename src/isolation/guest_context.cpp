@@ -143,6 +143,7 @@ struct guest_context::state {
 };
 
 guest_context guest_context::create(cubridge::device dev, guest_options options) {
+  enforce_mps_policy(options.mps, dev.ordinal(), "guest context '" + options.name + "'");
   auto ctx = context::create(dev, options.flags);
   auto s = std::make_unique<state>(std::move(ctx), std::move(options));
   s->dev = dev;

@@ -139,6 +139,8 @@ sandbox sandbox::start(sandbox_options options) {
   const std::string call = "sandbox::start";
   CUBRIDGE_EXPECTS(s->options.workers >= 1,
                    "sandbox '" + s->name + "' needs at least one worker (workers = 0)");
+  if (s->options.initialize_cuda)
+    enforce_mps_policy(s->options.mps, s->options.device, "sandbox '" + s->name + "'");
   if (!is_executable(s->worker_path))
     throw sandbox_error(sandbox_failure::start_failed, call,
                         "sandbox '" + s->name + "': worker " + s->worker_path.string() +

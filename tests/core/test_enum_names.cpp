@@ -112,7 +112,8 @@ TEST(enum_names, layer_codes_keep_their_spelling) {
   EXPECT_EQ(cubridge::to_string(cubridge::isolation_errc::guest_damage), "CUBRIDGE_GUEST_DAMAGE");
   EXPECT_EQ(cubridge::to_string(cubridge::isolation_errc::sandbox_failure),
             "CUBRIDGE_SANDBOX_FAILURE");
-  EXPECT_EQ(cubridge::to_string(static_cast<cubridge::isolation_errc>(3)), "CUBRIDGE_UNKNOWN");
+  EXPECT_EQ(cubridge::to_string(cubridge::isolation_errc::mps_active), "CUBRIDGE_MPS_ACTIVE");
+  EXPECT_EQ(cubridge::to_string(static_cast<cubridge::isolation_errc>(4)), "CUBRIDGE_UNKNOWN");
 }
 
 TEST(enum_names, image_kinds_sink_outcomes_and_state_reasons_keep_their_spelling) {

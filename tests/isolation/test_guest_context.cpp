@@ -16,7 +16,10 @@
 #include <unistd.h>
 #include <any>
 #include <csignal>
+#include <optional>
+#include <string>
 #include <type_traits>
+#include <vector>
 
 namespace {
 
@@ -284,6 +287,43 @@ TEST(GuestContext, AnActivePrimaryIsWatchedByDefault) {
         v.exit();
       },
       "primary_context_reset: primary context .* of device 0 retained with id");
+}
+
+// --- under MPS (faked: no machine here has MPS) --------------------------------------------------
+
+// The process's MPS probe replaced for one test: the device attribute says `enabled`.
+struct faked_mps_attribute {
+  explicit faked_mps_attribute(bool enabled) {
+    cubridge::mps_probe probe;
+    probe.device_attribute = [enabled](int, std::string&) { return std::optional<bool>(enabled); };
+    previous = cubridge::set_mps_probe(std::move(probe));
+  }
+  ~faked_mps_attribute() { cubridge::set_mps_probe(std::move(previous)); }
+  cubridge::mps_probe previous;
+};
+
+TEST(GuestContext, UnderMpsTheDefaultWarnsAndStillCreates) {
+  CUBRIDGE_REQUIRE_GPU();
+  const faked_mps_attribute mps(true);
+  std::vector<std::string> lines;
+  auto previous_sink =
+      cubridge::set_mps_warning_sink([&](std::string_view line) { lines.emplace_back(line); });
+  auto guest = guest_context::create(cubridge::device::get(0), {.name = "under-mps"});
+  cubridge::set_mps_warning_sink(std::move(previous_sink));
+  EXPECT_NE(guest.ref().get(), nullptr);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_NE(lines[0].find("guest context 'under-mps' on device 0 does not contain faults"),
+            std::string::npos)
+      << lines[0];
+}
+
+TEST(GuestContext, RefuseWithoutMpsCreates) {
+  CUBRIDGE_REQUIRE_GPU();
+  // The real detection: the device attribute of the GPU machine, which runs no MPS.
+  if (cubridge::detect_mps(0).active) GTEST_SKIP() << "MPS serves device 0 here";
+  auto guest = guest_context::create(cubridge::device::get(0),
+                                     {.name = "no-mps", .mps = cubridge::mps_policy::refuse});
+  EXPECT_EQ(guest.call([] { return 7; }), 7);
 }
 
 // --- the misbehaving library: none vs guest context ---------------------------------------------

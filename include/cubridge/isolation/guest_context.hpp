@@ -19,6 +19,10 @@
 // After every call the guest checks the host's state and throws guest_error naming what broke:
 // the caller's context stack (restored exactly either way), the watched primary context (reset),
 // watched host buffers (gone or replaced), and a sticky error in the guest context.
+//
+// Under NVIDIA MPS a fault reaches every client on the GPU and the guest context is one more of
+// the few client contexts the MPS server has per device: guest_options::mps says what create()
+// does then (mps_policy.hpp).
 
 #include <cubridge/core/context.hpp>
 #include <cubridge/core/context_ref.hpp>
@@ -27,6 +31,7 @@
 #include <cubridge/core/primary_context.hpp>
 #include <cubridge/core/shared_device_memory.hpp>
 #include <cubridge/isolation/error.hpp>
+#include <cubridge/isolation/mps_policy.hpp>
 
 #include <cuda.h>
 
@@ -97,6 +102,11 @@ struct guest_options {
   /// Synchronize the guest context after each call, so that a fault of the work the call issued
   /// is caught at the call that caused it (sticky_error). Off: only errors already raised show.
   bool synchronize_after_call = true;
+  /// What create() does when NVIDIA MPS serves the device (mps_policy.hpp). warn by default: a
+  /// guest context never contained a fault (it poisons the whole process), so MPS takes nothing
+  /// a caller could rely on away, and a program that runs under MPS on purpose keeps working; the
+  /// line says that a fault now reaches other processes too. refuse to fail instead.
+  mps_policy mps = mps_policy::warn;
 };
 
 class guest_scope;
@@ -105,8 +115,10 @@ class guest_scope;
 /// Entering is per thread: use it from any thread, each entering for itself.
 class guest_context {
  public:
-  /// Creates the guest context on `dev` (the caller's stack is unchanged).
-  /// @throws error naming the device and the guest.
+  /// Creates the guest context on `dev` (the caller's stack is unchanged), after applying
+  /// options.mps (nothing is created when it refuses).
+  /// @throws mps_active_error under mps_policy::refuse when MPS serves `dev`; error naming the
+  ///         device and the guest.
   [[nodiscard]] static guest_context create(device dev, guest_options options = {});
 
   guest_context(guest_context&&) noexcept;

@@ -27,6 +27,7 @@
 
 #include <cubridge/core/shared_device_memory.hpp>
 #include <cubridge/isolation/error.hpp>
+#include <cubridge/isolation/mps_policy.hpp>
 
 #include <sys/types.h>
 
@@ -146,6 +147,10 @@ struct sandbox_options {
   std::size_t standby = 1;
   /// The worker's environment.
   sandbox_environment environment = {};
+  /// What start() does under MPS, where a worker's fatal fault reaches every client on the GPU,
+  /// the host included (mps_policy.hpp): warn (the default), refuse (mps_active_error) or allow.
+  /// Looked at only when initialize_cuda is set: a worker without CUDA is no MPS client.
+  mps_policy mps = mps_policy::warn;
 };
 
 /// What a sandbox's workers are doing, and what happened to them so far.
