@@ -121,17 +121,21 @@ class SandboxError(Error):
 
     Attributes:
         reason: ``"crashed"``, ``"aborted"``, ``"timed_out"``, ``"cuda_fault"``,
-            ``"protocol"``, ``"start_failed"``, ``"no_such_entry"`` or
-            ``"buffer_import_failed"``.
-        restarted: True when a fresh worker is up (after a crash, abort, timeout, CUDA fault
-            or protocol failure).
-        restart_ms: how long the restart took, in milliseconds (0.0 when there was none).
+            ``"device_reset"`` (the library reset the worker's device), ``"protocol"``,
+            ``"start_failed"``, ``"no_such_entry"`` or ``"buffer_import_failed"``.
+        recovery: ``"spare_promoted"`` (a ready spare took the failed worker's place: the next
+            call is served at once), ``"restarted"`` (a fresh worker was started before this
+            raised) or ``"none"``.
+        restarted: True when a worker is in place again (either recovery).
+        restart_ms: from the failure being seen to a worker being in place, in milliseconds
+            (0.0 when there was none).
     """
 
-    def __init__(self, message: str, *, reason: str = "", restarted: bool = False,
-                 restart_ms: float = 0.0, **fields) -> None:
+    def __init__(self, message: str, *, reason: str = "", recovery: str = "none",
+                 restarted: bool = False, restart_ms: float = 0.0, **fields) -> None:
         super().__init__(message, **fields)
         self.reason = reason
+        self.recovery = recovery
         self.restarted = restarted
         self.restart_ms = restart_ms
 

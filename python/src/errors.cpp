@@ -79,6 +79,7 @@ nb::object exception_of(const error& e) {
   }
   if (const auto* s = dynamic_cast<const sandbox_error*>(&e)) {
     fields["reason"] = std::string(to_string(s->reason()));
+    fields["recovery"] = std::string(to_string(s->recovery()));
     fields["restarted"] = s->restarted();
     fields["restart_ms"] = std::chrono::duration<double, std::milli>(s->restart_duration()).count();
   }

@@ -9,8 +9,10 @@
 #include <cubridge/core/shared_device_memory.hpp>
 #include <cubridge/isolation/sandbox.hpp>
 
+#include <nanobind/stl/map.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include <unistd.h>
 
@@ -85,6 +87,37 @@ const sandbox_option sandbox_option_table[] = {
     {"initialize_cuda", "initialize_cuda: bool = True",
      [](sandbox_options& o, nb::handle v) {
        o.initialize_cuda = option_value<bool>(v, "initialize_cuda", "a bool");
+     }},
+    {"workers", "workers: int = 1",
+     [](sandbox_options& o, nb::handle v) {
+       o.workers = option_value<std::size_t>(v, "workers", "an int >= 1");
+     }},
+    {"standby", "standby: int = 1",
+     [](sandbox_options& o, nb::handle v) {
+       o.standby = option_value<std::size_t>(v, "standby", "an int >= 0");
+     }},
+    {"reset_guard", "reset_guard: bool = False",
+     [](sandbox_options& o, nb::handle v) {
+       o.environment.reset_guard = option_value<bool>(v, "reset_guard", "a bool");
+     }},
+    {"inherit_preload", "inherit_preload: bool = False",
+     [](sandbox_options& o, nb::handle v) {
+       o.environment.inherit_preload = option_value<bool>(v, "inherit_preload", "a bool");
+     }},
+    {"environment", "environment: dict[str, str] = {}",
+     [](sandbox_options& o, nb::handle v) {
+       for (const auto& [name, value] : option_value<std::map<std::string, std::string>>(
+                v, "environment", "a dict of str to str"))
+         o.environment.variables.push_back(name + "=" + value);
+     }},
+    {"mps", "mps: str = 'warn'",
+     [](sandbox_options& o, nb::handle v) {
+       const auto policy = option_value<std::string>(v, "mps", "'allow', 'warn' or 'refuse'");
+       bool known = false;
+       for (const auto p : {mps_policy::allow, mps_policy::warn, mps_policy::refuse})
+         if (policy == to_string(p)) o.mps = p, known = true;
+       CUBRIDGE_EXPECTS(
+           known, "Sandbox option 'mps' must be 'allow', 'warn' or 'refuse', not '" + policy + "'");
      }},
 };
 
@@ -275,9 +308,11 @@ void bind_sandbox(nb::module_& m) {
   static const std::string doc = [] {
     std::string d =
         "Runs a shared library in a worker process and calls its entry points "
-        "(sandbox_entry.hpp): a crash, abort, hang or CUDA fault there ends only the worker, "
-        "raises SandboxError and starts a fresh worker. The host's contexts and memory are "
-        "untouched. Options:";
+        "(sandbox_entry.hpp): a crash, abort, hang, CUDA fault or device reset there ends only "
+        "the worker and raises SandboxError; a ready spare takes its place (standby), or a "
+        "fresh worker is started. The host's contexts and memory are untouched. workers: calls "
+        "in parallel; environment: variables set in the worker, which does not inherit the "
+        "host's LD_PRELOAD unless inherit_preload; mps: what start does under MPS. Options:";
     for (const auto& o : sandbox_option_table) d += std::string(" ") + o.signature + ";";
     return d +
            " worker None: the worker packed with cubridge (or $CUBRIDGE_SANDBOX_WORKER). "
@@ -335,7 +370,36 @@ void bind_sandbox(nb::module_& m) {
       .def_prop_ro(
           "name",
           [](const py_sandbox& s) { return s.read([](const sandbox& b) { return b.name(); }); },
-          "The name messages use (the library's file name unless given).");
+          "The name messages use (the library's file name unless given).")
+      .def_prop_ro(
+          "stats",
+          [](const py_sandbox& s) {
+            const auto st = s.read([](const sandbox& b) { return b.stats(); });
+            nb::dict d;
+            d["workers"] = st.workers;
+            d["busy"] = st.busy;
+            d["spares_ready"] = st.spares_ready;
+            d["spares_starting"] = st.spares_starting;
+            d["failures"] = st.failures;
+            d["failovers"] = st.failovers;
+            d["restarts"] = st.restarts;
+            d["spares_started"] = st.spares_started;
+            d["spare_start_failures"] = st.spare_start_failures;
+            d["worker_pids"] = nb::cast(st.worker_pids);
+            d["spare_pids"] = nb::cast(st.spare_pids);
+            return d;
+          },
+          "Workers alive and busy, spares ready and starting, failures, failovers (a spare took "
+          "over), restarts (a start in a caller's path), and the pids, as a dict.")
+      .def(
+          "wait_for_standby",
+          [](const py_sandbox& s, double timeout_s) {
+            const auto timeout = std::chrono::milliseconds(static_cast<long long>(timeout_s * 1e3));
+            return s.read([timeout](const sandbox& b) { return b.wait_for_standby(timeout); });
+          },
+          nb::arg("timeout_s") = 30.0,
+          "Waits until every spare is ready (at start-up, before taking traffic); False if the "
+          "timeout passed first.");
 }
 
 }  // namespace cubridge::python

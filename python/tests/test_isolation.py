@@ -137,6 +137,42 @@ def test_restart_and_close(cpu_box):
         cpu_box.call("echo")
 
 
+def test_a_ready_spare_takes_over_at_once_and_a_pool_serves(sandbox_cpu_library):
+    with cubridge.Sandbox(sandbox_cpu_library, initialize_cuda=False, workers=2, standby=1,
+                          environment={"CUBRIDGE_TEST_MARK": "spare"}) as box:
+        assert box.wait_for_standby(30)
+        stats = box.stats
+        assert (stats["workers"], stats["spares_ready"], stats["failovers"]) == (2, 1, 0)
+        spare = stats["spare_pids"][0]
+        with pytest.raises(cubridge.SandboxError) as caught:
+            box.call("crash")
+        assert caught.value.reason == "crashed"
+        assert caught.value.recovery == "spare_promoted"
+        stats = box.stats
+        assert spare in stats["worker_pids"] and stats["failovers"] == 1
+        assert box.call("echo", b"ok") == (2, b"ok")
+        assert box.wait_for_standby(30) and box.stats["spares_ready"] == 1
+
+
+def test_without_a_spare_the_failing_call_waits_for_a_fresh_worker(sandbox_cpu_library):
+    with cubridge.Sandbox(sandbox_cpu_library, initialize_cuda=False, standby=0) as box:
+        assert box.stats["spares_ready"] == 0
+        with pytest.raises(cubridge.SandboxError) as caught:
+            box.call("do_abort")
+        assert caught.value.recovery == "restarted" and caught.value.restart_ms > 0
+        assert box.call("echo", b"ok") == (2, b"ok")
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"mps": "sometimes"}, "'mps' must be 'allow', 'warn' or 'refuse'"),
+    ({"workers": 0}, "at least one worker"),
+    ({"environment": ["A=1"]}, "option 'environment' must be a dict of str to str"),
+])
+def test_pool_and_environment_options_are_checked(sandbox_cpu_library, options, message):
+    with pytest.raises(cubridge.PreconditionError, match=message):
+        cubridge.Sandbox(sandbox_cpu_library, initialize_cuda=False, **options)
+
+
 class CudaArrayInterfaceOnly:
     """What a torch or CuPy tensor looks like to the sandbox: device memory, not exportable."""
 
