@@ -40,7 +40,7 @@ int run(int argc, char** argv) {
   app.require_subcommand(1);
 
   auto* doctor =
-      app.add_subcommand("doctor", "Devices, driver, runtime, loading mode and JIT cache");
+      app.add_subcommand("doctor", "Devices, driver, runtime, loading mode, JIT cache and MPS");
   bool json = false;
   doctor->add_flag("--json", json, "Print the report as JSON");
 
