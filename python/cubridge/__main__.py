@@ -23,7 +23,7 @@ EXIT_NO_DRIVER = 69
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m cubridge", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    doctor = commands.add_parser("doctor", help="Devices, driver, runtime, loading mode and JIT cache")
+    doctor = commands.add_parser("doctor", help="Devices, driver, runtime, loading mode, JIT cache and MPS")
     doctor.add_argument("--json", action="store_true", help="Print the report as JSON")
     inspect = commands.add_parser("inspect", help="What a cubin, fatbin or PTX file holds (no GPU needed)")
     inspect.add_argument("file", help="The image file")
