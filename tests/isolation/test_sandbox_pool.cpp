@@ -440,6 +440,7 @@ TEST(SandboxEnvironmentGpu, TheResetGuardInTheWorkerDeniesAReset) {
 
 TEST(SandboxPoolGpu, EveryWorkerRunsKernelsOnTheSharedBuffers) {
   CUBRIDGE_REQUIRE_GPU();
+  cubridge::testing::isolation_host host;  // a current context for the buffers' copies
   constexpr int workers = 4, rounds = 10;
   std::vector<std::vector<unsigned>> values(workers);
   std::vector<cubridge::shared_device_memory> memory;
