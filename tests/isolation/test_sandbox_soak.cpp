@@ -55,9 +55,17 @@ struct tally {
   int unexpected = 0;  // no failure, another reason, or no worker left to serve
   std::string first_unexpected;
   int worked = 0;  // working calls between the failures (the GPU soak's add_one)
+  int noted = 0;
+  const std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
 
   void note(const failure_kind& kind, const sandbox_error* e) {
     std::lock_guard lock(mutex);
+    // A progress line per 100 failures: a run cut off by a time limit still shows how far it got.
+    if (++noted % 100 == 0)
+      std::fprintf(
+          stderr, "soak: %d failures so far (%d by a spare, %d restarted, %d unexpected), %.1f s\n",
+          noted, by_spare, restarted, unexpected,
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
     if (e && e->reason() == kind.reason && e->restarted()) {
       ++by_reason[std::string(cubridge::to_string(e->reason()))];
       (e->recovery() == cubridge::sandbox_recovery::spare_promoted ? by_spare : restarted) += 1;
