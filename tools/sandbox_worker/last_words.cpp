@@ -23,7 +23,7 @@ constexpr std::array fatal_signals{SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT, SIG
 /// Async-signal-safe: a frame on the stack, one send().
 void send_last_words(protocol::dying_cause cause, int value) noexcept {
   if (report_socket < 0 || reported.test_and_set()) return;
-  std::array<std::byte, protocol::dying_frame_bytes> frame;
+  std::array<std::byte, protocol::dying_frame_bytes> frame{};
   protocol::encode_dying_frame({cause, value}, frame);
   std::size_t done = 0;
   while (done < frame.size()) {
@@ -48,7 +48,7 @@ void on_exit_called(int status, void*) {
 
 void report_fatal_signals(int socket) {
   report_socket = socket;
-  static std::array<char, 64 * 1024> alternate_stack;
+  static std::array<char, std::size_t{64} * 1024> alternate_stack;
   stack_t stack{};
   stack.ss_sp = alternate_stack.data();
   stack.ss_size = alternate_stack.size();
