@@ -193,6 +193,23 @@ void bind_streams(nb::module_& m) {
       .def_prop_ro("ready", &stream::ready, "True when all work queued so far is done.");
 }
 
+void bind_stream_destroy(nb::module_& m) {
+  m.def(
+      "before_stream_destroy",
+      [](nb::handle s) {
+        const auto ref = as_stream(s);
+        CUBRIDGE_EXPECTS(!ref.is_legacy() && !ref.is_per_thread(),
+                         "before_stream_destroy takes a stream that can be destroyed, not a "
+                         "default stream");
+        before_stream_destroy(ref.get());
+      },
+      nb::arg("stream").none(),
+      "Call before a stream that hot kernels launched on is destroyed by its owner (a CuPy "
+      "stream going out of scope, cudaStreamDestroy): the hot modules fence their work on it "
+      "now, so that their old versions can still be unloaded. cubridge.Stream does this itself; "
+      "torch's streams are pooled and never destroyed.");
+}
+
 void bind_launch_config(nb::module_& m) {
   nb::class_<py_launch_config>(
       m, "LaunchConfig",
@@ -236,6 +253,7 @@ void bind_contexts_and_streams(nb::module_& m) {
   bind_device(m);
   bind_contexts(m);
   bind_streams(m);
+  bind_stream_destroy(m);
   bind_launch_config(m);
 }
 

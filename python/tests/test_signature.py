@@ -75,3 +75,10 @@ def test_a_launch_config_takes_ints_or_tuples_and_resolves_its_stream_once():
 def test_a_bad_launch_config_is_refused_with_what_was_wrong(kwargs, message):
     with pytest.raises(cubridge.PreconditionError, match=message):
         cubridge.LaunchConfig(**kwargs)
+
+
+def test_before_stream_destroy_refuses_the_default_streams():
+    for default in (None, 1, 2):  # 1, 2: CU_STREAM_LEGACY, CU_STREAM_PER_THREAD
+        with pytest.raises(cubridge.PreconditionError, match="not a default stream"):
+            cubridge.before_stream_destroy(default)
+    cubridge.before_stream_destroy(0x1234)  # no hot module noted it: nothing to fence
