@@ -31,3 +31,10 @@ def test_error_classes_share_the_base():
         assert issubclass(getattr(cubridge, name), cubridge.Error)
     assert issubclass(cubridge.PreconditionError, ValueError)
     assert issubclass(cubridge.IOFailure, OSError)
+
+
+def test_the_stubs_describe_the_launches():
+    import pathlib
+    stub = (pathlib.Path(cubridge.__file__).parent / "_cubridge.pyi").read_text()
+    assert "def launch(self, config: LaunchConfig, /, *args: object) -> None:" in stub
+    assert "def launch(self, config: LaunchConfig, /, *args: object) -> int:" in stub
