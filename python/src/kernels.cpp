@@ -181,9 +181,34 @@ double conversion_loop(const py_kernel& k, const py_launch_config& c, std::size_
   return elapsed.count() / static_cast<double>(count);
 }
 
+/// What a launch would pass for `args` to a kernel named `name` whose parameters have `sizes`:
+/// each argument's bytes, after every check a launch makes. No driver needed: the conversion
+/// rules are tested on machines without a GPU through this.
+std::vector<nb::bytes> pack_arguments(const std::string& name,
+                                      const std::vector<std::size_t>& sizes, const nb::args& args) {
+  std::vector<parameter_info> parameters;
+  std::size_t offset = 0;
+  for (const auto size : sizes) {
+    parameters.push_back({offset, size});
+    offset += size;
+  }
+  const auto signature = signature_of(name, parameters);
+  kernel_arguments values;
+  const launch_config config{.stream = stream_ref::legacy_default()};
+  convert_arguments(signature, items_of(args), config, values);
+  std::vector<nb::bytes> out;
+  for (std::size_t i = 0; i < values.count(); ++i)
+    out.emplace_back(static_cast<const char*>(values.pointers()[i]), values.sizes()[i]);
+  return out;
+}
+
 }  // namespace
 
 void bind_kernels(nb::module_& m) {
+  m.def("_pack_arguments", &pack_arguments, nb::arg("name"), nb::arg("sizes"), nb::arg("args"),
+        "The bytes a launch would pass for `args` to a kernel named `name` (mangled: its types "
+        "are checked too) with parameters of `sizes` bytes; raises as a launch would. For tests "
+        "without a GPU.");
   m.def("_conversion_loop", &conversion_loop, nb::arg("kernel"), nb::arg("config"),
         nb::arg("count"), nb::arg("args"),
         "Benchmark breakdown: `count` conversions of `args` for `kernel`, nothing launched; "

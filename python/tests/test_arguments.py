@@ -1,0 +1,78 @@
+"""The conversion rules of Kernel.launch, without a GPU: what each Python value becomes for a
+parameter of a given C++ type and size (cubridge._cubridge._pack_arguments runs exactly the
+launch's conversion and checks, and returns the bytes instead of launching)."""
+
+import struct
+
+import pytest
+
+import cubridge
+from cubridge._cubridge import _pack_arguments as pack
+
+SCALE = "_Z5scalePffi"          # scale(float*, float, int)
+MIXED = "_Z5mixedPxhbds"        # mixed(long long*, unsigned char, bool, double, short)
+UNSIGNED = "_Z1uPjyt"           # u(unsigned int*, unsigned long long, unsigned short)
+
+
+def test_ints_floats_and_addresses_become_the_parameter_types():
+    assert pack(SCALE, [8, 4, 4], 0x1000, 2.5, 7) == [
+        struct.pack("<Q", 0x1000), struct.pack("<f", 2.5), struct.pack("<i", 7)]
+    assert pack(MIXED, [8, 1, 1, 8, 2], 0, 200, True, 3, -7) == [
+        bytes(8), bytes([200]), bytes([1]), struct.pack("<d", 3.0), struct.pack("<h", -7)]
+
+
+@pytest.mark.parametrize("args, message", [
+    ((0, 1.0), "takes 3 parameters, 2 arguments given"),
+    ((0, 1.0, 2.5), r"parameter 2 \(int\): a float was given"),
+    ((0, 1.0, 2**31), r"parameter 2 \(int\): the int given \(2147483648\) does not fit in 4"),
+    ((0, 1.0, -2**31 - 1), r"parameter 2 \(int\): the int given \(-2147483649\) does not fit"),
+    ((0, 1.0, 2**70), r"parameter 2 \(int\): the int given does not fit in 4 bytes"),
+    ((1.5, 1.0, 1), r"parameter 0 \(float\*\): a float was given"),
+    ((-1, 1.0, 1), r"parameter 0 \(float\*\): the int given is not in 0 .. 2\*\*64-1"),
+    ((0, "x", 1), r"parameter 1 \(float\): a str was given, which converts to no argument"),
+    ((0, None, 1), "a NoneType was given"),
+    ((0, True, 1), r"parameter 1 \(float\): a bool was given"),
+])
+def test_what_does_not_fit_is_refused_naming_the_parameter(args, message):
+    with pytest.raises(cubridge.LaunchArgumentError, match=message):
+        pack(SCALE, [8, 4, 4], *args)
+
+
+def test_unsigned_parameters_refuse_negative_ints_and_take_their_whole_range():
+    assert pack(UNSIGNED, [8, 8, 2], 0, 2**64 - 1, 65535) == [
+        bytes(8), b"\xff" * 8, b"\xff\xff"]
+    with pytest.raises(cubridge.LaunchArgumentError, match="negative int for an unsigned"):
+        pack(UNSIGNED, [8, 8, 2], 0, 1, -1)
+    with pytest.raises(cubridge.LaunchArgumentError, match=r"the int given \(65536\)"):
+        pack(UNSIGNED, [8, 8, 2], 0, 1, 65536)
+
+
+def test_an_extern_c_kernel_is_checked_by_size_alone():
+    # fill(float*, float, int) as extern "C": no types in the name, so 4 bytes of float or int.
+    assert pack("fill", [8, 4, 4], 16, 1.0, 3) == [
+        struct.pack("<Q", 16), struct.pack("<f", 1.0), struct.pack("<i", 3)]
+    with pytest.raises(cubridge.LaunchArgumentError, match="is 3 bytes, which no int converts"):
+        pack("f", [3], 1)  # a 3-byte struct takes bytes, not an int
+    assert pack("f", [3], b"abc") == [b"abc"]
+    with pytest.raises(cubridge.LaunchArgumentError, match="is 3 bytes, the bytes given is 2"):
+        pack("f", [3], b"ab")
+
+
+def test_numpy_scalars_pass_their_bytes_and_numpy_arrays_are_refused():
+    numpy = pytest.importorskip("numpy")
+    assert pack("fill", [8, 4, 4], 0, numpy.float32(0.5), numpy.int32(9)) == [
+        bytes(8), struct.pack("<f", 0.5), struct.pack("<i", 9)]
+    with pytest.raises(cubridge.LaunchArgumentError, match="is 4 bytes, the numpy.int64 given is 8"):
+        pack("fill", [8, 4, 4], 0, 1.0, numpy.int64(9))
+    with pytest.raises(cubridge.LaunchArgumentError, match="host memory|host array"):
+        pack("fill", [8, 4, 4], numpy.zeros(4, numpy.float32), 1.0, 4)
+
+
+def test_an_array_interface_passes_its_address_and_a_host_one_is_refused():
+    class DeviceArray:  # a __cuda_array_interface__ v3 object with no stream to wait for
+        __cuda_array_interface__ = {"data": (0xABC000, False), "shape": (4,),
+                                    "typestr": "<f4", "version": 3, "stream": None}
+
+    assert pack(SCALE, [8, 4, 4], DeviceArray(), 1.0, 4)[0] == struct.pack("<Q", 0xABC000)
+    with pytest.raises(cubridge.LaunchArgumentError, match=r"parameter 1 \(float\): a device array"):
+        pack(SCALE, [8, 4, 4], 0, DeviceArray(), 4)
