@@ -4,23 +4,17 @@
 // type and remembered.
 #include "bindings.hpp"
 
-#include <cubridge/core/context.hpp>
 #include <cubridge/core/detail/check.hpp>
 #include <cubridge/core/driver.hpp>
 #include <cubridge/core/error.hpp>
-#include <cubridge/core/primary_context.hpp>
-#include <cubridge/core/stream.hpp>
 
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
 #include <charconv>
-#include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <limits>
-#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -38,10 +32,6 @@ namespace {
   detail::throw_errc(
       errc::bad_launch_arguments, "Kernel.launch",
       "kernel '" + s.kernel_name + "' parameter " + std::to_string(index) + type + ": " + why);
-}
-
-std::string type_name(PyObject* o) {
-  return Py_TYPE(o)->tp_name;
 }
 
 /// How a Python type hands over a device address; worked out once per type.
@@ -69,10 +59,6 @@ array_protocol protocol_of(PyTypeObject* t) {
   Py_INCREF(t);  // the key must stay a live type
   known.emplace(t, p);
   return p;
-}
-
-std::uintptr_t int_of(nb::handle h) {
-  return nb::cast<std::uintptr_t>(h);
 }
 
 std::uintptr_t torch_address(PyObject* tensor, const launch_signature& s, std::size_t index) {
@@ -329,14 +315,6 @@ device_range interface_range(nb::handle array, const std::string& what) {
   return range;
 }
 
-dims dims_of(nb::handle value, const char* what) {
-  if (PyLong_Check(value.ptr())) return {nb::cast<unsigned>(value), 1, 1};
-  const auto items = nb::cast<std::vector<unsigned>>(value);
-  CUBRIDGE_EXPECTS(!items.empty() && items.size() <= 3,
-                   std::string(what) + " must be an int or a tuple of 1 to 3 ints");
-  return {items[0], items.size() > 1 ? items[1] : 1u, items.size() > 2 ? items[2] : 1u};
-}
-
 }  // namespace
 
 launch_signature signature_of(std::string name, std::span<const parameter_info> parameters) {
@@ -375,24 +353,6 @@ void add_fast_method(nb::handle cls, PyMethodDef& method) {
   nb::setattr(cls, method.ml_name, descriptor);
 }
 
-context_arg as_context(nb::handle c) {
-  if (c.is_none()) {
-    const auto current = context_ref::current();
-    CUBRIDGE_EXPECTS(static_cast<bool>(current),
-                     "no context given and none is current on this thread: pass one, or adopt "
-                     "torch's or CuPy's with cubridge.PrimaryContext.adopt_runtime()");
-    return current;
-  }
-  if (nb::isinstance<context>(c)) return nb::cast<const context&>(c);
-  if (nb::isinstance<primary_context>(c)) return nb::cast<const primary_context&>(c);
-  if (nb::isinstance<context_ref>(c)) return nb::cast<context_ref>(c);
-  if (auto guest = guest_context_arg(c)) return *std::move(guest);
-  detail::throw_errc(errc::precondition, "cubridge",
-                     "a " + type_name(c.ptr()) +
-                         " is no context: pass a Context, PrimaryContext, GuestContext, "
-                         "ContextRef or None");
-}
-
 device_range as_device_range(nb::handle array, const std::string& what) {
   PyObject* o = array.ptr();
   if (nb::isinstance<device_view>(array)) {
@@ -425,35 +385,6 @@ device_range as_device_range(nb::handle array, const std::string& what) {
   refuse_range(what, "a " + type_name(o) +
                          " is no device memory: pass a torch or CuPy tensor, a DeviceView, a "
                          "SharedMemory, or an object with __cuda_array_interface__ or __dlpack__");
-}
-
-stream_ref as_stream(nb::handle s) {
-  if (s.is_none()) return stream_ref::legacy_default();
-  if (nb::isinstance<stream>(s)) return nb::cast<const stream&>(s);
-  if (PyLong_Check(s.ptr())) return stream_ref::from_native(reinterpret_cast<CUstream>(int_of(s)));
-  if (nb::hasattr(s, "__cuda_stream__")) {
-    const auto pair = nb::borrow<nb::tuple>(s.attr("__cuda_stream__")());
-    CUBRIDGE_EXPECTS(nb::len(pair) == 2, "__cuda_stream__() must return (version, handle)");
-    return stream_ref::from_native(reinterpret_cast<CUstream>(int_of(pair[1])));
-  }
-  for (const char* attribute : {"cuda_stream", "ptr"})  // torch, CuPy
-    if (nb::hasattr(s, attribute))
-      return stream_ref::from_native(reinterpret_cast<CUstream>(int_of(s.attr(attribute))));
-  detail::throw_errc(errc::precondition, "cubridge",
-                     "a " + type_name(s.ptr()) +
-                         " is no stream: pass None, a cubridge.Stream, a torch or CuPy stream, "
-                         "an object with __cuda_stream__, or a handle as an int");
-}
-
-py_launch_config make_launch_config(nb::handle grid, nb::handle block, nb::handle stream,
-                                    unsigned shared_mem, nb::handle cluster) {
-  py_launch_config c{launch_config{.grid = dims_of(grid, "grid"),
-                                   .block = dims_of(block, "block"),
-                                   .dynamic_shared_bytes = shared_mem,
-                                   .stream = as_stream(stream)},
-                     nb::borrow(stream)};
-  if (!cluster.is_none()) c.config.cluster = dims_of(cluster, "cluster");
-  return c;
 }
 
 }  // namespace cubridge::python

@@ -169,6 +169,15 @@ struct py_shared_memory {
 /// An image as Python passes it: bytes-like (copied into `bytes`) or a path (read).
 [[nodiscard]] std::vector<std::byte> image_bytes(nanobind::handle image);
 
+/// "torch.Tensor": a Python object's type, for messages.
+inline std::string type_name(PyObject* o) {
+  return Py_TYPE(o)->tp_name;
+}
+/// A handle or address Python passes as an int. @throws nanobind's cast error if it is none.
+inline std::uintptr_t int_of(nanobind::handle h) {
+  return nanobind::cast<std::uintptr_t>(h);
+}
+
 /// The bytes of a Python bytes object, as the C++ API takes them (no copy).
 inline std::span<const std::byte> byte_span(const nanobind::bytes& b) {
   return {static_cast<const std::byte*>(b.data()), b.size()};
