@@ -7,6 +7,7 @@
 #include <cubridge/core/launch_config.hpp>
 #include <cubridge/core/shared_device_memory.hpp>
 #include <cubridge/core/stream_ref.hpp>
+#include <cubridge/isolation/mps_policy.hpp>
 #include <cubridge/swap/hot_module.hpp>
 
 #include <nanobind/nanobind.h>
@@ -43,6 +44,9 @@ void bind_hot_modules(nanobind::module_& m);
 void bind_isolation(nanobind::module_& m);
 /// Sandbox (sandbox.cpp).
 void bind_sandbox(nanobind::module_& m);
+/// The mps_policy named "allow", "warn" or "refuse" (GuestContext's and Sandbox's `mps`).
+/// @throws error (errc::precondition) naming `who` for any other name.
+[[nodiscard]] mps_policy mps_policy_named(const std::string& name, const std::string& who);
 /// UpdateEndpoint (endpoint.cpp).
 void bind_update_endpoint(nanobind::module_& m);
 

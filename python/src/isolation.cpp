@@ -21,6 +21,15 @@
 namespace nb = nanobind;
 
 namespace cubridge::python {
+namespace {}  // namespace
+
+mps_policy mps_policy_named(const std::string& name, const std::string& who) {
+  for (const auto p : {mps_policy::allow, mps_policy::warn, mps_policy::refuse})
+    if (name == to_string(p)) return p;
+  detail::throw_errc(errc::precondition, who,
+                     who + " option 'mps' must be 'allow', 'warn' or 'refuse', not '" + name + "'");
+}
+
 namespace {
 
 device device_of(nb::handle d) {
@@ -94,11 +103,12 @@ void bind_guest_context(nb::module_& m) {
       "raises GuestError for what the block broke (the watched primary context reset, a "
       "watched buffer gone, a sticky error) unless the block raised itself.")
       .def(nb::new_([](nb::handle dev, std::string name, bool synchronize_after_call,
-                       bool watch_active_primary) {
+                       bool watch_active_primary, const std::string& mps) {
              guest_options options;
              options.name = std::move(name);
              options.synchronize_after_call = synchronize_after_call;
              options.watch_active_primary = watch_active_primary;
+             options.mps = mps_policy_named(mps, "GuestContext");
              const device d = device_of(dev);
              nb::gil_scoped_release unlocked;
              auto guest = guest_context::create(d, std::move(options));
@@ -106,10 +116,12 @@ void bind_guest_context(nb::module_& m) {
            }),
            nb::arg("device") = 0, nb::arg("name") = "guest", nb::kw_only(),
            nb::arg("synchronize_after_call") = true, nb::arg("watch_active_primary") = true,
+           nb::arg("mps") = "warn",
            "A guest context on `device` (an ordinal or a Device). synchronize_after_call: "
            "wait for the work a call issued so that its faults show at that call. "
            "watch_active_primary: watch the device's primary context (torch's, CuPy's) if it "
-           "is active now.")
+           "is active now. mps: under NVIDIA MPS a guest context contains nothing: 'warn' "
+           "(one line on stderr), 'refuse' (raise) or 'allow'.")
       .def(
           "__enter__",
           [](nb::handle self) {

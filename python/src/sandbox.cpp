@@ -112,12 +112,8 @@ const sandbox_option sandbox_option_table[] = {
      }},
     {"mps", "mps: str = 'warn'",
      [](sandbox_options& o, nb::handle v) {
-       const auto policy = option_value<std::string>(v, "mps", "'allow', 'warn' or 'refuse'");
-       bool known = false;
-       for (const auto p : {mps_policy::allow, mps_policy::warn, mps_policy::refuse})
-         if (policy == to_string(p)) o.mps = p, known = true;
-       CUBRIDGE_EXPECTS(
-           known, "Sandbox option 'mps' must be 'allow', 'warn' or 'refuse', not '" + policy + "'");
+       o.mps = mps_policy_named(option_value<std::string>(v, "mps", "'allow', 'warn' or 'refuse'"),
+                                "Sandbox");
      }},
 };
 

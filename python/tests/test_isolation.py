@@ -202,6 +202,12 @@ def test_guest_contexts_and_shared_memory_need_a_driver():
         cubridge.SharedMemory(4096)
 
 
+def test_the_mps_policy_of_a_guest_context_is_checked_by_name():
+    with pytest.raises(cubridge.PreconditionError,
+                       match="GuestContext option 'mps' must be 'allow', 'warn' or 'refuse'"):
+        cubridge.GuestContext(mps="sometimes")
+
+
 # --- with a GPU ---------------------------------------------------------------------------------
 
 ADD_ONE = r"""
