@@ -8,7 +8,9 @@ Each round times `launches` back-to-back launches of an empty kernel (no argumen
 is the median over rounds of (time / launches). Methods run round-robin so that drift of the
 machine hits all alike. Ratios are against cuda.core's launch() (issue 14's target: <= 0.8x).
 Two rows explain cubridge's figure: the driver's own cost (the same launches from a C++ loop)
-and the argument conversion alone (nothing launched).
+and the argument conversion alone (nothing launched). For three arguments, two more rows compare
+like with like: cubridge given the address as an int (as cuda.core's row is), and cuda.core
+reading the torch tensor's pointer at every launch (as cubridge's row does).
 """
 
 from __future__ import annotations
@@ -53,6 +55,10 @@ def cubridge_methods(cubin, x):
     n = x.numel()
     sync = stream.synchronize
     yield "cubridge Kernel.launch", lambda: e0.launch(config), lambda: e3.launch(config, x, 1.0, n), sync
+    # The same arguments as cuda.core's row: a precomputed address, no tensor to read.
+    address = x.data_ptr()
+    yield ("cubridge Kernel.launch, int address", lambda: e0.launch(config),
+           lambda: e3.launch(config, address, 1.0, n), sync)
     yield "cubridge HotKernel.launch", lambda: h0.launch(config), lambda: h3.launch(config, x, 1.0, n), sync
     # The floor from Python: cuLaunchKernel through ctypes with its argument array made once.
     libcuda = ctypes.CDLL("libcuda.so.1")
@@ -89,6 +95,10 @@ def cuda_core_methods(cubin, x):
     ptr, a, n = np.uint64(x.data_ptr()), np.float32(1.0), np.int32(x.numel())
     yield ("cuda.core launch", lambda: launch(stream, config, k0),
            lambda: launch(stream, config, k3, ptr, a, n), stream.sync)
+    # What a torch user writes with cuda.core: the tensor's pointer read at every launch, as
+    # cubridge reads it (the row above hands cuda.core a precomputed integer).
+    yield ("cuda.core launch, data_ptr() per launch", lambda: launch(stream, config, k0),
+           lambda: launch(stream, config, k3, x.data_ptr(), a, n), stream.sync)
 
 
 def cupy_methods(cubin_path, x):
@@ -195,7 +205,7 @@ def main():
               "launches": args.launches, "rounds": args.rounds, "methods": {},
               "not_run": skipped}
     base = results.get("cuda.core launch")
-    print(f"{'method':28} {'empty0 ns':>10} {'vs core':>8} {'empty3 ns':>10} {'vs core':>8}")
+    print(f"{'method':40} {'empty0 ns':>10} {'vs core':>8} {'empty3 ns':>10} {'vs core':>8}")
     for name, r in results.items():
         m0, m3 = statistics.median(r["empty0"]), statistics.median(r["empty3"])
         row = {"empty0_ns": m0, "empty3_ns": m3,
@@ -207,7 +217,7 @@ def main():
         report["methods"][name] = row
         ratio0 = f"{row.get('empty0_vs_cuda_core', float('nan')):8.3f}"
         ratio3 = f"{row.get('empty3_vs_cuda_core', float('nan')):8.3f}"
-        print(f"{name:28} {m0:10.0f} {ratio0} {m3:10.0f} {ratio3}")
+        print(f"{name:40} {m0:10.0f} {ratio0} {m3:10.0f} {ratio3}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)
