@@ -15,6 +15,7 @@
 #include <charconv>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -103,29 +104,65 @@ void wait_for(CUstream producer, CUstream consumer) {
                                std::source_location::current());
 }
 
+/// A __cuda_array_interface__ as read and checked: every field used comes out of here, so a
+/// malformed one (not a dict, 'data' not a tuple, an address or stream that is no integer) is
+/// refused with what was wrong instead of being read blindly.
+struct array_interface {
+  nb::dict fields;
+  std::uintptr_t address = 0;
+  std::optional<std::uintptr_t> stream;  // none: no stream to wait for
+};
+
+std::optional<array_interface> read_array_interface(nb::handle array, std::string& why) {
+  const nb::object o =
+      nb::getattr(array, "__cuda_array_interface__");  // what it raises, propagates
+  if (!PyDict_Check(o.ptr())) {
+    why = "its __cuda_array_interface__ is a " + type_name(o.ptr()) + ", not a dict";
+    return std::nullopt;
+  }
+  array_interface out{nb::borrow<nb::dict>(o), 0, std::nullopt};
+  PyObject* data = PyDict_GetItemString(out.fields.ptr(), "data");  // borrowed
+  if (data == nullptr || !PyTuple_Check(data) || PyTuple_GET_SIZE(data) != 2 ||
+      !PyLong_Check(PyTuple_GET_ITEM(data, 0))) {
+    why = "its __cuda_array_interface__'s 'data' is not (address, read_only)";
+    return std::nullopt;
+  }
+  out.address = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(data, 0));
+  if (PyErr_Occurred()) {
+    PyErr_Clear();
+    why = "its __cuda_array_interface__'s address is not in 0 .. 2**64-1";
+    return std::nullopt;
+  }
+  PyObject* stream = PyDict_GetItemString(out.fields.ptr(), "stream");
+  if (stream != nullptr && stream != Py_None) {
+    const unsigned long long handle =
+        PyLong_Check(stream) && !PyBool_Check(stream) ? PyLong_AsUnsignedLongLong(stream) : 0;
+    if (PyErr_Occurred()) PyErr_Clear();
+    if (handle == 0) {  // v3: 0 is ambiguous and not allowed
+      why = "its __cuda_array_interface__'s 'stream' is not None or a stream handle above 0";
+      return std::nullopt;
+    }
+    out.stream = handle;
+  }
+  return out;
+}
+
 std::uintptr_t interface_address(PyObject* array, const launch_config& config,
                                  const launch_signature& s, std::size_t index) {
-  const nb::dict interface =
-      nb::borrow<nb::dict>(nb::getattr(nb::handle(array), "__cuda_array_interface__"));
-  if (!interface.contains("data"))
-    refuse_argument(s, index, "its __cuda_array_interface__ has no 'data'");
-  const nb::object data = interface["data"];
-  const std::uintptr_t address = int_of(nb::borrow<nb::tuple>(data)[0]);
-  if (interface.contains("stream")) {
-    const nb::object stream = interface["stream"];
-    if (!stream.is_none()) {
-      const auto handle = int_of(stream);
-      // 1 and 2 are the legacy and the per-thread default streams (the interface's spelling).
-      const CUstream producer = handle == 1   ? CU_STREAM_LEGACY
-                                : handle == 2 ? CU_STREAM_PER_THREAD
-                                              : reinterpret_cast<CUstream>(handle);
-      const bool same =
-          producer == config.stream.get() ||
-          (stream_ref::from_native(producer).is_legacy() && config.stream.is_legacy());
-      if (!same) wait_for(producer, config.stream.get());
-    }
+  std::string why;
+  const auto interface = read_array_interface(array, why);
+  if (!interface) refuse_argument(s, index, why);
+  if (interface->stream) {
+    const auto handle = *interface->stream;
+    // 1 and 2 are the legacy and the per-thread default streams (the interface's spelling).
+    const CUstream producer = handle == 1   ? CU_STREAM_LEGACY
+                              : handle == 2 ? CU_STREAM_PER_THREAD
+                                            : reinterpret_cast<CUstream>(handle);
+    const bool same = producer == config.stream.get() ||
+                      (stream_ref::from_native(producer).is_legacy() && config.stream.is_legacy());
+    if (!same) wait_for(producer, config.stream.get());
   }
-  return address;
+  return interface->address;
 }
 
 std::uintptr_t dlpack_address(PyObject* array, const launch_signature& s, std::size_t index) {
@@ -270,13 +307,21 @@ void convert_one(const launch_signature& s, std::size_t index, PyObject* arg,
   if (PyLong_Check(arg)) return push_int(out, arg, s, index, kind, size);
   if (PyFloat_Check(arg)) return push_float(out, arg, s, index, kind, size);
   std::uintptr_t address = 0;
-  if (device_address(arg, config, s, index, address)) {
-    if (kind != parameter_kind::pointer && (kind != parameter_kind::unknown || size != 8))
-      refuse_argument(s, index, "a device array (" + type_name(arg) + ") was given");
-    return out.push(address);
+  bool is_array = device_address(arg, config, s, index, address);
+  if (!is_array) {
+    if (push_buffer(out, arg, s, index, kind, size)) return;
+    // An interface set on the object rather than its type (a wrapper's own attribute): looked
+    // for only here, off the path of the types that declare one.
+    if (PyObject_HasAttrString(arg, "__cuda_array_interface__") == 1) {
+      address = interface_address(arg, config, s, index);
+      is_array = true;
+    }
   }
-  if (push_buffer(out, arg, s, index, kind, size)) return;
-  refuse_argument(s, index, "a " + type_name(arg) + " was given, which converts to no argument");
+  if (!is_array)
+    refuse_argument(s, index, "a " + type_name(arg) + " was given, which converts to no argument");
+  if (kind != parameter_kind::pointer && (kind != parameter_kind::unknown || size != 8))
+    refuse_argument(s, index, "a device array (" + type_name(arg) + ") was given");
+  out.push(address);
 }
 
 [[noreturn]] void refuse_range(const std::string& what, const std::string& why) {
@@ -290,27 +335,39 @@ std::size_t size_of(nb::handle h) {
 /// The bytes a __cuda_array_interface__ spans: its shape times the item size, or with strides
 /// the distance from the first to the last element's end.
 device_range interface_range(nb::handle array, const std::string& what) {
-  const nb::dict interface = nb::borrow<nb::dict>(nb::getattr(array, "__cuda_array_interface__"));
-  if (!interface.contains("data") || !interface.contains("shape") || !interface.contains("typestr"))
-    refuse_range(what, "its __cuda_array_interface__ lacks 'data', 'shape' or 'typestr'");
-  const auto typestr = nb::cast<std::string>(interface["typestr"]);
+  std::string why;
+  const auto interface = read_array_interface(array, why);
+  if (!interface) refuse_range(what, why);
+  const nb::dict& fields = interface->fields;
+  if (!fields.contains("shape") || !fields.contains("typestr"))
+    refuse_range(what, "its __cuda_array_interface__ lacks 'shape' or 'typestr'");
+  std::string typestr;
+  std::vector<std::size_t> shape;
+  std::optional<std::vector<long long>> strides;
+  try {
+    typestr = nb::cast<std::string>(fields["typestr"]);
+    shape = nb::cast<std::vector<std::size_t>>(fields["shape"]);
+    if (fields.contains("strides") && !nb::object(fields["strides"]).is_none())
+      strides = nb::cast<std::vector<long long>>(fields["strides"]);
+  } catch (const nb::cast_error&) {
+    refuse_range(what,
+                 "its __cuda_array_interface__'s typestr, shape or strides are not a str "
+                 "and tuples of ints");
+  }
   std::size_t item = 0;  // "<f4": byte order, kind, item size
   const char* end = typestr.data() + typestr.size();
   if (typestr.size() < 3 || std::from_chars(typestr.data() + 2, end, item).ptr != end || !item)
     refuse_range(what, "its typestr '" + typestr + "' names no item size");
-  const auto shape = nb::cast<std::vector<std::size_t>>(interface["shape"]);
-  device_range range{nb::cast<std::uintptr_t>(nb::borrow<nb::tuple>(interface["data"])[0]), item};
-  const nb::object strides =
-      interface.contains("strides") ? nb::object(interface["strides"]) : nb::none();
-  if (strides.is_none()) {
+  device_range range{interface->address, item};
+  if (!strides) {
     for (const auto n : shape) range.bytes *= n;
     return range;
   }
-  const auto steps = nb::cast<std::vector<long long>>(strides);
-  if (steps.size() != shape.size()) refuse_range(what, "its strides and shape differ in length");
+  if (strides->size() != shape.size()) refuse_range(what, "its strides and shape differ in length");
   for (std::size_t i = 0; i < shape.size(); ++i) {
     if (shape[i] == 0) return {range.address, 0};
-    range.bytes += (shape[i] - 1) * static_cast<std::size_t>(steps[i] < 0 ? -steps[i] : steps[i]);
+    const auto step = (*strides)[i];
+    range.bytes += (shape[i] - 1) * static_cast<std::size_t>(step < 0 ? -step : step);
   }
   return range;
 }
@@ -380,6 +437,8 @@ device_range as_device_range(nb::handle array, const std::string& what) {
       return {reinterpret_cast<std::uintptr_t>(view.data()), view.nbytes()};
     }
     case array_protocol::none:
+      if (PyObject_HasAttrString(o, "__cuda_array_interface__") == 1)  // on the object itself
+        return interface_range(array, what);
       break;
   }
   refuse_range(what, "a " + type_name(o) +

@@ -18,10 +18,17 @@ namespace cubridge::python {
 namespace {
 
 dims dims_of(nb::handle value, const char* what) {
-  if (PyLong_Check(value.ptr())) return {nb::cast<unsigned>(value), 1, 1};
-  const auto items = nb::cast<std::vector<unsigned>>(value);
+  std::vector<unsigned> items;
+  try {  // an int, or a sequence of ints, each in 0 .. 2**32-1
+    if (PyLong_Check(value.ptr()))
+      items = {nb::cast<unsigned>(value)};
+    else
+      items = nb::cast<std::vector<unsigned>>(value);
+  } catch (const nb::cast_error&) {
+    items.clear();
+  }
   CUBRIDGE_EXPECTS(!items.empty() && items.size() <= 3,
-                   std::string(what) + " must be an int or a tuple of 1 to 3 ints");
+                   std::string(what) + " must be an int or a tuple of 1 to 3 ints in 0 .. 2**32-1");
   return {items[0], items.size() > 1 ? items[1] : 1u, items.size() > 2 ? items[2] : 1u};
 }
 
@@ -50,8 +57,11 @@ stream_ref as_stream(nb::handle s) {
   if (nb::isinstance<stream>(s)) return nb::cast<const stream&>(s);
   if (PyLong_Check(s.ptr())) return stream_ref::from_native(reinterpret_cast<CUstream>(int_of(s)));
   if (nb::hasattr(s, "__cuda_stream__")) {
-    const auto pair = nb::borrow<nb::tuple>(s.attr("__cuda_stream__")());
-    CUBRIDGE_EXPECTS(nb::len(pair) == 2, "__cuda_stream__() must return (version, handle)");
+    const nb::object pair = s.attr("__cuda_stream__")();
+    CUBRIDGE_EXPECTS(
+        PyTuple_Check(pair.ptr()) && PyTuple_GET_SIZE(pair.ptr()) == 2 &&
+            PyLong_Check(PyTuple_GET_ITEM(pair.ptr(), 1)),
+        "__cuda_stream__() of a " + type_name(s.ptr()) + " must return (version, handle)");
     return stream_ref::from_native(reinterpret_cast<CUstream>(int_of(pair[1])));
   }
   for (const char* attribute : {"cuda_stream", "ptr"})  // torch, CuPy

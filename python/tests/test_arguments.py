@@ -76,3 +76,55 @@ def test_an_array_interface_passes_its_address_and_a_host_one_is_refused():
     assert pack(SCALE, [8, 4, 4], DeviceArray(), 1.0, 4)[0] == struct.pack("<Q", 0xABC000)
     with pytest.raises(cubridge.LaunchArgumentError, match=r"parameter 1 \(float\): a device array"):
         pack(SCALE, [8, 4, 4], 0, DeviceArray(), 4)
+
+
+class Interface:
+    """An object whose __cuda_array_interface__ is whatever the test says."""
+
+    def __init__(self, value):
+        self.__cuda_array_interface__ = value
+
+
+@pytest.mark.parametrize("interface, message", [
+    (5, "its __cuda_array_interface__ is a int, not a dict"),
+    ({"data": 7}, "'data' is not \\(address, read_only\\)"),
+    ({"shape": (1,)}, "'data' is not \\(address, read_only\\)"),
+    ({"data": ("0x10", False)}, "'data' is not \\(address, read_only\\)"),
+    ({"data": (-5, False)}, "address is not in 0 .. 2\\*\\*64-1"),
+    ({"data": (16, False), "stream": "x"}, "'stream' is not None or a stream handle above 0"),
+    ({"data": (16, False), "stream": 0}, "'stream' is not None or a stream handle above 0"),
+])
+def test_a_malformed_array_interface_is_refused_saying_what_is_wrong(interface, message):
+    with pytest.raises(cubridge.LaunchArgumentError, match=message):
+        pack(SCALE, [8, 4, 4], Interface(interface), 1.0, 1)
+
+
+def test_what_an_array_interface_or_dlpack_export_raises_propagates():
+    class Raises:
+        @property
+        def __cuda_array_interface__(self):
+            raise RuntimeError("the producer's own error")
+
+    class DLPackRaises:
+        def __dlpack__(self, **kwargs):
+            raise ValueError("cannot export")
+
+    with pytest.raises(RuntimeError, match="the producer's own error"):
+        pack(SCALE, [8, 4, 4], Raises(), 1.0, 1)
+    with pytest.raises(cubridge.LaunchArgumentError, match="DLPack export failed"):
+        pack(SCALE, [8, 4, 4], DLPackRaises(), 1.0, 1)
+
+
+def test_a_stream_protocol_that_returns_no_pair_is_refused():
+    class Odd:
+        def __cuda_stream__(self):
+            return 5
+
+    with pytest.raises(cubridge.PreconditionError, match="must return \\(version, handle\\)"):
+        cubridge.LaunchConfig(stream=Odd())
+
+
+@pytest.mark.parametrize("grid", [("a",), -1, 2**40, 1.5, (1, 2, 3, 4), ()])
+def test_a_grid_that_is_no_dims_is_refused(grid):
+    with pytest.raises(cubridge.PreconditionError, match="grid must be an int or a tuple"):
+        cubridge.LaunchConfig(grid=grid)
