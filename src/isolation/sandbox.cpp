@@ -139,6 +139,13 @@ sandbox sandbox::start(sandbox_options options) {
   const std::string call = "sandbox::start";
   CUBRIDGE_EXPECTS(s->options.workers >= 1,
                    "sandbox '" + s->name + "' needs at least one worker (workers = 0)");
+  CUBRIDGE_EXPECTS(s->options.workers <= sandbox_options::max_workers &&
+                       s->options.standby <= sandbox_options::max_standby,
+                   "sandbox '" + s->name + "' asks for " + std::to_string(s->options.workers) +
+                       " workers and " + std::to_string(s->options.standby) + " spares; at most " +
+                       std::to_string(sandbox_options::max_workers) + " and " +
+                       std::to_string(sandbox_options::max_standby) +
+                       " (each is a process with a CUDA context)");
   if (s->options.initialize_cuda)
     enforce_mps_policy(s->options.mps, s->options.device, "sandbox '" + s->name + "'");
   if (!is_executable(s->worker_path))

@@ -29,6 +29,7 @@ namespace {
 using cubridge::sandbox;
 using cubridge::sandbox_error;
 using cubridge::sandbox_failure;
+using cubridge::sandbox_options;
 using cubridge::sandbox_recovery;
 using cubridge::testing::as_bytes;
 using cubridge::testing::as_text;
@@ -261,6 +262,23 @@ TEST(SandboxPool, NoWorkersIsRefused) {
   } catch (const cubridge::error& e) {
     EXPECT_TRUE(e.is(cubridge::errc::precondition)) << e.what();
   }
+}
+
+TEST(SandboxPool, MoreWorkersOrSparesThanTheCapsAreRefusedBeforeAnyStarts) {
+  const auto before = cubridge::testing::children().size();
+  for (const auto& [workers, standby] :
+       {std::pair<std::size_t, std::size_t>{sandbox_options::max_workers + 1, 0},
+        {1, sandbox_options::max_standby + 1},
+        {std::size_t{1} << 40, 1}}) {
+    try {
+      (void)sandbox::start(pool_options(workers, standby));
+      FAIL() << workers << " workers, " << standby << " spares started";
+    } catch (const cubridge::error& e) {
+      EXPECT_TRUE(e.is(cubridge::errc::precondition)) << e.what();
+      EXPECT_NE(std::string(e.what()).find("at most 256 and 64"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(cubridge::testing::children().size(), before) << "no worker was started";
 }
 
 // --- the worker's environment -------------------------------------------------------------------

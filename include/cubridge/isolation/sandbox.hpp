@@ -140,11 +140,16 @@ struct sandbox_options {
   /// pay it. Off for libraries that need no GPU; a worker without CUDA still runs CPU entries
   /// (and a reset there is not told apart: no primary context is watched).
   bool initialize_cuda = true;
-  /// Workers serving calls in parallel (at least 1). Each holds its own CUDA context.
+  /// Workers serving calls in parallel (1 to max_workers). Each is a process with its own CUDA
+  /// context (hundreds of MiB of device memory each).
   std::size_t workers = 1;
   /// Spare workers kept ready to replace a failed one at once (see the top of this file); 0: a
-  /// failed worker is replaced by a fresh start before the failing call throws.
+  /// failed worker is replaced by a fresh start before the failing call throws. At most
+  /// max_standby.
   std::size_t standby = 1;
+  /// Sanity caps: start() refuses more, rather than spawning processes without end.
+  static constexpr std::size_t max_workers = 256;
+  static constexpr std::size_t max_standby = 64;
   /// The worker's environment.
   sandbox_environment environment = {};
   /// What start() does under MPS, where a worker's fatal fault reaches every client on the GPU,
