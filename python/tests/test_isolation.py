@@ -126,6 +126,16 @@ def test_an_unknown_entry_leaves_the_worker_running(cpu_box):
     assert cpu_box.worker_pid == pid
 
 
+def test_an_oversized_call_is_refused_and_the_worker_kept(cpu_box):
+    pid = cpu_box.worker_pid
+    with pytest.raises(cubridge.PreconditionError, match="asks room for a reply of"):
+        cpu_box.call("echo", b"x", reply_capacity=10**12)
+    with pytest.raises(cubridge.PreconditionError, match="bytes of entry name and request"):
+        cpu_box.call("echo", bytes(64 << 20))
+    assert cpu_box.worker_pid == pid and cpu_box.stats["failures"] == 0
+    assert cpu_box.call("echo", b"ok") == (2, b"ok")
+
+
 def test_restart_and_close(cpu_box):
     pid = cpu_box.worker_pid
     cpu_box.restart()

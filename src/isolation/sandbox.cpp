@@ -189,6 +189,17 @@ sandbox::~sandbox() {
 
 sandbox_reply sandbox::call(std::string_view entry, const sandbox_request& request) {
   CUBRIDGE_EXPECTS(state_ != nullptr, "calling a moved-from sandbox");
+  // A caller's mistake, refused here: the worker would refuse it too, and be replaced for it.
+  namespace protocol = detail::sandbox_protocol;
+  CUBRIDGE_EXPECTS(request.reply_capacity <= protocol::max_reply_capacity,
+                   "sandbox '" + state_->name + "': call '" + std::string(entry) +
+                       "' asks room for a reply of " + std::to_string(request.reply_capacity) +
+                       " bytes; at most " + std::to_string(protocol::max_reply_capacity));
+  CUBRIDGE_EXPECTS(entry.size() + request.bytes.size() <= protocol::max_request_bytes,
+                   "sandbox '" + state_->name + "': call '" + std::string(entry.substr(0, 64)) +
+                       "' sends " + std::to_string(entry.size() + request.bytes.size()) +
+                       " bytes of entry name and request; at most " +
+                       std::to_string(protocol::max_request_bytes));
   for (const sandbox_share& share : request.buffers)
     CUBRIDGE_EXPECTS(share.state_ == state_, "buffer " + detail::hex(share.host_address()) +
                                                  " passed to sandbox '" + state_->name +

@@ -2,6 +2,7 @@
 // library that needs no GPU (tests/isolation/sandbox_pool_library.c); then the same with the
 // misbehaving CUDA test library on the host's shared buffers (GPU).
 #include <cubridge/core/shared_device_memory.hpp>
+#include <cubridge/isolation/detail/sandbox_protocol.hpp>
 #include <cubridge/isolation/sandbox.hpp>
 
 #include "eventually.hpp"
@@ -279,6 +280,28 @@ TEST(SandboxPool, MoreWorkersOrSparesThanTheCapsAreRefusedBeforeAnyStarts) {
     }
   }
   EXPECT_EQ(cubridge::testing::children().size(), before) << "no worker was started";
+}
+
+// A caller's oversized call is its own mistake: refused before anything is sent, the worker kept.
+TEST(SandboxPool, AnOversizedCallIsRefusedAndTheWorkerKept) {
+  auto box = sandbox::start(pool_options(1, 0));
+  const auto pid = box.worker_pid();
+  namespace protocol = cubridge::detail::sandbox_protocol;
+  const std::vector<std::byte> big(protocol::max_request_bytes + 1);
+  for (const auto& request :
+       {cubridge::sandbox_request{.reply_capacity = protocol::max_reply_capacity + 1},
+        cubridge::sandbox_request{.bytes = big}}) {
+    try {
+      (void)box.call("pid", request);
+      FAIL() << "an oversized call was sent";
+    } catch (const cubridge::error& e) {
+      EXPECT_TRUE(e.is(cubridge::errc::precondition)) << e.what();
+      EXPECT_NE(std::string(e.what()).find("at most"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(box.worker_pid(), pid);
+  EXPECT_EQ(box.stats().failures, 0u);
+  EXPECT_EQ(box.call("pid").status, pid) << "the same worker serves the next call";
 }
 
 // --- the worker's environment -------------------------------------------------------------------

@@ -203,7 +203,7 @@ class worker {
       throw protocol::protocol_violation(
           "call '" + call.entry + "' has " + std::to_string(protocol::fd_count(call)) +
           " new buffers but " + std::to_string(f.fds.size()) + " fds");
-    if (call.reply_capacity > protocol::max_payload_bytes - 64) {
+    if (call.reply_capacity > protocol::max_reply_capacity) {
       refuse(protocol::call_failure::bad_request,
              "reply capacity " + std::to_string(call.reply_capacity) + " exceeds the limit");
       return 0;

@@ -187,7 +187,9 @@ struct sandbox_request {
   std::span<const std::byte> bytes = {};
   /// Shared buffers, handed to the entry as args->buffers in this order.
   std::vector<std::reference_wrapper<const sandbox_share>> buffers = {};
-  /// Room for the entry's reply.
+  /// Room for the entry's reply; at most 64 MiB - 64 bytes (the entry name and the request
+  /// bytes together at most 64 MiB - 4 KiB): sandbox::call refuses more (errc::precondition)
+  /// without disturbing the worker.
   std::size_t reply_capacity = std::size_t{64} * 1024;
   /// Overrides sandbox_options::call_timeout when non-zero.
   std::chrono::milliseconds timeout{0};

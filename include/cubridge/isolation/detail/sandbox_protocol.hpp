@@ -28,6 +28,10 @@ inline constexpr std::uint16_t protocol_version =
 inline constexpr std::size_t header_bytes = 24;
 inline constexpr std::size_t max_payload_bytes = std::size_t{64} << 20;
 inline constexpr std::size_t max_fds = 64;
+/// The largest reply a call may ask room for, and the largest request (entry name and bytes
+/// together): what fits a frame with the rest of the call message.
+inline constexpr std::size_t max_reply_capacity = max_payload_bytes - 64;
+inline constexpr std::size_t max_request_bytes = max_payload_bytes - 4096;
 
 /// Exit status of a worker that reported a sticky CUDA error and ended itself.
 inline constexpr int worker_exit_cuda_fault = 70;
