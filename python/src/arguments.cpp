@@ -62,15 +62,13 @@ array_protocol protocol_of(PyTypeObject* t) {
   return p;
 }
 
-std::uintptr_t torch_address(PyObject* tensor, const launch_signature& s, std::size_t index) {
+/// A torch tensor's device address, or nothing for a tensor that is not on a CUDA device.
+std::optional<std::uintptr_t> torch_address(PyObject* tensor) {
   static PyObject* is_cuda = PyUnicode_InternFromString("is_cuda");
   static PyObject* data_ptr = PyUnicode_InternFromString("data_ptr");
   const nb::object on_gpu = nb::steal(PyObject_GetAttr(tensor, is_cuda));
   if (!on_gpu.is_valid()) throw nb::python_error();
-  if (on_gpu.ptr() != Py_True)
-    refuse_argument(s, index,
-                    "a torch tensor on the CPU was given; kernels take device memory "
-                    "(move it with .cuda())");
+  if (on_gpu.ptr() != Py_True) return std::nullopt;
   const nb::object address = nb::steal(PyObject_CallMethodNoArgs(tensor, data_ptr));
   if (!address.is_valid()) throw nb::python_error();
   return int_of(address);
@@ -184,9 +182,15 @@ bool device_address(PyObject* arg, const launch_config& config, const launch_sig
   switch (protocol_of(Py_TYPE(arg))) {
     case array_protocol::none:
       return false;
-    case array_protocol::torch:
-      address = torch_address(arg, s, index);
+    case array_protocol::torch: {
+      const auto on_gpu = torch_address(arg);
+      if (!on_gpu)
+        refuse_argument(s, index,
+                        "a torch tensor on the CPU was given; kernels take device memory (move "
+                        "it with .cuda())");
+      address = *on_gpu;
       return true;
+    }
     case array_protocol::cupy:
       address = cupy_address(arg);
       return true;
@@ -418,10 +422,10 @@ device_range as_device_range(nb::handle array, const std::string& what) {
   }
   switch (protocol_of(Py_TYPE(o))) {
     case array_protocol::torch: {
-      if (!nb::cast<bool>(array.attr("is_cuda")))
+      const auto on_gpu = torch_address(o);
+      if (!on_gpu)
         refuse_range(what, "a torch tensor on the CPU was given; device memory is needed");
-      return {int_of(array.attr("data_ptr")()),
-              size_of(array.attr("numel")()) * size_of(array.attr("element_size")())};
+      return {*on_gpu, size_of(array.attr("numel")()) * size_of(array.attr("element_size")())};
     }
     case array_protocol::cupy:
       return {cupy_address(o), size_of(array.attr("nbytes"))};

@@ -2,6 +2,7 @@
 // The parts of the extension module cubridge._cubridge, one function per file.
 #include "signature.hpp"
 
+#include <cubridge/core/compute_capability.hpp>
 #include <cubridge/core/context_ref.hpp>
 #include <cubridge/core/kernel.hpp>
 #include <cubridge/core/launch_config.hpp>
@@ -44,6 +45,9 @@ void bind_hot_modules(nanobind::module_& m);
 void bind_isolation(nanobind::module_& m);
 /// Sandbox (sandbox.cpp).
 void bind_sandbox(nanobind::module_& m);
+/// The architecture `arch` names ("sm_90", "sm_90a"). @throws error (errc::precondition) for a
+/// name that is none (module.cpp).
+[[nodiscard]] compute_capability architecture_named(const std::string& arch);
 /// The mps_policy named "allow", "warn" or "refuse" (GuestContext's and Sandbox's `mps`).
 /// @throws error (errc::precondition) naming `who` for any other name.
 [[nodiscard]] mps_policy mps_policy_named(const std::string& name, const std::string& who);
@@ -142,6 +146,27 @@ void add_fast_method(nanobind::handle cls, PyMethodDef& method);
 [[nodiscard]] const py_launch_config& launch_config_of(PyObject* config);
 /// Sets the Python error for the exception being handled (what the translator raises).
 void set_python_error(const std::exception_ptr& p) noexcept;
+
+/// The body of every METH_FASTCALL launch, `who`(config, *args): `self` holds a `Held` (a
+/// kernel `.k` and its `.signature`); args[0] is the config, the rest are converted and handed
+/// with it to `launch(kernel, config, arguments)`, which launches and returns the Python result.
+template <class Held, class Launch>
+PyObject* fast_launch(PyObject* self, PyObject* const* args, Py_ssize_t nargs, const char* who,
+                      Launch launch) noexcept {
+  try {
+    if (nargs < 1) [[unlikely]]
+      detail::throw_errc(errc::precondition, who, "launch(config, *args) needs a config");
+    const auto& held = *nanobind::inst_ptr<Held>(self);
+    const auto& c = launch_config_of(args[0]);
+    launch_arguments values;
+    convert_arguments(held.signature, {args + 1, static_cast<std::size_t>(nargs - 1)}, c.config,
+                      values.get());
+    return launch(held.k, c.config, values.get());
+  } catch (...) {
+    set_python_error(std::current_exception());
+    return nullptr;
+  }
+}
 
 /// A kernel as Python holds it: the kernel and what its launches are checked against.
 struct py_kernel {

@@ -110,6 +110,9 @@ nb::object python_exception(const std::exception_ptr& p) {
     return exception_of(e);
   } catch (nb::python_error& e) {
     return nb::borrow(e.value());
+  } catch (const nb::builtin_exception& e) {
+    const bool type_error = e.type() == nb::exception_type::type_error;
+    return nb::handle(type_error ? PyExc_TypeError : PyExc_RuntimeError)(e.what());
   } catch (const std::exception& e) {
     return nb::handle(PyExc_RuntimeError)(e.what());
   } catch (...) {
@@ -120,18 +123,16 @@ nb::object python_exception(const std::exception_ptr& p) {
 void set_python_error(const std::exception_ptr& p) noexcept {
   try {
     std::rethrow_exception(p);
-  } catch (const error& e) {
-    raise(e);
   } catch (nb::python_error& e) {
-    e.restore();
-  } catch (const nb::builtin_exception& e) {
-    PyErr_SetString(
-        e.type() == nb::exception_type::type_error ? PyExc_TypeError : PyExc_RuntimeError,
-        e.what());
-  } catch (const std::exception& e) {
-    PyErr_SetString(PyExc_RuntimeError, e.what());
+    e.restore();  // as raised, traceback included
+    return;
   } catch (...) {
-    PyErr_SetString(PyExc_RuntimeError, "an exception of a type cubridge does not know");
+  }
+  try {
+    const nb::object exc = python_exception(p);
+    PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
+  } catch (nb::python_error& failed) {  // cubridge._errors missing: still say what failed
+    failed.restore();
   }
 }
 

@@ -87,20 +87,11 @@ staged_version stage(const py_hot_module& h, nb::handle image, nb::handle smoke_
 
 /// HotKernel.launch(config, *args), METH_FASTCALL (add_fast_method).
 PyObject* launch_hot(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
-  try {
-    if (nargs < 1) [[unlikely]]
-      detail::throw_errc(errc::precondition, "HotKernel.launch",
-                         "launch(config, *args) needs a config");
-    const auto& k = *nb::inst_ptr<py_hot_kernel>(self);
-    const auto& c = launch_config_of(args[0]);
-    launch_arguments values;
-    convert_arguments(k.signature, {args + 1, static_cast<std::size_t>(nargs - 1)}, c.config,
-                      values.get());
-    return PyLong_FromUnsignedLongLong(k.k.launch(c.config, values.get()));
-  } catch (...) {
-    set_python_error(std::current_exception());
-    return nullptr;
-  }
+  return fast_launch<py_hot_kernel>(
+      self, args, nargs, "HotKernel.launch",
+      [](const hot_kernel& k, const launch_config& c, const kernel_arguments& values) {
+        return PyLong_FromUnsignedLongLong(k.launch(c, values));
+      });
 }
 
 PyMethodDef launch_hot_method{

@@ -17,13 +17,6 @@ namespace nb = nanobind;
 namespace cubridge::python {
 namespace {
 
-compute_capability parse_device(const std::string& arch) {
-  const auto cc = parse_compute_capability(arch);
-  CUBRIDGE_EXPECTS(cc.has_value(),
-                   "architecture '" + arch + "' is not a real architecture name such as sm_90");
-  return *cc;
-}
-
 std::optional<std::string> ptx_version_text(const image_target& t) {
   if (!t.ptx_version) return std::nullopt;
   return std::to_string(t.ptx_version->major) + "." + std::to_string(t.ptx_version->minor);
@@ -68,7 +61,7 @@ void bind_images(nb::module_& m) {
       .def(
           "can_run_on",
           [](const image_info& i, const std::string& arch) {
-            return can_run_on(i, parse_device(arch));
+            return can_run_on(i, architecture_named(arch));
           },
           nb::arg("arch"), "True when some target runs on a device of `arch` ('sm_90').")
       .def(

@@ -85,21 +85,12 @@ py_kernel kernel_of(const py_module& m, const std::string& name) {
 
 /// Kernel.launch(config, *args), METH_FASTCALL (add_fast_method).
 PyObject* launch(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
-  try {
-    if (nargs < 1) [[unlikely]]
-      detail::throw_errc(errc::precondition, "Kernel.launch",
-                         "launch(config, *args) needs a config");
-    const auto& k = *nb::inst_ptr<py_kernel>(self);
-    const auto& c = launch_config_of(args[0]);
-    launch_arguments values;
-    convert_arguments(k.signature, {args + 1, static_cast<std::size_t>(nargs - 1)}, c.config,
-                      values.get());
-    k.k.launch(c.config, values.get());
-    Py_RETURN_NONE;
-  } catch (...) {
-    set_python_error(std::current_exception());
-    return nullptr;
-  }
+  return fast_launch<py_kernel>(
+      self, args, nargs, "Kernel.launch",
+      [](const kernel& k, const launch_config& c, const kernel_arguments& values) -> PyObject* {
+        k.launch(c, values);
+        Py_RETURN_NONE;
+      });
 }
 
 PyMethodDef launch_method{

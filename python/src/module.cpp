@@ -21,17 +21,10 @@ namespace nb = nanobind;
 namespace cubridge::python {
 namespace {
 
-compute_capability parse_arch(const std::string& arch) {
-  const auto cc = parse_compute_capability(arch);
-  CUBRIDGE_EXPECTS(cc.has_value(),
-                   "architecture '" + arch + "' is not a real architecture name such as sm_90");
-  return *cc;
-}
-
 nb::bytes compile_cuda(const std::string& source, const std::string& arch, const std::string& name,
                        const std::vector<std::string>& options,
                        const std::map<std::string, std::string>& defines) {
-  const auto target = parse_arch(arch);
+  const auto target = architecture_named(arch);
   build_options build;
   build.compile.extra_options = options;
   build.compile.defines = defines;
@@ -46,6 +39,14 @@ nb::bytes compile_cuda(const std::string& source, const std::string& arch, const
 }
 
 }  // namespace
+
+compute_capability architecture_named(const std::string& arch) {
+  const auto cc = parse_compute_capability(arch);
+  CUBRIDGE_EXPECTS(cc.has_value(),
+                   "architecture '" + arch + "' is not a real architecture name such as sm_90");
+  return *cc;
+}
+
 }  // namespace cubridge::python
 
 NB_MODULE(_cubridge, m) {

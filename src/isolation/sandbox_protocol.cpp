@@ -254,6 +254,16 @@ std::vector<buffer_descriptor> read_buffers(binary_reader& r, const char* messag
   return buffers;
 }
 
+/// A u16 code of an enum whose values are 1 .. last; anything else is a protocol violation
+/// ("unknown <name> N").
+template <class Enum>
+Enum read_code(binary_reader& r, const char* field, const char* name, std::uint16_t last) {
+  const std::uint16_t code = r.u16(field);
+  if (code < 1 || code > last)
+    throw protocol_violation("unknown " + std::string(name) + " " + std::to_string(code));
+  return static_cast<Enum>(code);
+}
+
 void put_le(std::byte* at, std::uint64_t value, std::size_t bytes) noexcept {
   for (std::size_t i = 0; i < bytes; ++i) at[i] = static_cast<std::byte>((value >> (8 * i)) & 0xff);
 }
@@ -352,10 +362,7 @@ result_message decode_result(std::span<const std::byte> payload) {
 call_failed_message decode_call_failed(std::span<const std::byte> payload) {
   return decode(payload, "call_failed message", [](binary_reader& r) {
     call_failed_message m;
-    const std::uint16_t reason = r.u16("reason");
-    if (reason < 1 || reason > 3)
-      throw protocol_violation("unknown call failure " + std::to_string(reason));
-    m.reason = static_cast<call_failure>(reason);
+    m.reason = read_code<call_failure>(r, "reason", "call failure", 3);
     m.detail = r.text("detail");
     return m;
   });
@@ -382,10 +389,7 @@ unshare_message decode_unshare(std::span<const std::byte> payload) {
 dying_message decode_dying(std::span<const std::byte> payload) {
   return decode(payload, "dying message", [](binary_reader& r) {
     dying_message m;
-    const std::uint16_t cause = r.u16("cause");
-    if (cause < 1 || cause > 2)
-      throw protocol_violation("unknown dying cause " + std::to_string(cause));
-    m.cause = static_cast<dying_cause>(cause);
+    m.cause = read_code<dying_cause>(r, "cause", "dying cause", 2);
     m.value = r.i32("value");
     return m;
   });
