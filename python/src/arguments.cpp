@@ -42,10 +42,39 @@ bool type_has(PyTypeObject* t, const char* attribute) {
   return PyObject_HasAttrString(reinterpret_cast<PyObject*>(t), attribute) == 1;
 }
 
+/// The protocol of each type seen, worked out once per type. The cache owns a reference to each
+/// type (a freed type's address could be reused by another), so it is bounded: a program that
+/// makes a class per call must not grow it without end. Emptied at interpreter exit (atexit), so
+/// it keeps no user class, nor what such a class refers to, alive past the interpreter.
+class protocol_cache {
+ public:
+  static constexpr std::size_t capacity = 256;
+  [[nodiscard]] static protocol_cache& instance() {
+    static protocol_cache cache;  // the interpreter's GIL guards it
+    return cache;
+  }
+  [[nodiscard]] const array_protocol* find(PyTypeObject* t) const {
+    const auto it = known_.find(t);
+    return it == known_.end() ? nullptr : &it->second;
+  }
+  void add(PyTypeObject* t, array_protocol p) {
+    if (known_.size() >= capacity) clear();
+    Py_INCREF(t);
+    known_.emplace(t, p);
+  }
+  void clear() noexcept {
+    for (const auto& [t, p] : known_) Py_DECREF(t);
+    known_.clear();
+  }
+
+ private:
+  protocol_cache() = default;
+  std::unordered_map<PyTypeObject*, array_protocol> known_;
+};
+
 array_protocol protocol_of(PyTypeObject* t) {
-  // The interpreter holds the GIL for us: the cache needs no lock of its own.
-  static std::unordered_map<PyTypeObject*, array_protocol> known;
-  if (const auto it = known.find(t); it != known.end()) return it->second;
+  auto& cache = protocol_cache::instance();
+  if (const auto* known = cache.find(t)) return *known;
   const std::string module =
       nb::cast<std::string>(nb::getattr(reinterpret_cast<PyObject*>(t), "__module__", nb::str("")));
   array_protocol p = array_protocol::none;
@@ -57,8 +86,7 @@ array_protocol protocol_of(PyTypeObject* t) {
     p = array_protocol::cuda_array_interface;
   else if (type_has(t, "__dlpack__"))
     p = array_protocol::dlpack;
-  Py_INCREF(t);  // the key must stay a live type
-  known.emplace(t, p);
+  cache.add(t, p);
   return p;
 }
 
@@ -377,6 +405,8 @@ device_range interface_range(nb::handle array, const std::string& what) {
 }
 
 }  // namespace
+
+void forget_array_protocols() noexcept { protocol_cache::instance().clear(); }
 
 launch_signature signature_of(std::string name, std::span<const parameter_info> parameters) {
   launch_signature s{std::move(name), {parameters.begin(), parameters.end()}, {}};

@@ -142,6 +142,9 @@ class launch_arguments {
 /// builds an argument tuple per call. C++ exceptions become Python exceptions as elsewhere.
 using fast_launch_function = PyObject* (*)(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
 void add_fast_method(nanobind::handle cls, PyMethodDef& method);
+/// Drops what the launch path remembers of the argument types it has seen (and the references
+/// to them it holds). Called at interpreter exit; harmless at any time: types are looked at again.
+void forget_array_protocols() noexcept;
 /// The C++ object of `config`, a cubridge.LaunchConfig. @throws error (precondition) otherwise.
 [[nodiscard]] const py_launch_config& launch_config_of(PyObject* config);
 /// Sets the Python error for the exception being handled (what the translator raises).

@@ -61,6 +61,12 @@ NB_MODULE(_cubridge, m) {
   bind_isolation(m);
   bind_sandbox(m);
   bind_update_endpoint(m);
+  // Argument types the launch path remembers are let go before the interpreter finalises, so no
+  // user class (nor what it refers to) outlives it.
+  nb::module_::import_("atexit").attr("register")(
+      nb::cpp_function([] { forget_array_protocols(); }));
+  m.def("_forget_array_protocols", &forget_array_protocols,
+        "Drops the launch path's cache of argument types (what exit does). For tests.");
 
   m.def(
       "diagnose", [] { return cubridge::tool::diagnose().dump(); },

@@ -2,7 +2,9 @@
 parameter of a given C++ type and size (cubridge._cubridge._pack_arguments runs exactly the
 launch's conversion and checks, and returns the bytes instead of launching)."""
 
+import gc
 import struct
+import weakref
 
 import pytest
 
@@ -76,6 +78,29 @@ def test_an_array_interface_passes_its_address_and_a_host_one_is_refused():
     assert pack(SCALE, [8, 4, 4], DeviceArray(), 1.0, 4)[0] == struct.pack("<Q", 0xABC000)
     with pytest.raises(cubridge.LaunchArgumentError, match=r"parameter 1 \(float\): a device array"):
         pack(SCALE, [8, 4, 4], 0, DeviceArray(), 4)
+
+
+def _device_array_class(address):
+    return type("DeviceArray", (), {"__cuda_array_interface__": {
+        "data": (address, False), "shape": (4,), "typestr": "<f4", "version": 3, "stream": None}})
+
+
+def test_classes_made_per_call_are_not_kept_alive_by_the_launch_path():
+    # The launch path remembers each argument type's protocol; a program that makes a class per
+    # call must not see them pile up (the cache is bounded), and none outlives the cache's reset.
+    cubridge._cubridge._forget_array_protocols()
+    alive = []
+    for i in range(1000):
+        cls = _device_array_class(0x1000 * (i + 1))
+        assert pack(SCALE, [8, 4, 4], cls(), 1.0, 4)[0] == struct.pack("<Q", 0x1000 * (i + 1))
+        alive.append(weakref.ref(cls))
+        del cls
+    gc.collect()
+    kept = sum(ref() is not None for ref in alive)
+    assert 0 < kept <= 256, f"{kept} of 1000 argument classes are still alive"
+    cubridge._cubridge._forget_array_protocols()
+    gc.collect()
+    assert [ref for ref in alive if ref() is not None] == []
 
 
 class Interface:
