@@ -40,6 +40,19 @@ hot_kernel::chain::lease hot_kernel::acquire(const launch_config& config) const 
   return acquire();
 }
 
+const hot_kernel::chain::lease& hot_kernel::checked_pin(const pinned_version& pinned,
+                                                        const launch_config& config) const {
+  CUBRIDGE_EXPECTS(state_ != nullptr, "a moved-from hot_kernel");
+  if (pinned.module_serial_ != state_->serial) [[unlikely]]
+    detail::throw_errc(errc::precondition, "hot_kernel::launch",
+                       "hot kernel '" + name_ + "' of module '" + state_->name +
+                           "' launched on a version pinned from another hot module");
+  if (config.stream.is_per_thread()) [[unlikely]]
+    hot_module_internal::refuse_per_thread_stream("hot kernel '" + name_ + "' of module '" +
+                                                  state_->name + "' launched");
+  return pinned.lease_;
+}
+
 void hot_kernel::finish(const chain::lease& lease, const launch_config& config) const {
   // A serving thread launches the same version on the same stream again and again; noting the
   // stream once is enough (the note holds until the version is unpinned and retired, after which

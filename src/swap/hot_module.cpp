@@ -92,7 +92,9 @@ hot_module::state& hot_module::checked() const {
   CUBRIDGE_EXPECTS(state_ != nullptr, "a moved-from hot_module: it has no module any more");
   return *state_;
 }
-std::uint64_t hot_module::promote(staged_version version) {
+std::uint64_t hot_module::promote(staged_version version) { return promote(std::move(version), {}); }
+
+std::uint64_t hot_module::promote(staged_version version, const std::function<void()>& inner) {
   auto& s = checked();
   CUBRIDGE_EXPECTS(version.owner_ != 0,
                    "promoting a moved-from staged_version into module '" + s.name + "'");
@@ -124,13 +126,16 @@ std::uint64_t hot_module::promote(staged_version version) {
                           "' into the new version");
         }
         s.retarget_all(from.payload, to.payload, to.id);
+        s.run_inner(inner, from.payload);
       });
   for (auto& g : s.graphs) g->bound_version = id;
   s.signal.notify();
   return id;
 }
 
-std::uint64_t hot_module::rollback() {
+std::uint64_t hot_module::rollback() { return rollback({}); }
+
+std::uint64_t hot_module::rollback(const std::function<void()>& inner) {
   auto& s = checked();
   state::switching lock(s, false);
   // Under the swap lock the target cannot change before the switch.
@@ -146,6 +151,7 @@ std::uint64_t hot_module::rollback() {
                                        " refused: " + why + "; version " + std::to_string(from.id) +
                                        " keeps serving");
     s.retarget_all(from.payload, to.payload, to.id);
+    s.run_inner(inner, from.payload);
   });
   s.rollbacks.fetch_add(1);
   for (auto& g : s.graphs) g->bound_version = id;
@@ -198,6 +204,11 @@ hot_module_stats hot_module::stats() const {
   std::lock_guard lock(s.failure_mutex);
   out.last_reclaim_failure = s.last_reclaim_failure;
   return out;
+}
+
+pinned_version hot_module::pin() const {
+  auto& s = checked();
+  return {s.versions.acquire(), s.serial};
 }
 
 held_versions hot_module::versions() const {

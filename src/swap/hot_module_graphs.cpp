@@ -79,6 +79,21 @@ void hot_module::state::retarget_all(const hot_version& from, const hot_version&
   }
 }
 
+void hot_module::state::run_inner(const std::function<void()>& inner, const hot_version& from) {
+  if (!inner) return;
+  try {
+    inner();
+  } catch (...) {
+    // retarget_all pointed every graph at the new version (bound_version still names `from`'s,
+    // set only once the switch is made): point them back, or mark them for launch_graph().
+    for (auto& g : graphs)
+      for (const auto& [node, index] : g->nodes)
+        if (!restore_node_function(*g, node, from.kernels[index].launch_handle(), 2))
+          g->bound_version = 0;
+    throw;
+  }
+}
+
 void hot_module::track_graph(CUgraph graph, CUgraphExec exec) {
   auto& s = checked();
   auto tracked = std::make_unique<state::tracked_graph>();

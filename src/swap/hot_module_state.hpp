@@ -120,6 +120,12 @@ struct hot_module::state {
   /// every graph's mutex, and sets bound_version once the switch is made.
   void retarget_all(const hot_version& from, const hot_version& to, std::uint64_t to_id);
 
+  /// Runs a group's `inner` (hot_module::promote(version, inner)) once this module's own
+  /// fallible work is done; if it throws, points the tracked graphs back at `from` (the
+  /// serving version) and rethrows, so that nothing here switched. Caller holds the locks of
+  /// `switching`.
+  void run_inner(const std::function<void()>& inner, const hot_version& from);
+
   /// A switch (promote or rollback) under way: the swap mutex, the graph list and every
   /// tracked graph locked (no graph launches meanwhile), and the context current if needed.
   struct switching {

@@ -4,11 +4,48 @@
 namespace cubridge {
 
 // No versions here: the module's chain (hot_module::versions()) is the one record of them.
+// An entry serves one hot module or one group of them (every device at once).
 struct hot_module_sink::entry {
-  hot_module* module = nullptr;
+  hot_module* module = nullptr;       // one of these two
+  hot_module_group* group = nullptr;
   stage_options stage;
   mutable std::mutex mutex;  // last_error; apply/rollback are serialised by the endpoint
   std::string last_error;
+
+  [[nodiscard]] held_versions versions() const {
+    return module ? module->versions() : group->versions();
+  }
+  /// Stages `image` (inspected already as `info`, when given) and promotes it: on every
+  /// device of a group, all or nothing.
+  void stage_and_promote(std::span<const std::byte> image, const image_info* info,
+                         const stage_options& options) const {
+    if (module)
+      (void)module->promote(info ? module->stage(image, *info, options)
+                                 : module->stage(image, options));
+    else
+      (void)group->promote(info ? group->stage(image, *info, options)
+                                : group->stage(image, options));
+  }
+  void rollback() const {
+    if (module)
+      (void)module->rollback();
+    else
+      (void)group->rollback();
+  }
+  [[nodiscard]] module_counters counters() const {
+    if (module) {
+      const auto stats = module->stats();
+      return {stats.promotions, stats.rollbacks, stats.rejected, stats.unloaded,
+              stats.reclaim_failures};
+    }
+    const auto stats = group->stats();
+    module_counters c{stats.promotions, stats.rollbacks, stats.rejected, 0, 0};
+    for (const auto& m : stats.members) {
+      c.unloaded += m.unloaded;
+      c.reclaim_failures += m.reclaim_failures;
+    }
+    return c;
+  }
 };
 
 hot_module_sink::hot_module_sink(compile_options compile) : compile_(std::move(compile)) {}
@@ -27,19 +64,37 @@ source_kind source_kind_of(payload_kind kind) noexcept {
 }
 
 void hot_module_sink::add(hot_module& module, stage_options stage) {
-  const auto device = module.context().device().capability();
-  std::lock_guard lock(mutex_);
-  CUBRIDGE_EXPECTS(!modules_.contains(module.name()),
-                   "module '" + module.name() + "' added to the sink twice");
-  CUBRIDGE_EXPECTS(!device_ || *device_ == device,
-                   "module '" + module.name() + "' is on an " + to_string(device) +
-                       " device, the others on " + to_string(device_.value_or(device)));
-  device_ = device;
   auto e = std::make_unique<entry>();
   e->module = &module;
   e->stage = std::move(stage);
-  if (e->stage.source_name.empty()) e->stage.source_name = module.name();
-  modules_.emplace(module.name(), std::move(e));
+  add_entry(module.name(), module.context().device().capability(), std::move(e));
+}
+
+void hot_module_sink::add(hot_module_group& group, stage_options stage) {
+  const auto device = group.member(0).context().device().capability();
+  for (std::size_t i = 1; i < group.size(); ++i) {
+    const auto other = group.member(i).context().device().capability();
+    CUBRIDGE_EXPECTS(other == device,
+                     "group '" + group.name() + "': member " + std::to_string(i) + " is on an " +
+                         to_string(other) + " device, member 0 on an " + to_string(device) +
+                         "; a sink loads one bundle for every member");
+  }
+  auto e = std::make_unique<entry>();
+  e->group = &group;
+  e->stage = std::move(stage);
+  add_entry(group.name(), device, std::move(e));
+}
+
+void hot_module_sink::add_entry(const std::string& name, compute_capability device,
+                                std::unique_ptr<entry> e) {
+  std::lock_guard lock(mutex_);
+  CUBRIDGE_EXPECTS(!modules_.contains(name), "module '" + name + "' added to the sink twice");
+  CUBRIDGE_EXPECTS(!device_ || *device_ == device,
+                   "module '" + name + "' is on an " + to_string(device) + " device, the others on " +
+                       to_string(device_.value_or(device)));
+  device_ = device;
+  if (e->stage.source_name.empty()) e->stage.source_name = name;
+  modules_.emplace(name, std::move(e));
 }
 
 hot_module_sink::entry* hot_module_sink::find(std::string_view name) const {
@@ -56,7 +111,7 @@ std::optional<compute_capability> hot_module_sink::device_capability() const {
 std::uint64_t hot_module_sink::current_version(std::string_view name) const {
   const entry* e = find(name);
   if (!e) return 0;
-  return e->module->versions().serving.origin.bundle_version;
+  return e->versions().serving.origin.bundle_version;
 }
 
 sink_result hot_module_sink::apply(const verified_bundle& bundle) {
@@ -84,9 +139,8 @@ sink_result hot_module_sink::apply(const verified_bundle& bundle) {
     options.bundle_version = m.version;
     options.key_id = to_hex(m.key_id);
     // Machine code as verify_bundle inspected it (not parsed again); compiled code afresh.
-    (void)e->module->promote(bundle.image && compiled.empty()
-                                 ? e->module->stage(image, *bundle.image, options)
-                                 : e->module->stage(image, options));
+    e->stage_and_promote(image, bundle.image && compiled.empty() ? &*bundle.image : nullptr,
+                         options);
     std::lock_guard lock(e->mutex);
     e->last_error.clear();
     return {sink_outcome::done, m.version, {}};
@@ -106,13 +160,13 @@ sink_result hot_module_sink::rollback(std::string_view name) {
   if (!e) return {sink_outcome::unknown_module, 0, "no hot module '" + std::string(name) + "'"};
   std::uint64_t serving = 0;
   try {
-    const auto held = e->module->versions();
+    const auto held = e->versions();
     serving = held.serving.origin.bundle_version;
     if (!held.rollback_target)
       return {sink_outcome::no_previous_version, serving,
               "module '" + std::string(name) + "' has no version to roll back to"};
     // To whatever the chain holds now (another promoter may have switched since versions()).
-    (void)e->module->rollback();
+    e->rollback();
     return {sink_outcome::done, current_version(name), {}};
   } catch (const std::exception& x) {
     std::lock_guard lock(e->mutex);
@@ -129,14 +183,12 @@ std::vector<module_report> hot_module_sink::status() const {
   }
   std::vector<module_report> out;
   for (const auto& [name, e] : all) {
-    const auto held = e->module->versions();
+    const auto held = e->versions();
     module_report r{name, held.serving.origin.bundle_version, {}, held.retired.size(), {}};
     if (held.rollback_target)
       r.versions_held.push_back(held.rollback_target->origin.bundle_version);
     r.versions_held.push_back(held.serving.origin.bundle_version);
-    const auto stats = e->module->stats();
-    r.counters = module_counters{stats.promotions, stats.rollbacks, stats.rejected, stats.unloaded,
-                                 stats.reclaim_failures};
+    r.counters = e->counters();
     std::lock_guard lock(e->mutex);
     r.last_error = e->last_error;
     out.push_back(std::move(r));

@@ -3,6 +3,7 @@
 #include <cubridge/core/context.hpp>
 #include <cubridge/core/device_buffer.hpp>
 #include <cubridge/core/scoped_current.hpp>
+#include <cubridge/swap/hot_module_group.hpp>
 #include <cubridge/update/hot_module_sink.hpp>
 #include <cubridge/update/rollback_request.hpp>
 #include <cubridge/update/update_endpoint.hpp>
@@ -206,6 +207,73 @@ TEST_F(HotModuleSink, DirectPromoteThenOlderPushRefusedThenEndpointRollbackThenC
   EXPECT_EQ(after.serving.origin.bundle_version, 8u);
   EXPECT_EQ(after.serving.origin.key_id, cubridge::to_hex(keys_.public_key.id()));
   EXPECT_EQ(after.rollback_target->origin.bundle_version, 1u);
+}
+
+// Issue 16: a group (three contexts: on one GPU here; one per device on a node) behind the
+// endpoint: a push is staged on every member and promoted on all, a refused one switches none,
+// a rollback returns every member.
+TEST_F(HotModuleSink, AGroupTakesAPushOnEveryMemberOrOnNone) {
+  std::vector<cubridge::context> contexts;
+  std::vector<cubridge::context_arg> args;
+  for (int i = 0; i < 3; ++i) contexts.push_back(cubridge::context::create(cubridge::device::get(0)));
+  for (auto& c : contexts) args.emplace_back(c);
+  auto group = cubridge::hot_module_group::load("grouped", args, hot_image("v1"),
+                                                {.origin = {.bundle_version = 1}});
+  cubridge::hot_module_sink sink;
+  sink.add(group);
+  EXPECT_THROW(sink.add(group), cubridge::error);  // a name once
+  auto serving_everywhere = [&] {
+    std::vector<unsigned> written;
+    auto k = group.get_kernel("write_version");
+    for (auto& c : contexts) {
+      cubridge::scoped_current current(c);
+      auto out = cubridge::driver_buffer<unsigned>::allocate(c, 256);
+      (void)k.launch({.block = {256}, .stream = cubridge::stream_ref::legacy_default()},
+                     out.span());
+      EXPECT_EQ(cubridge::driver::api().cuCtxSynchronize(), CUDA_SUCCESS);
+      written.push_back(cubridge::testing::read_back(out, 255));
+    }
+    return written;
+  };
+  cubridge::update_endpoint_options options;
+  options.keys.add(keys_.public_key);
+  options.serve_metrics = true;
+  cubridge::update_endpoint endpoint(sink, options);
+  endpoint.start();
+  httplib::Client client("127.0.0.1", endpoint.port());
+  auto push = [&](std::uint64_t version, const char* image) {
+    cubridge::bundle_manifest_input in{"grouped", version, "sm_90", cubridge::payload_kind::cubin};
+    const auto b = cubridge::sign_bundle(in, hot_image(image), keys_.secret_key);
+    return client.Put("/v1/modules/grouped",
+                      std::string(reinterpret_cast<const char*>(b.data()), b.size()),
+                      "application/octet-stream");
+  };
+  auto r = push(2, "v2");
+  ASSERT_TRUE(r) << httplib::to_string(r.error());
+  EXPECT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(serving_everywhere(), (std::vector<unsigned>{2, 2, 2}));
+  r = push(3, "missing");  // lacks a kernel of the interface: refused on every member
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 422) << r->body;
+  EXPECT_NE(r->body.find("member"), std::string::npos) << r->body;
+  EXPECT_EQ(serving_everywhere(), (std::vector<unsigned>{2, 2, 2}));
+  EXPECT_EQ(sink.current_version("grouped"), 2u);
+  const auto rollback =
+      client.Post("/v1/modules/grouped/rollback",
+                  cubridge::sign_rollback_request("grouped", 2, keys_.secret_key), "text/plain");
+  ASSERT_TRUE(rollback);
+  EXPECT_EQ(rollback->status, 200) << rollback->body;
+  EXPECT_EQ(serving_everywhere(), (std::vector<unsigned>{1, 1, 1}));
+  const auto status = sink.status();
+  ASSERT_EQ(status.size(), 1u);
+  EXPECT_EQ(status[0].current_version, 1u);
+  EXPECT_EQ(status[0].versions_held, (std::vector<std::uint64_t>{2, 1}));
+  ASSERT_TRUE(status[0].counters.has_value());
+  EXPECT_EQ(status[0].counters->promotions, 2u);
+  EXPECT_EQ(status[0].counters->rollbacks, 1u);
+  EXPECT_EQ(status[0].counters->rejected, 1u);
+  for (std::size_t i = 0; i < group.size(); ++i)
+    EXPECT_EQ(group.member(i).versions().serving.origin.bundle_version, 1u) << "member " << i;
 }
 
 }  // namespace

@@ -163,6 +163,31 @@ struct hot_module_options {
 };
 
 class hot_kernel;
+class hot_module_group;
+
+/// The serving version of a hot module, pinned: launches through it (hot_kernel::launch with a
+/// pinned_version) use this version whatever is promoted meanwhile, and it stays loaded while
+/// the pin lives and until the work launched through it completed. For a step of several
+/// launches that must all run one version. Cheap to copy.
+class pinned_version {
+ public:
+  // Copies only: a moved-from pin would pin nothing.
+  pinned_version(const pinned_version&) noexcept = default;
+  pinned_version& operator=(const pinned_version&) noexcept = default;
+  ~pinned_version() = default;
+
+  /// The version's chain id.
+  [[nodiscard]] std::uint64_t id() const noexcept { return lease_.id(); }
+
+ private:
+  friend class hot_module;
+  friend class hot_kernel;
+  using chain = version_chain<hot_version, CUstream, event>;
+  pinned_version(chain::lease lease, std::uint64_t module_serial) noexcept
+      : lease_(std::move(lease)), module_serial_(module_serial) {}
+  chain::lease lease_;
+  std::uint64_t module_serial_;  // the hot module it pins a version of
+};
 
 /// Owning, move-only versioned module. Thread-safe: launches, stage, promote and rollback may run
 /// on any threads at once. Every member of a moved-from hot_module throws error
@@ -222,6 +247,9 @@ class hot_module {
   /// (errc::precondition) for the per-thread default stream, as hot_kernel::launch.
   std::uint64_t launch_graph(CUgraphExec exec, stream_ref stream) const;
 
+  /// Pins the serving version for launches that must all run it (pinned_version).
+  [[nodiscard]] pinned_version pin() const;
+
   /// The serving version, the rollback target and the retired versions not yet unloaded, each
   /// with its chain id and origin, at one instant: the one record of which version serves and
   /// which came before, whoever promoted (update endpoint, hot_reloader, a direct call).
@@ -247,8 +275,16 @@ class hot_module {
 
  private:
   friend class hot_kernel;
+  friend class hot_module_group;
   struct state;
   explicit hot_module(std::shared_ptr<state> s) noexcept : state_(std::move(s)) {}
+  /// promote(version), with `inner` run after this module's fallible work (checks, carried
+  /// variables, graph retargets) and before its switch: a group switches its other members
+  /// there (generation_gate.hpp). If `inner` throws, the graphs are pointed back, nothing
+  /// switched here, and the exception passes. An empty `inner` is promote(version).
+  std::uint64_t promote(staged_version version, const std::function<void()>& inner);
+  /// rollback(), with `inner` run as promote(version, inner) runs it.
+  std::uint64_t rollback(const std::function<void()>& inner);
   /// The state; @throws error (errc::precondition) for a moved-from hot_module.
   [[nodiscard]] state& checked() const;
   std::shared_ptr<state> state_;
@@ -279,6 +315,18 @@ class hot_kernel {
     return lease.id();
   }
 
+  /// As launch(config, args...), on the version `pinned` holds (hot_module::pin()) instead of
+  /// the current one. Returns its id. @throws error (errc::precondition) for a version pinned
+  /// from another hot module; as launch(config, args...).
+  template <class... Args>
+  std::uint64_t launch(const pinned_version& pinned, const launch_config& config,
+                       const Args&... args) const {
+    const auto& lease = checked_pin(pinned, config);
+    lease.payload().kernels[index_].launch(config, args...);
+    finish(lease, config);
+    return lease.id();
+  }
+
   /// Adds a kernel node to `graph` that launches the current version with `args` (checked as
   /// launch() checks them; their values are copied into the node). Track the instantiated graph
   /// with hot_module::track_graph. The config's stream and cluster are not used (give
@@ -303,6 +351,10 @@ class hot_kernel {
   [[nodiscard]] chain::lease acquire() const;
   /// As acquire(), for a launch on `config.stream`; refuses the per-thread default stream.
   [[nodiscard]] chain::lease acquire(const launch_config& config) const;
+  /// The lease of `pinned` for a launch on `config.stream`, checked: a version of this module,
+  /// not the per-thread default stream.
+  [[nodiscard]] const chain::lease& checked_pin(const pinned_version& pinned,
+                                                const launch_config& config) const;
   void finish(const chain::lease& lease, const launch_config& config) const;
   /// Raises the launch configuration a new version must fit (stage(), promote() and rollback()
   /// check it) to `config`.

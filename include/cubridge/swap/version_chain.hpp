@@ -187,8 +187,10 @@ class version_chain {
     std::lock_guard lock(writer_mutex_);
     fresh = std::make_shared<const version>(next_id_, std::move(payload), std::move(origin));
     const auto from = current();
+    // Room first: once prepare() returns, nothing may throw. A caller that switches several
+    // chains together (hot_module_group) switches the others inside prepare().
+    if (previous_) retired_.reserve(retired_.size() + 1);
     prepare(std::as_const(*from), std::as_const(*fresh));
-    if (previous_) retired_.reserve(retired_.size() + 1);  // the last step that may throw
     const auto id = next_id_++;
     auto replaced = exchange_current(std::move(fresh));
     if (previous_) retired_.push_back(std::move(previous_));

@@ -1,6 +1,6 @@
 #pragma once
-// A module_sink over cubridge::hot_module: what the update endpoint (update_endpoint.hpp) uses in
-// a real service. A pushed cubin or fatbin is staged (loaded and validated against the module's
+// A module_sink over cubridge::hot_module (or a hot_module_group: every device of a machine at
+// once): what the update endpoint (update_endpoint.hpp) and the fleet agent use in a real service. A pushed cubin or fatbin is staged (loaded and validated against the module's
 // interface) and promoted; CUDA C++ source is first compiled with NVRTC for the exact
 // architecture of the module's device (build_machine_code, machine_code.hpp), so the driver
 // never JITs in the service.
@@ -21,6 +21,7 @@
 #include <cubridge/compile/machine_code.hpp>
 #include <cubridge/core/compute_capability.hpp>
 #include <cubridge/swap/hot_module.hpp>
+#include <cubridge/swap/hot_module_group.hpp>
 #include <cubridge/update/module_sink.hpp>
 
 #include <cstdint>
@@ -49,6 +50,13 @@ class hot_module_sink final : public module_sink {
   /// compute capability. @throws error (errc::precondition) for a name already added or a
   /// module on a device of another compute capability; error when the device cannot be queried.
   void add(hot_module& module, stage_options stage = {});
+  /// Serves updates for `group` (which must outlive the sink) under the group's name: a pushed
+  /// version is staged on every member and promoted on all at once, or refused on all
+  /// (hot_module_group::stage, promote); a rollback returns every member. Its members must be
+  /// on devices of one compute capability, that of the sink's other modules. @throws as
+  /// add(module, stage); error (errc::precondition) for members on devices of several compute
+  /// capabilities.
+  void add(hot_module_group& group, stage_options stage = {});
 
   /// The compute capability of the modules' device; nullopt before add().
   [[nodiscard]] std::optional<compute_capability> device_capability() const override;
@@ -75,6 +83,7 @@ class hot_module_sink final : public module_sink {
   std::optional<compute_capability> device_;
   std::map<std::string, std::unique_ptr<entry>, std::less<>> modules_;
   entry* find(std::string_view name) const;
+  void add_entry(const std::string& name, compute_capability device, std::unique_ptr<entry> e);
 };
 
 }  // namespace cubridge
