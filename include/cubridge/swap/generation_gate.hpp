@@ -81,10 +81,13 @@ class generation_gate {
         std::this_thread::yield();
         continue;
       }
+      // No fences (ThreadSanitizer cannot see them): the members' versions are read under their
+      // chains' mutexes, which a switch takes after closing the gate, and the id is an acquire
+      // load of a release store made while closed; either way a reader that saw anything of a
+      // switch sees the gate's count moved on below and tries again.
       auto pinned = acquire();
-      const auto id = current_id_.load(std::memory_order_relaxed);
-      std::atomic_thread_fence(std::memory_order_acquire);
-      if (sequence_.load(std::memory_order_relaxed) == before) return {std::move(pinned), id};
+      const auto id = current_id_.load(std::memory_order_acquire);
+      if (sequence_.load(std::memory_order_acquire) == before) return {std::move(pinned), id};
     }
   }
 
@@ -111,10 +114,7 @@ class generation_gate {
     std::function<void(std::size_t)> run = [&](std::size_t i) {
       if (i == members) {
         // Every member's fallible work is done: close the gate; the steps switch as they return.
-        sequence_.fetch_add(1, std::memory_order_relaxed);
-        // Pairs with pin()'s acquire fence: a reader that sees anything written after this
-        // sees the gate closed.
-        std::atomic_thread_fence(std::memory_order_release);
+        sequence_.fetch_add(1, std::memory_order_acq_rel);
         closed = true;
         return;
       }
@@ -128,7 +128,7 @@ class generation_gate {
       if (closed) open();
       throw;
     }
-    current_id_.store(id, std::memory_order_relaxed);
+    current_id_.store(id, std::memory_order_release);
     open();
     return next;
   }
