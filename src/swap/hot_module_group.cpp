@@ -4,6 +4,7 @@
 
 #include <cubridge/core/detail/check.hpp>
 #include <cubridge/core/driver.hpp>
+#include <cubridge/core/scoped_current.hpp>
 #include <cubridge/swap/detail/stream_listeners.hpp>
 #include <cubridge/swap/hot_module_group.hpp>
 
@@ -170,7 +171,11 @@ staged_group hot_module_group::stage_each(
   auto& s = checked();
   std::vector<std::optional<staged_version>> staged(s.members.size());
   try {
-    on_every_member(s.members.size(), [&](std::size_t i) { staged[i].emplace(stage_one(i)); });
+    on_every_member(s.members.size(), [&](std::size_t i) {
+      // The member's context current on its staging thread, for the smoke test's calls.
+      const scoped_current current(s.members[i].context());
+      staged[i].emplace(stage_one(i));
+    });
   } catch (...) {
     s.rejected.fetch_add(1);
     throw;  // `staged` unloads what the other members staged

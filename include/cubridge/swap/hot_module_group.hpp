@@ -115,7 +115,8 @@ class hot_module_group {
   ~hot_module_group();
 
   /// Stages `images[i]` on member i (hot_module::stage, every member at once, each on a thread
-  /// of its own), with `options` for each (a smoke test gets each member's module). All or
+  /// of its own with the member's context current), with `options` for each (a smoke test gets
+  /// each member's module, and may run on several threads at once). All or
   /// nothing: if one member refuses, what the others staged is unloaded and the refusal thrown,
   /// naming the member. @throws error (errc::precondition) for a count of images that is not
   /// the member count; as hot_module::stage.
