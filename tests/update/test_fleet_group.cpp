@@ -5,9 +5,10 @@
 #include <cubridge/core/context.hpp>
 #include <cubridge/core/device_buffer.hpp>
 #include <cubridge/core/scoped_current.hpp>
+#include <cubridge/swap/hot_module_group.hpp>
 #include <cubridge/update/fleet_agent.hpp>
 #include <cubridge/update/fleet_subjects.hpp>
-#include <cubridge/update/hot_module_sink.hpp>  // and hot_module_group, which it takes
+#include <cubridge/update/hot_module_sink.hpp>
 #include <cubridge/update/rollback_request.hpp>
 
 #include "eventually.hpp"
