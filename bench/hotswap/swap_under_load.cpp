@@ -55,6 +55,7 @@
 //   swap_under_load [--threads 1,4,8] [--cycles 1000] [--json PATH] ...   (--help lists all)
 // Exit: 0 all must-be-zero counts are 0; 1 some are not; 2 usage; 3 harness error;
 //       77 no usable GPU ("swap_under_load: no GPU: <reason>").
+#include "harness_common.hpp"
 #include "stats.hpp"
 
 #include <cubridge/core/context.hpp>
@@ -94,30 +95,17 @@
 namespace {
 
 namespace fs = std::filesystem;
+using hotswap::check;
+using hotswap::finite_or_null;
 using hotswap::gpu_record;
 using hotswap::launch_entry;
+using hotswap::now_ns;
+using hotswap::to_json;
+using hotswap::us_between;
 using json = nlohmann::json;
 
 constexpr int image_count = 3;  // serve_v1..v3, as bench/CMakeLists.txt builds them
 constexpr double target_limit = 1.5;
-
-std::int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-double us_between(std::int64_t from, std::int64_t to) {
-  return static_cast<double>(to - from) / 1e3;
-}
-
-void check(CUresult r, const char* what) {
-  if (r == CUDA_SUCCESS) return;
-  const char* name = nullptr;
-  cubridge::driver::api().cuGetErrorName(r, &name);
-  throw std::runtime_error(std::string(what) + ": " +
-                           (name ? std::string(name) : "CUresult " + std::to_string(r)));
-}
 
 // ------------------------------------------------------------------------------------------
 // Options
@@ -257,18 +245,9 @@ struct images {
   std::vector<std::vector<std::byte>> ptx;     // NUL-terminated, as cuModuleLoadData wants
 };
 
-fs::path find_image_dir(const options& o) {
-  const std::string probe = "serve_v1.sm_90.cubin";
-  if (!o.images_dir.empty()) return o.images_dir;
-  std::error_code ec;
-  const auto self = fs::read_symlink("/proc/self/exe", ec);
-  if (!ec && fs::exists(self.parent_path() / probe)) return self.parent_path();
-  return CUBRIDGE_SERVE_IMAGE_DIR;
-}
-
 images load_images(const options& o) {
   images im;
-  im.dir = find_image_dir(o);
+  im.dir = hotswap::find_serve_image_dir(o.images_dir, CUBRIDGE_SERVE_IMAGE_DIR);
   for (int v = 1; v <= image_count; ++v) {
     const auto stem = im.dir / ("serve_v" + std::to_string(v));
     im.cubins.push_back(cubridge::read_file_bytes(stem.string() + ".sm_90.cubin"));
@@ -639,19 +618,6 @@ struct naive_state {
 
 // ------------------------------------------------------------------------------------------
 // JSON
-
-json finite_or_null(double x) {
-  return std::isfinite(x) ? json(x) : json(nullptr);
-}
-
-json to_json(const hotswap::summary& s) {
-  return {{"count", s.count},
-          {"min", finite_or_null(s.min)},
-          {"p50", finite_or_null(s.p50)},
-          {"p99", finite_or_null(s.p99)},
-          {"max", finite_or_null(s.max)},
-          {"mean", finite_or_null(s.mean)}};
-}
 
 json to_json(const hotswap::phase_result& p) {
   json ops = json::object();
