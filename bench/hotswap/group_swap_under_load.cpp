@@ -79,6 +79,7 @@ const char* usage_text =
     "  --devices N       one member per device 0..N-1 (default with several GPUs: all)\n"
     "  --contexts N      N members, contexts of device 0 (default with one GPU: 2)\n"
     "  --cycles N        group-swap stage+promote cycles, and bare-load rounds (default 300)\n"
+    "  --swap-pause-us US  pause between two cycles of either swapper phase (default 0)\n"
     "  --steady-ms MS    steady window (default 1000)\n"
     "  --spin-us US      serving kernel duration (default 20)\n"
     "  --depth N         kernels queued per stream at most (default 8)\n"
@@ -115,6 +116,7 @@ std::optional<int> parse(int argc, char** argv, options& o) {
       {"--depth", [&](auto& v) { o.depth = static_cast<unsigned>(count(v, 1, 1024)); }},
       {"--log-slots", [&](auto& v) { o.log_slots = count(v, 1024, 1ull << 28); }},
       {"--max-phase-s", [&](auto& v) { o.max_phase_s = number(v, 0.001); }},
+      {"--swap-pause-us", [&](auto& v) { o.swap_pause_us = number(v, 0); }},
       {"--json", [&](auto& v) { o.json_path = v; }},
       {"--images", [&](auto& v) { o.images_dir = v; }}};
   for (int i = 1; i < argc; ++i) {
@@ -186,6 +188,12 @@ phase_result steady(harness& h) {
   });
 }
 
+/// The pause between two swapper cycles (--swap-pause-us), the same in both swapper phases.
+void pause(const harness& h) {
+  if (h.opt.swap_pause_us > 0)
+    std::this_thread::sleep_for(std::chrono::duration<double, std::micro>(h.opt.swap_pause_us));
+}
+
 phase_result group_swap(harness& h) {
   int image = 0;  // the serving version's image index (v1 loaded first)
   phase_result r = h.run_phase("group-swap", h.opt.cycles, [&](phase_result& out) {
@@ -208,6 +216,7 @@ phase_result group_swap(harness& h) {
       } catch (const std::exception& ex) {
         out.failure(std::string("stage/promote: ") + ex.what());
       }
+      pause(h);
     }
   });
   // Servers stopped, GPUs idle: let the retired versions be unloaded now (not timed).
@@ -243,6 +252,7 @@ phase_result bare_load(harness& h) {
       }
       out.op("load").samples_us.push_back(us_between(t0, now_ns()));
       out.cycles_done += ok ? 1 : 0;
+      pause(h);
     }
   });
   for (const auto& [mb, module] : loaded) {
@@ -392,6 +402,7 @@ json make_report(const harness& h, const std::vector<phase_result>& phases, bool
                  {"member_count", h.members.size()},
                  {"config",
                   {{"cycles", opt.cycles},
+                   {"swap_pause_us", opt.swap_pause_us},
                    {"steady_ms", opt.steady_ms},
                    {"spin_us", opt.spin_us},
                    {"depth", opt.depth},
