@@ -40,7 +40,8 @@ from typing import Any, Mapping, Sequence, Union
 
 from . import _cubridge
 from ._cubridge import (BundleManifest, Context, ContextRef, Device, DeviceView, GuestContext,
-                        HotKernel, HotModule, HotModuleStats, HotReloader, ImageInfo,
+                        GroupKernel, HotKernel, HotModule, HotModuleGroup,
+                        HotModuleStats, HotReloader, PinnedGeneration, StagedGroup, ImageInfo,
                         ImageKernel, ImageTarget, Kernel, KeyPair, LaunchConfig, Module,
                         PrimaryContext, PublicKey, Sandbox, SecretKey, SharedMemory,
                         StagedModule, StagedVersion, Stream, UpdateEndpoint, VerifiedBundle,
@@ -92,7 +93,8 @@ __all__ = [
     "doctor", "inspect", "compile_cuda", "device_count", "driver_available", "generate_keypair",
     "devices", "Device", "Context", "PrimaryContext", "ContextRef", "current_context",
     "scoped_current", "Stream", "before_stream_destroy", "LaunchConfig", "Module", "Kernel", "DeviceView",
-    "kernel_signature", "unmangled_name", "HotModule", "HotKernel", "HotModuleStats",
+    "kernel_signature", "unmangled_name", "HotModule", "HotKernel", "HotModuleStats", "HotModuleGroup",
+    "GroupKernel", "PinnedGeneration", "StagedGroup",
     "HotReloader", "StagedModule", "StagedVersion", "GuestContext", "SharedMemory", "Sandbox",
     "UpdateEndpoint",
     "sign_bundle", "verify_bundle", "ImageInfo", "ImageTarget", "ImageKernel", "KeyPair",

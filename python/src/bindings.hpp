@@ -10,12 +10,14 @@
 #include <cubridge/core/stream_ref.hpp>
 #include <cubridge/isolation/mps_policy.hpp>
 #include <cubridge/swap/hot_module.hpp>
+#include <cubridge/swap/hot_module_group.hpp>
 
 #include <nanobind/nanobind.h>
 
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -60,6 +62,22 @@ struct py_hot_module {
   hot_module hot;
   std::vector<std::string> kernel_names;
 };
+
+/// A hot module group as Python holds it (group.cpp): the group and its interface's names.
+struct py_hot_module_group {
+  hot_module_group group;
+  std::vector<std::string> kernel_names;
+};
+/// HotModuleGroup, GroupKernel, PinnedGeneration (group.cpp).
+void bind_hot_module_groups(nanobind::module_& m);
+
+/// A smoke test that calls the Python callable `test` (borrowed: its owner outlives what runs
+/// it) with the staged module as a StagedModule of the interface `names` (hot.cpp). What it
+/// raises rejects the version, with the Python error's message as the cause.
+[[nodiscard]] std::function<void(const module&)> python_smoke_test(PyObject* test,
+                                                                   std::vector<std::string> names);
+/// {'serving': ..., 'rollback_target': ... or None, 'retired': [...]}, as HotModule.versions.
+[[nodiscard]] nanobind::dict versions_dict(const held_versions& v);
 
 /// The context a Python argument names: a Context, PrimaryContext, GuestContext or ContextRef, or
 /// None for the calling thread's current context (refused when there is none). Owning contexts

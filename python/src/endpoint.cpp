@@ -74,7 +74,8 @@ class py_update_endpoint {
   py_update_endpoint(nb::handle hot_modules, const std::vector<public_key>& keys,
                      const endpoint_settings& settings, bool start_now)
       : endpoint_(std::make_unique<update_endpoint>(sink_, options_of(settings, keys))) {
-    if (nb::isinstance<py_hot_module>(hot_modules)) {
+    if (nb::isinstance<py_hot_module>(hot_modules) ||
+        nb::isinstance<py_hot_module_group>(hot_modules)) {
       add(hot_modules);
     } else {
       for (nb::handle h : hot_modules) add(h);
@@ -87,11 +88,14 @@ class py_update_endpoint {
 
   /// Serves `hot_module` too (its serving version's bundle_version is where versions start).
   void add(nb::handle hot_module) {
-    if (!nb::isinstance<py_hot_module>(hot_module))
+    if (nb::isinstance<py_hot_module>(hot_module))
+      sink_.add(nb::cast<py_hot_module&>(hot_module).hot);
+    else if (nb::isinstance<py_hot_module_group>(hot_module))
+      sink_.add(nb::cast<py_hot_module_group&>(hot_module).group);  // every member at once
+    else
       detail::throw_errc(errc::precondition, "cubridge.UpdateEndpoint",
                          std::string("a ") + Py_TYPE(hot_module.ptr())->tp_name +
-                             " is no HotModule: the endpoint serves HotModules");
-    sink_.add(nb::cast<py_hot_module&>(hot_module).hot);
+                             " is no HotModule or HotModuleGroup: the endpoint serves those");
     modules_.push_back(nb::borrow(hot_module));
   }
 

@@ -41,26 +41,6 @@ struct staged_module {
   }
 };
 
-/// A smoke test that calls the Python callable `test` (borrowed: its owner outlives the
-/// stage() or the reloader that runs it) with the staged module. What it raises rejects the
-/// version, with the Python error's message as the cause.
-std::function<void(const module&)> python_smoke_test(PyObject* test,
-                                                     std::vector<std::string> names) {
-  return [test, names = std::move(names)](const module& m) {
-    nb::gil_scoped_acquire locked;
-    nb::object view = nb::cast(staged_module{&m, names});
-    std::string failure;
-    try {
-      nb::handle fn(test);
-      fn(view);
-    } catch (nb::python_error& e) {
-      failure = e.what();
-    }
-    nb::cast<staged_module&>(view).loaded = nullptr;
-    if (!failure.empty()) throw std::runtime_error("the Python smoke test raised " + failure);
-  };
-}
-
 py_hot_module load_hot(std::string name, nb::handle image, nb::handle ctx,
                        std::uint64_t bundle_version) {
   const auto bytes = image_bytes(image);
@@ -100,27 +80,6 @@ PyMethodDef launch_hot_method{
     "launch($self, config, /, *args)\n--\n\n"
     "As Kernel.launch, on the serving version; returns the id of the version that ran. The "
     "per-thread default stream is refused (its work could not be fenced)."};
-
-nb::dict held(const held_version& v) {
-  nb::dict d;
-  d["id"] = v.id;
-  d["bundle_version"] = v.origin.bundle_version;
-  d["key_id"] = v.origin.key_id;
-  d["source"] = v.origin.source;
-  d["staged_at"] = std::chrono::duration<double>(v.origin.staged_at.time_since_epoch()).count();
-  return d;
-}
-
-nb::dict versions_of(const py_hot_module& h) {
-  const auto v = h.hot.versions();
-  nb::dict d;
-  d["serving"] = held(v.serving);
-  d["rollback_target"] = v.rollback_target ? nb::object(held(*v.rollback_target)) : nb::none();
-  nb::list retired;
-  for (const auto& r : v.retired) retired.append(held(r));
-  d["retired"] = retired;
-  return d;
-}
 
 /// A watched directory feeding a hot module; stops when closed, or when collected.
 class py_hot_reloader {
@@ -229,6 +188,50 @@ void bind_hot_kernel(nb::module_& m) {
 
 }  // namespace
 
+/// A smoke test that calls the Python callable `test` (borrowed: its owner outlives the
+/// stage() or the reloader that runs it) with the staged module. What it raises rejects the
+/// version, with the Python error's message as the cause.
+std::function<void(const module&)> python_smoke_test(PyObject* test,
+                                                     std::vector<std::string> names) {
+  return [test, names = std::move(names)](const module& m) {
+    nb::gil_scoped_acquire locked;
+    nb::object view = nb::cast(staged_module{&m, names});
+    std::string failure;
+    try {
+      nb::handle fn(test);
+      fn(view);
+    } catch (nb::python_error& e) {
+      failure = e.what();
+    }
+    nb::cast<staged_module&>(view).loaded = nullptr;
+    if (!failure.empty()) throw std::runtime_error("the Python smoke test raised " + failure);
+  };
+}
+
+namespace {
+nb::dict held(const held_version& v) {
+  nb::dict d;
+  d["id"] = v.id;
+  d["bundle_version"] = v.origin.bundle_version;
+  d["key_id"] = v.origin.key_id;
+  d["source"] = v.origin.source;
+  d["staged_at"] = std::chrono::duration<double>(v.origin.staged_at.time_since_epoch()).count();
+  return d;
+}
+
+}  // namespace
+
+nb::dict versions_dict(const held_versions& v) {
+  nb::dict d;
+  d["serving"] = held(v.serving);
+  d["rollback_target"] = v.rollback_target ? nb::object(held(*v.rollback_target)) : nb::none();
+  nb::list retired;
+  for (const auto& r : v.retired) retired.append(held(r));
+  d["retired"] = retired;
+  return d;
+}
+
+
 void bind_hot_modules(nb::module_& m) {
   bind_staged(m);
   bind_hot_kernel(m);
@@ -277,7 +280,8 @@ void bind_hot_modules(nb::module_& m) {
       .def_prop_ro(
           "stats", [](const py_hot_module& h) { return h.hot.stats(); },
           "The counters (HotModuleStats).")
-      .def_prop_ro("versions", &versions_of,
+      .def_prop_ro(
+          "versions", [](const py_hot_module& h) { return versions_dict(h.hot.versions()); },
                    "{'serving': ..., 'rollback_target': ... or None, 'retired': [...]}: each "
                    "version's id, bundle_version, key_id, source and staged_at.")
       .def_prop_ro(

@@ -58,6 +58,7 @@ NB_MODULE(_cubridge, m) {
   bind_contexts_and_streams(m);
   bind_kernels(m);
   bind_hot_modules(m);
+  bind_hot_module_groups(m);
   bind_isolation(m);
   bind_sandbox(m);
   bind_update_endpoint(m);

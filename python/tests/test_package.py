@@ -2,6 +2,8 @@
 
 import inspect as pyinspect
 
+import pytest
+
 import cubridge
 
 
@@ -18,7 +20,8 @@ def test_classes_document_their_properties():
                 cubridge.Stream, cubridge.LaunchConfig, cubridge.Module, cubridge.Kernel,
                 cubridge.DeviceView, cubridge.HotModule, cubridge.HotKernel,
                 cubridge.HotModuleStats, cubridge.HotReloader, cubridge.StagedModule,
-                cubridge.StagedVersion):
+                cubridge.StagedVersion, cubridge.HotModuleGroup, cubridge.GroupKernel,
+                cubridge.PinnedGeneration, cubridge.StagedGroup):
         for name, member in vars(cls).items():
             if not name.startswith("_"):
                 assert pyinspect.getdoc(member), f"{cls.__name__}.{name} has no docstring"
@@ -38,3 +41,10 @@ def test_the_stubs_describe_the_launches():
     stub = (pathlib.Path(cubridge.__file__).parent / "_cubridge.pyi").read_text()
     assert "def launch(self, config: LaunchConfig, /, *args: object) -> None:" in stub
     assert "def launch(self, config: LaunchConfig, /, *args: object) -> int:" in stub
+
+
+def test_a_group_of_no_contexts_is_refused_before_any_load():
+    # Checked before the driver is asked for anything: runs without a GPU too.
+    for image in (b"\0" * 16, [b"a", b"b"]):
+        with pytest.raises(cubridge.Error, match="needs at least one context"):
+            cubridge.HotModuleGroup("g", image, [])
