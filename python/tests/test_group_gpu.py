@@ -47,6 +47,7 @@ def written(torch, kernel, contexts, launch=None):
     out = []
     for ctx in contexts:
         t = torch.zeros(N, device="cuda")
+        torch.cuda.synchronize()  # our stream does not wait for torch's: the zeros first
         stream = cubridge.Stream(ctx)
         config = cubridge.LaunchConfig(block=N, stream=stream)
         (launch or kernel.launch)(config, t, N)
