@@ -42,7 +42,8 @@ struct options {
   unsigned depth = 8;
   std::uint64_t log_slots = 1ull << 20;  // per member and phase
   double max_phase_s = 20;
-  double swap_pause_us = 0;  // --swap-pause-us: between cycles, as a service that swaps now and then
+  double swap_pause_us =
+      0;  // --swap-pause-us: between cycles, as a service that swaps now and then
   std::string json_path;
   std::string images_dir;
 };

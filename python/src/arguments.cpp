@@ -406,7 +406,9 @@ device_range interface_range(nb::handle array, const std::string& what) {
 
 }  // namespace
 
-void forget_array_protocols() noexcept { protocol_cache::instance().clear(); }
+void forget_array_protocols() noexcept {
+  protocol_cache::instance().clear();
+}
 
 launch_signature signature_of(std::string name, std::span<const parameter_info> parameters) {
   launch_signature s{std::move(name), {parameters.begin(), parameters.end()}, {}};

@@ -181,16 +181,17 @@ void bind_hot_module_groups(nb::module_& m) {
           },
           nb::arg("name"), "A kernel of the interface (by its image name or C++ name).")
       .def_prop_ro(
-          "serving", [](const py_hot_module_group& g) { return generation_dict(g.group.serving()); },
+          "serving",
+          [](const py_hot_module_group& g) { return generation_dict(g.group.serving()); },
           "{'id': generation id, 'member_versions': [each member's version id]}.")
       .def_prop_ro(
-          "versions", [](const py_hot_module_group& g) { return versions_dict(g.group.versions()); },
+          "versions",
+          [](const py_hot_module_group& g) { return versions_dict(g.group.versions()); },
           "As HotModule.versions (every member holds the same versions).")
       .def_prop_ro(
           "size", [](const py_hot_module_group& g) { return g.group.size(); }, "The member count.")
       .def_prop_ro(
-          "name", [](const py_hot_module_group& g) { return g.group.name(); },
-          "The group's name.")
+          "name", [](const py_hot_module_group& g) { return g.group.name(); }, "The group's name.")
       .def(
           "member_stats",
           [](const py_hot_module_group& g, std::size_t i) { return g.group.member(i).stats(); },

@@ -231,7 +231,6 @@ nb::dict versions_dict(const held_versions& v) {
   return d;
 }
 
-
 void bind_hot_modules(nb::module_& m) {
   bind_staged(m);
   bind_hot_kernel(m);
@@ -282,8 +281,8 @@ void bind_hot_modules(nb::module_& m) {
           "The counters (HotModuleStats).")
       .def_prop_ro(
           "versions", [](const py_hot_module& h) { return versions_dict(h.hot.versions()); },
-                   "{'serving': ..., 'rollback_target': ... or None, 'retired': [...]}: each "
-                   "version's id, bundle_version, key_id, source and staged_at.")
+          "{'serving': ..., 'rollback_target': ... or None, 'retired': [...]}: each "
+          "version's id, bundle_version, key_id, source and staged_at.")
       .def_prop_ro(
           "name", [](const py_hot_module& h) { return h.hot.name(); }, "The module's name.")
       .def_prop_ro(

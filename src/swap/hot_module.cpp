@@ -92,7 +92,9 @@ hot_module::state& hot_module::checked() const {
   CUBRIDGE_EXPECTS(state_ != nullptr, "a moved-from hot_module: it has no module any more");
   return *state_;
 }
-std::uint64_t hot_module::promote(staged_version version) { return promote(std::move(version), {}); }
+std::uint64_t hot_module::promote(staged_version version) {
+  return promote(std::move(version), {});
+}
 
 std::uint64_t hot_module::promote(staged_version version, const std::function<void()>& inner) {
   auto& s = checked();
@@ -133,7 +135,9 @@ std::uint64_t hot_module::promote(staged_version version, const std::function<vo
   return id;
 }
 
-std::uint64_t hot_module::rollback() { return rollback({}); }
+std::uint64_t hot_module::rollback() {
+  return rollback({});
+}
 
 std::uint64_t hot_module::rollback(const std::function<void()>& inner) {
   auto& s = checked();

@@ -94,8 +94,7 @@ const staged_version& staged_group::member(std::size_t i) const {
 }
 
 const pinned_version& pinned_generation::member(std::size_t i) const {
-  CUBRIDGE_EXPECTS(i < members_.size(), "pinned_generation has " +
-                                            std::to_string(members_.size()) +
+  CUBRIDGE_EXPECTS(i < members_.size(), "pinned_generation has " + std::to_string(members_.size()) +
                                             " members, not a member " + std::to_string(i));
   return members_[i];
 }
@@ -118,8 +117,8 @@ hot_module_group hot_module_group::load(std::string name, std::vector<context_ar
   std::vector<hot_module> members;
   members.reserve(contexts.size());
   for (std::size_t i = 0; i < contexts.size(); ++i) {
-    auto member = hot_module::load(contexts[i], member_name(name, i, contexts[i].ref()),
-                                   images[i], options);
+    auto member =
+        hot_module::load(contexts[i], member_name(name, i, contexts[i].ref()), images[i], options);
     if (i > 0 && member.checked().kernel_names != members[0].checked().kernel_names)
       detail::throw_errc(errc::precondition, "hot_module_group::load",
                          "group '" + name + "': the image of member " + std::to_string(i) +

@@ -6,7 +6,7 @@ namespace cubridge {
 // No versions here: the module's chain (hot_module::versions()) is the one record of them.
 // An entry serves one hot module or one group of them (every device at once).
 struct hot_module_sink::entry {
-  hot_module* module = nullptr;       // one of these two
+  hot_module* module = nullptr;  // one of these two
   hot_module_group* group = nullptr;
   stage_options stage;
   mutable std::mutex mutex;  // last_error; apply/rollback are serialised by the endpoint
@@ -74,10 +74,10 @@ void hot_module_sink::add(hot_module_group& group, stage_options stage) {
   const auto device = group.member(0).context().device().capability();
   for (std::size_t i = 1; i < group.size(); ++i) {
     const auto other = group.member(i).context().device().capability();
-    CUBRIDGE_EXPECTS(other == device,
-                     "group '" + group.name() + "': member " + std::to_string(i) + " is on an " +
-                         to_string(other) + " device, member 0 on an " + to_string(device) +
-                         "; a sink loads one bundle for every member");
+    CUBRIDGE_EXPECTS(other == device, "group '" + group.name() + "': member " + std::to_string(i) +
+                                          " is on an " + to_string(other) +
+                                          " device, member 0 on an " + to_string(device) +
+                                          "; a sink loads one bundle for every member");
   }
   auto e = std::make_unique<entry>();
   e->group = &group;
@@ -90,8 +90,8 @@ void hot_module_sink::add_entry(const std::string& name, compute_capability devi
   std::lock_guard lock(mutex_);
   CUBRIDGE_EXPECTS(!modules_.contains(name), "module '" + name + "' added to the sink twice");
   CUBRIDGE_EXPECTS(!device_ || *device_ == device,
-                   "module '" + name + "' is on an " + to_string(device) + " device, the others on " +
-                       to_string(device_.value_or(device)));
+                   "module '" + name + "' is on an " + to_string(device) +
+                       " device, the others on " + to_string(device_.value_or(device)));
   device_ = device;
   if (e->stage.source_name.empty()) e->stage.source_name = name;
   modules_.emplace(name, std::move(e));

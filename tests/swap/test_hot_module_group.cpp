@@ -16,8 +16,8 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <map>
 #include <cstdio>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -219,9 +219,9 @@ TEST_F(HotModuleGroup, APinnedGenerationServesThroughAPromoteAndIsUnloadedAfter)
   // A generation pinned from another group is refused.
   std::vector<cubridge::context_arg> contexts = {sides_[0].ctx};
   auto other = cubridge::hot_module_group::load("other", contexts, hot_image("v1"));
-  EXPECT_THROW(
-      (void)k.launch(other.pin(), {.block = {256}, .stream = sides_[0].stream}, sides_[0].out.span()),
-      cubridge::error);
+  EXPECT_THROW((void)k.launch(other.pin(), {.block = {256}, .stream = sides_[0].stream},
+                              sides_[0].out.span()),
+               cubridge::error);
 }
 
 /// A swap under load: one serving thread per member launching unpinned, one thread running
@@ -318,11 +318,11 @@ load_result swap_under_load(cubridge::hot_module_group& group, std::vector<membe
 
 void expect_clean(const load_result& r, std::size_t members) {
   std::printf("group swap under load: %d switches, %ld launches (", r.switches, r.launches);
-  for (std::size_t i = 0; i < members; ++i)
-    std::printf("%s%ld", i ? " / " : "", r.per_member[i]);
-  std::printf(" per member), %ld failed, %ld wrong outputs; %ld pinned steps, %ld mixed; longest "
-              "gap between launches %.2f ms\n",
-              r.failed, r.wrong_output, r.steps, r.mixed, r.max_gap_ms);
+  for (std::size_t i = 0; i < members; ++i) std::printf("%s%ld", i ? " / " : "", r.per_member[i]);
+  std::printf(
+      " per member), %ld failed, %ld wrong outputs; %ld pinned steps, %ld mixed; longest "
+      "gap between launches %.2f ms\n",
+      r.failed, r.wrong_output, r.steps, r.mixed, r.max_gap_ms);
   EXPECT_EQ(r.failed, 0);
   EXPECT_EQ(r.wrong_output, 0);
   EXPECT_EQ(r.mixed, 0);

@@ -215,7 +215,8 @@ TEST_F(HotModuleSink, DirectPromoteThenOlderPushRefusedThenEndpointRollbackThenC
 TEST_F(HotModuleSink, AGroupTakesAPushOnEveryMemberOrOnNone) {
   std::vector<cubridge::context> contexts;
   std::vector<cubridge::context_arg> args;
-  for (int i = 0; i < 3; ++i) contexts.push_back(cubridge::context::create(cubridge::device::get(0)));
+  for (int i = 0; i < 3; ++i)
+    contexts.push_back(cubridge::context::create(cubridge::device::get(0)));
   for (auto& c : contexts) args.emplace_back(c);
   auto group = cubridge::hot_module_group::load("grouped", args, hot_image("v1"),
                                                 {.origin = {.bundle_version = 1}});

@@ -81,7 +81,7 @@ class pinned_generation {
 
 /// Counters of a group, and each member's own.
 struct hot_module_group_stats {
-  generation serving;           ///< the serving generation (its id and each member's version)
+  generation serving;            ///< the serving generation (its id and each member's version)
   std::uint64_t promotions = 0;  ///< group switches: promote() and rollback() calls that switched
   std::uint64_t rollbacks = 0;   ///< rollback() calls that switched
   /// Group versions refused: by stage() on any member (counted once), or by promote().

@@ -1,9 +1,9 @@
 #pragma once
 // A module_sink over cubridge::hot_module (or a hot_module_group: every device of a machine at
-// once): what the update endpoint (update_endpoint.hpp) and the fleet agent use in a real service. A pushed cubin or fatbin is staged (loaded and validated against the module's
-// interface) and promoted; CUDA C++ source is first compiled with NVRTC for the exact
-// architecture of the module's device (build_machine_code, machine_code.hpp), so the driver
-// never JITs in the service.
+// once): what the update endpoint (update_endpoint.hpp) and the fleet agent use in a real service.
+// A pushed cubin or fatbin is staged (loaded and validated against the module's interface) and
+// promoted; CUDA C++ source is first compiled with NVRTC for the exact architecture of the module's
+// device (build_machine_code, machine_code.hpp), so the driver never JITs in the service.
 //
 // The sink keeps no versions of its own: each pushed version is staged with the bundle's version
 // and key (stage_options::bundle_version, key_id), and which bundle version serves, and which one
