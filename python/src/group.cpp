@@ -23,23 +23,31 @@ struct py_group_kernel {
   launch_signature signature;
 };
 
-/// One image for every member (bytes, a str or a path), or a list or tuple of one per member.
-std::vector<std::vector<std::byte>> images_of(nb::handle images, std::size_t members) {
-  std::vector<std::vector<std::byte>> out;
+/// The images a HotModuleGroup call was given: one for every member (bytes, a str or a path),
+/// or a list or tuple of one per member. One image is read once and shared by every member.
+struct member_images {
+  std::vector<std::vector<std::byte>> bytes;  // one, or one per member
+  std::size_t members = 0;
+
+  [[nodiscard]] std::vector<std::span<const std::byte>> spans() const {
+    if (bytes.size() == 1)
+      return std::vector<std::span<const std::byte>>(members, std::span(bytes.front()));
+    return {bytes.begin(), bytes.end()};
+  }
+};
+
+member_images images_of(nb::handle images, std::size_t members) {
+  member_images out{{}, members};
   if (nb::isinstance<nb::list>(images) || nb::isinstance<nb::tuple>(images)) {
-    for (nb::handle one : images) out.push_back(image_bytes(one));
-    if (out.size() != members)
+    for (nb::handle one : images) out.bytes.push_back(image_bytes(one));
+    if (out.bytes.size() != members)
       detail::throw_errc(errc::precondition, "cubridge.HotModuleGroup",
-                         std::to_string(out.size()) + " images given for " +
+                         std::to_string(out.bytes.size()) + " images given for " +
                              std::to_string(members) + " members: one, or one per member");
   } else {
-    out.assign(members, image_bytes(images));
+    out.bytes.push_back(image_bytes(images));
   }
   return out;
-}
-
-std::vector<std::span<const std::byte>> spans_of(const std::vector<std::vector<std::byte>>& v) {
-  return {v.begin(), v.end()};
 }
 
 py_hot_module_group load_group(std::string name, nb::handle images, nb::handle contexts,
@@ -47,24 +55,26 @@ py_hot_module_group load_group(std::string name, nb::handle images, nb::handle c
   std::vector<context_arg> where;
   for (nb::handle c : contexts) where.push_back(as_context(c));
   CUBRIDGE_EXPECTS(!where.empty(), "group '" + name + "' needs at least one context");
-  const auto bytes = images_of(images, where.size());
-  auto names = kernel_names_of(bytes.front());
+  const auto given = images_of(images, where.size());
+  auto names = kernel_names_of(given.bytes.front());
   hot_module_options options;
   options.origin.bundle_version = bundle_version;
   nb::gil_scoped_release unlocked;
-  return {hot_module_group::load(std::move(name), std::move(where), spans_of(bytes), options),
+  return {hot_module_group::load(std::move(name), std::move(where), given.spans(), options),
           std::move(names)};
 }
 
 staged_group stage_group(const py_hot_module_group& g, nb::handle images, nb::handle smoke_test,
                          std::string source_name) {
-  const auto bytes = images_of(images, g.group.size());
+  const auto given = images_of(images, g.group.size());
   stage_options options;
   options.source_name = std::move(source_name);
   if (!smoke_test.is_none())
     options.smoke_test = python_smoke_test(smoke_test.ptr(), g.kernel_names);
   nb::gil_scoped_release unlocked;
-  return g.group.stage(spans_of(bytes), options);
+  // One image for all: the group inspects it once for every member.
+  return given.bytes.size() == 1 ? g.group.stage(given.bytes.front(), options)
+                                 : g.group.stage(given.spans(), options);
 }
 
 /// GroupKernel.launch(config, *args), METH_FASTCALL (add_fast_method).

@@ -14,6 +14,20 @@ namespace cubridge::sandbox_internal {
 namespace protocol = detail::sandbox_protocol;
 using clock_type = std::chrono::steady_clock;
 
+namespace {
+/// How worker `pid` ended, as the sandbox reports it: its exit in words, the failure reason a
+/// signal means (SIGABRT: aborted, any other: crashed), the exit code of an exit.
+worker_end end_of(pid_t pid, const detail::child_exit& exit) {
+  worker_end end;
+  end.text = "worker pid " + std::to_string(pid) + " " + exit.describe();
+  if (exit.signaled())
+    end.reason = exit.signal == SIGABRT ? sandbox_failure::aborted : sandbox_failure::crashed;
+  if (exit.exited()) end.exit_code = exit.exit_code;
+  return end;
+}
+}  // namespace
+
+/// The end a worker announced in its last words, read as the exit it is about to make.
 worker_end last_words(pid_t pid, const protocol::dying_message& m) {
   detail::child_exit exit;
   if (m.cause == protocol::dying_cause::signal) {
@@ -23,12 +37,7 @@ worker_end last_words(pid_t pid, const protocol::dying_message& m) {
     exit.how = detail::child_exit::kind::exited;
     exit.exit_code = m.value;
   }
-  worker_end end;
-  end.text = "worker pid " + std::to_string(pid) + " " + exit.describe();
-  if (exit.signaled())
-    end.reason = exit.signal == SIGABRT ? sandbox_failure::aborted : sandbox_failure::crashed;
-  if (exit.exited()) end.exit_code = exit.exit_code;
-  return end;
+  return end_of(pid, exit);
 }
 
 int wait_socket_or_cancel(int socket, int cancel_fd, clock_type::time_point deadline) noexcept {
@@ -140,12 +149,7 @@ std::optional<worker_end> worker_process::wait_for_exit(
 
 worker_end worker_process::ended(pid_t pid, const detail::child_exit& exit) noexcept {
   socket_.reset();
-  worker_end end;
-  end.text = "worker pid " + std::to_string(pid) + " " + exit.describe();
-  if (exit.signaled())
-    end.reason = exit.signal == SIGABRT ? sandbox_failure::aborted : sandbox_failure::crashed;
-  if (exit.exited()) end.exit_code = exit.exit_code;
-  return end;
+  return end_of(pid, exit);
 }
 
 }  // namespace cubridge::sandbox_internal

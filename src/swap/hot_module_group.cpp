@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <exception>
+#include <optional>
 #include <thread>
 
 namespace cubridge {
@@ -155,8 +156,16 @@ staged_group hot_module_group::stage(std::span<const std::span<const std::byte>>
 
 staged_group hot_module_group::stage(std::span<const std::byte> image,
                                      const stage_options& options) const {
-  const std::vector<std::span<const std::byte>> images(checked().members.size(), image);
-  return stage(images, options);
+  // The same bytes for every member: inspected once, not once per member.
+  auto& s = checked();
+  std::optional<image_info> info;
+  try {
+    info.emplace(inspect_image(image));
+  } catch (const image_error&) {
+    s.rejected.fetch_add(1);  // the group refused the version, as for a member's refusal
+    throw;
+  }
+  return stage(image, *info, options);
 }
 
 staged_group hot_module_group::stage(std::span<const std::byte> image, const image_info& info,
