@@ -191,17 +191,35 @@ std::uintptr_t interface_address(PyObject* array, const launch_config& config,
   return interface->address;
 }
 
-std::uintptr_t dlpack_address(PyObject* array, const launch_signature& s, std::size_t index) {
+/// What a DLPack export says of an array's memory (launches and device ranges read it alike).
+struct dlpack_memory {
+  std::uintptr_t address = 0;
+  std::size_t bytes = 0;
+  std::int32_t device_type = 0;  // DLPack's kDL* device type
+
+  /// Memory of a CUDA device (or managed memory), not host memory.
+  [[nodiscard]] bool on_device() const noexcept {
+    return device_type == nb::device::cuda::value || device_type == nb::device::cuda_managed::value;
+  }
+};
+
+/// `array`'s memory as its DLPack export gives it, or nullopt when the export fails.
+std::optional<dlpack_memory> read_dlpack(nb::handle array) {
   nb::ndarray<> view;
-  if (!nb::try_cast(nb::handle(array), view))
-    refuse_argument(s, index, "a " + type_name(array) + " whose DLPack export failed");
-  const auto kind = view.device_type();
-  if (kind != nb::device::cuda::value && kind != nb::device::cuda_managed::value &&
-      kind != nb::device::cuda_host::value)
+  if (!nb::try_cast(array, view)) return std::nullopt;
+  return dlpack_memory{reinterpret_cast<std::uintptr_t>(view.data()), view.nbytes(),
+                       view.device_type()};
+}
+
+std::uintptr_t dlpack_address(PyObject* array, const launch_signature& s, std::size_t index) {
+  const auto memory = read_dlpack(array);
+  if (!memory) refuse_argument(s, index, "a " + type_name(array) + " whose DLPack export failed");
+  // Pinned host memory is mapped for kernels too: a launch takes it, a device range does not.
+  if (!memory->on_device() && memory->device_type != nb::device::cuda_host::value)
     refuse_argument(
         s, index,
         "a " + type_name(array) + " in host memory was given; kernels take device memory");
-  return reinterpret_cast<std::uintptr_t>(view.data());
+  return memory->address;
 }
 
 /// The device address `arg` stands for, or false when it is no array of any protocol.
@@ -464,13 +482,11 @@ device_range as_device_range(nb::handle array, const std::string& what) {
     case array_protocol::cuda_array_interface:
       return interface_range(array, what);
     case array_protocol::dlpack: {
-      nb::ndarray<> view;
-      if (!nb::try_cast(array, view))
-        refuse_range(what, "a " + type_name(o) + " whose DLPack export failed");
-      const auto kind = view.device_type();
-      if (kind != nb::device::cuda::value && kind != nb::device::cuda_managed::value)
+      const auto memory = read_dlpack(array);
+      if (!memory) refuse_range(what, "a " + type_name(o) + " whose DLPack export failed");
+      if (!memory->on_device())
         refuse_range(what, "a " + type_name(o) + " in host memory was given");
-      return {reinterpret_cast<std::uintptr_t>(view.data()), view.nbytes()};
+      return {memory->address, memory->bytes};
     }
     case array_protocol::none:
       if (PyObject_HasAttrString(o, "__cuda_array_interface__") == 1)  // on the object itself
