@@ -13,8 +13,8 @@
 #include "nats_server.hpp"
 #include "update/source_bundles.hpp"
 
-#include <cubridge/update/fleet_controller.hpp>
-#include <cubridge/update/fleet_records.hpp>
+#include <cubridge/fleet/controller.hpp>
+#include <cubridge/fleet/records.hpp>
 
 #include <httplib.h>
 #include <nats/nats.h>

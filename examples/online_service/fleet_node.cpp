@@ -1,12 +1,12 @@
 // online_service as a fleet node; see fleet_node.hpp.
 #include "fleet_node.hpp"
 
-#include <cubridge/update/fleet_subjects.hpp>
+#include <cubridge/fleet/subjects.hpp>
 
 #include <stdexcept>
 
 #if ONLINE_SERVICE_FLEET
-#include <cubridge/update/fleet_agent.hpp>
+#include <cubridge/fleet/agent.hpp>
 #endif
 
 namespace online_service {

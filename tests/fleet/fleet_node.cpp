@@ -22,7 +22,7 @@
 //   record N OUTCOME VERSION SERVING REASON   the agent's N-th result record
 // (records are polled: when two come within one poll, only the second is printed, with its N).
 // Exits 0 on SIGTERM or SIGINT after stopping the agent and the endpoint.
-#include <cubridge/update/fleet_agent.hpp>
+#include <cubridge/fleet/agent.hpp>
 #include <cubridge/update/update_endpoint.hpp>
 
 #include <signal.h>

@@ -12,8 +12,8 @@
 #include <cubridge/compile/machine_code.hpp>
 #include <cubridge/core/compute_capability.hpp>
 #include <cubridge/core/detail/printable.hpp>
-#include <cubridge/update/fleet_controller.hpp>
-#include <cubridge/update/fleet_subjects.hpp>
+#include <cubridge/fleet/controller.hpp>
+#include <cubridge/fleet/subjects.hpp>
 #include <cubridge/update/rollback_request.hpp>
 
 #include <iostream>

@@ -1,7 +1,7 @@
 #pragma once
 // What `cubridge fleet status` and `watch` show: per node its versions, lag, heartbeat age and
 // last result; per module the desired versions and any halt.
-#include <cubridge/update/fleet_controller.hpp>
+#include <cubridge/fleet/controller.hpp>
 
 #include <nlohmann/json.hpp>
 

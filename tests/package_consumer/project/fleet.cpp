@@ -1,8 +1,8 @@
 // cubridge::fleet alone: a fleet controller (libnats inside) tries a port where no NATS server
 // listens and reports it unreachable at once; a heartbeat goes to JSON and back. No GPU, no
 // server.
-#include <cubridge/update/fleet_controller.hpp>
-#include <cubridge/update/fleet_records.hpp>
+#include <cubridge/fleet/controller.hpp>
+#include <cubridge/fleet/records.hpp>
 
 #include <cstdio>
 

@@ -7,8 +7,8 @@
 #include "tools/memory_sink.hpp"
 #include "update/source_bundles.hpp"
 
-#include <cubridge/update/fleet_agent.hpp>
-#include <cubridge/update/fleet_controller.hpp>
+#include <cubridge/fleet/agent.hpp>
+#include <cubridge/fleet/controller.hpp>
 
 #include <gtest/gtest.h>
 

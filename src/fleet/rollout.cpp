@@ -1,10 +1,10 @@
 // The canary policy of docs/fleet.md: the first N live nodes in node-id order get the bundle;
 // K `applied` results and no failure within the window let it go to every node; anything else
 // halts the rollout and rolls the canaries back.
-#include "update/fleet_controller_impl.hpp"
+#include "fleet/controller_impl.hpp"
 
 #include <cubridge/core/detail/printable.hpp>
-#include <cubridge/update/fleet_subjects.hpp>
+#include <cubridge/fleet/subjects.hpp>
 #include <cubridge/update/rollback_request.hpp>
 
 #include <nlohmann/json.hpp>

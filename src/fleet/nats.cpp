@@ -1,6 +1,6 @@
-#include "update/fleet_nats.hpp"
+#include "fleet/nats.hpp"
 
-#include <cubridge/update/fleet_subjects.hpp>
+#include <cubridge/fleet/subjects.hpp>
 
 #include <algorithm>
 #include <random>

@@ -1,11 +1,11 @@
 // The node side of fleet rollout (fleet_agent.hpp, docs/fleet.md): one worker thread that sets
 // up the durable consumers and applies their messages in order through the update gate, one
 // thread that sends heartbeats.
-#include "fleet_nats.hpp"
+#include "fleet/nats.hpp"
 
 #include <cubridge/core/error.hpp>
-#include <cubridge/update/fleet_agent.hpp>
-#include <cubridge/update/fleet_subjects.hpp>
+#include <cubridge/fleet/agent.hpp>
+#include <cubridge/fleet/subjects.hpp>
 #include <cubridge/update/metrics_text.hpp>
 
 #include <algorithm>

@@ -1,11 +1,11 @@
-// The fleet's NATS plumbing (src/update/fleet_nats.hpp) against a real nats-server
+// The fleet's NATS plumbing (src/fleet/nats.hpp) against a real nats-server
 // (tests/nats_server.hpp): streams and bucket made idempotently, a stream configured otherwise
 // refused, the payload limit, an unreachable server, and a server stopped and started again.
 #include "eventually.hpp"
 #include "nats_server.hpp"
-#include "update/fleet_nats.hpp"
+#include "fleet/nats.hpp"
 
-#include <cubridge/update/fleet_subjects.hpp>
+#include <cubridge/fleet/subjects.hpp>
 
 #include <gtest/gtest.h>
 

@@ -10,7 +10,7 @@
 // With the server down the service keeps serving what it has; the client reconnects with
 // backoff, the durable consumer resumes where it was acknowledged, and the node converges.
 
-#include <cubridge/update/fleet_records.hpp>
+#include <cubridge/fleet/records.hpp>
 #include <cubridge/update/module_sink.hpp>
 #include <cubridge/update/update_gate.hpp>
 

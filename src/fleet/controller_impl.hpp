@@ -3,9 +3,9 @@
 // the bucket and reading the streams; fleet_rollout.cpp: the canary policy and waiting for
 // results).
 
-#include "update/fleet_nats.hpp"
+#include "fleet/nats.hpp"
 
-#include <cubridge/update/fleet_controller.hpp>
+#include <cubridge/fleet/controller.hpp>
 
 #include <chrono>
 #include <optional>

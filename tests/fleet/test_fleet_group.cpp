@@ -1,4 +1,4 @@
-// Tests of the fleet agent (cubridge/update/fleet_agent.hpp) over a hot_module_sink holding a
+// Tests of the fleet agent (cubridge/fleet/agent.hpp) over a hot_module_sink holding a
 // hot_module_group, on a GPU and a real nats-server (tests/nats_server.hpp): a bundle published
 // for the module serves on every member, one that a member refuses switches none, a rollback
 // returns every member (issue 16). Three contexts of one GPU stand for the devices of a node.
@@ -6,15 +6,15 @@
 #include <cubridge/core/device_buffer.hpp>
 #include <cubridge/core/scoped_current.hpp>
 #include <cubridge/swap/hot_module_group.hpp>
-#include <cubridge/update/fleet_agent.hpp>
-#include <cubridge/update/fleet_subjects.hpp>
+#include <cubridge/fleet/agent.hpp>
+#include <cubridge/fleet/subjects.hpp>
 #include <cubridge/update/hot_module_sink.hpp>
 #include <cubridge/update/rollback_request.hpp>
 
 #include "eventually.hpp"
 #include "hot_module_fixture.hpp"
 #include "nats_server.hpp"
-#include "update/fleet_nats.hpp"
+#include "fleet/nats.hpp"
 
 #include <gtest/gtest.h>
 

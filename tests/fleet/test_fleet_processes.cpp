@@ -11,7 +11,7 @@
 #include "nats_server.hpp"
 #include "update/source_bundles.hpp"
 
-#include <cubridge/update/fleet_controller.hpp>
+#include <cubridge/fleet/controller.hpp>
 
 #include <gtest/gtest.h>
 

@@ -1,12 +1,12 @@
 // `cubridge fleet publish | status | rollback | watch`, the real binary run as a child against a
 // real nats-server (tests/nats_server.hpp); the test plays the nodes' heartbeats.
 #include "nats_server.hpp"
-#include "update/fleet_nats.hpp"
+#include "fleet/nats.hpp"
 
 #include <cubridge/core/detail/child_process.hpp>
 #include <cubridge/update/bundle.hpp>
-#include <cubridge/update/fleet_controller.hpp>
-#include <cubridge/update/fleet_subjects.hpp>
+#include <cubridge/fleet/controller.hpp>
+#include <cubridge/fleet/subjects.hpp>
 #include <cubridge/update/rollback_request.hpp>
 
 #include <gtest/gtest.h>

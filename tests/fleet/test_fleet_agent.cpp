@@ -1,15 +1,15 @@
-// Tests of cubridge/update/fleet_agent.hpp against a real nats-server (tests/nats_server.hpp)
+// Tests of cubridge/fleet/agent.hpp against a real nats-server (tests/nats_server.hpp)
 // with a memory sink (no GPU): what reaches the agent is applied, refused or ignored as
 // docs/fleet.md says, each with a result record, acknowledged once; the agent serves on while
 // the server is down and converges when it is back.
-#include <cubridge/update/fleet_agent.hpp>
-#include <cubridge/update/fleet_subjects.hpp>
+#include <cubridge/fleet/agent.hpp>
+#include <cubridge/fleet/subjects.hpp>
 #include <cubridge/update/rollback_request.hpp>
 
 #include "eventually.hpp"
 #include "nats_server.hpp"
 #include "tools/memory_sink.hpp"
-#include "update/fleet_nats.hpp"
+#include "fleet/nats.hpp"
 #include "update/source_bundles.hpp"
 
 #include <gtest/gtest.h>

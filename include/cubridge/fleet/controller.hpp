@@ -6,8 +6,8 @@
 // the NATS server once and never retries: a server that cannot be reached is an error at once.
 
 #include <cubridge/update/bundle.hpp>
-#include <cubridge/update/fleet_error.hpp>
-#include <cubridge/update/fleet_records.hpp>
+#include <cubridge/fleet/error.hpp>
+#include <cubridge/fleet/records.hpp>
 
 #include <chrono>
 #include <cstddef>

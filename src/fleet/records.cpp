@@ -1,8 +1,8 @@
 // Result records and heartbeats as JSON (fleet_records.hpp). Every text is made printable and cut
 // on the way out and again on the way in: what a reader prints never carries a terminal escape.
 #include <cubridge/core/detail/printable.hpp>
-#include <cubridge/update/fleet_records.hpp>
-#include <cubridge/update/fleet_subjects.hpp>
+#include <cubridge/fleet/records.hpp>
+#include <cubridge/fleet/subjects.hpp>
 
 #include <nlohmann/json.hpp>
 

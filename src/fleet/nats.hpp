@@ -4,7 +4,7 @@
 // cubridge::error, connecting with the fleet's reconnect policy, and the streams and bucket of
 // docs/fleet.md made or checked idempotently.
 
-#include <cubridge/update/fleet_error.hpp>
+#include <cubridge/fleet/error.hpp>
 
 #include <nats/nats.h>
 

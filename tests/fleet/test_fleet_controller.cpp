@@ -1,10 +1,10 @@
 // The control side (fleet_controller.hpp) against a real nats-server. The test plays the nodes:
 // it publishes their heartbeats, and a fake fleet answers each canary bundle with a result.
 #include "nats_server.hpp"
-#include "update/fleet_nats.hpp"
+#include "fleet/nats.hpp"
 
-#include <cubridge/update/fleet_controller.hpp>
-#include <cubridge/update/fleet_subjects.hpp>
+#include <cubridge/fleet/controller.hpp>
+#include <cubridge/fleet/subjects.hpp>
 #include <cubridge/update/rollback_request.hpp>
 
 #include <gtest/gtest.h>

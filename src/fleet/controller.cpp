@@ -1,10 +1,10 @@
 // The control side's connection: publishing, the desired bucket, and reading the last
 // heartbeat of every node and the last result of every node (docs/fleet.md). The canary policy
 // is in fleet_rollout.cpp.
-#include "update/fleet_controller_impl.hpp"
+#include "fleet/controller_impl.hpp"
 
 #include <cubridge/core/detail/printable.hpp>
-#include <cubridge/update/fleet_subjects.hpp>
+#include <cubridge/fleet/subjects.hpp>
 
 #include <nlohmann/json.hpp>
 
