@@ -1,11 +1,21 @@
-// The node side of fleet rollout (fleet_agent.hpp, docs/fleet.md): one worker thread that sets
-// up the durable consumers and applies their messages in order through the update gate, one
-// thread that sends heartbeats.
+// The node side of the fleet (agent.hpp, docs/fleet.md): one thread that reconciles every
+// followed module to its desired state, one that sends heartbeats.
+//
+// The reconcile loop, per module: read the desired state (a watch wakes it at once; a plain read
+// every resync_interval catches what a lost watch missed), verify the operator's signature and
+// that the revision did not go back, pick the bundle it names for this node, and if the node
+// serves something else: fetch it by subject, check its digest, hand it to the gate with the
+// record's authority, and publish one signed result for the revision. Transient failures retry
+// with backoff; permanent ones wait for the next revision.
 #include "fleet/nats.hpp"
 
+#include <cubridge/core/detail/printable.hpp>
 #include <cubridge/core/error.hpp>
 #include <cubridge/fleet/agent.hpp>
+#include <cubridge/fleet/desired_state.hpp>
+#include <cubridge/fleet/signed_record.hpp>
 #include <cubridge/fleet/subjects.hpp>
+#include <cubridge/update/detail/signing.hpp>
 #include <cubridge/update/metrics_text.hpp>
 
 #include <algorithm>
@@ -20,48 +30,62 @@ namespace cubridge {
 namespace {
 
 namespace nats = fleet::detail;
+using steady = std::chrono::steady_clock;
 
-// How long one fetch waits for a message: bounds how soon the worker sees stop() and the next
-// module's consumer.
-constexpr std::chrono::milliseconds fetch_wait{250};
-// JetStream API calls (consumer set-up, publishing with the stream's ack, acks).
+// JetStream API calls (gets, publishing with the stream's ack).
 constexpr std::chrono::milliseconds api_wait{2000};
+// How long one pass waits on a module's watch: bounds how soon the loop sees stop() and the
+// next module.
+constexpr std::chrono::milliseconds watch_wait{50};
 
 double ms_of(std::chrono::microseconds t) {
   return static_cast<double>(t.count()) / 1000.0;
 }
 
-// What a message on a module's bundle stream is for this node.
-enum class message_kind { bundle, rollback, other_node };
+// A fetch of a bundle allows for its size: 2 s plus 1 s per MiB.
+std::chrono::milliseconds fetch_wait(std::uint64_t size) {
+  return api_wait + std::chrono::milliseconds(size >> 10);
+}
 
-message_kind kind_of(std::string_view subject, std::string_view module, std::string_view node) {
-  if (subject == fleet::rollback_subject(module)) return message_kind::rollback;
-  if (subject == fleet::bundle_subject_all(module) ||
-      subject == fleet::bundle_subject_node(module, node))
-    return message_kind::bundle;
-  return message_kind::other_node;  // another node's canary subject: not ours
+// Whether the gate's answer is worth retrying as it is: the state could not be written, or the
+// sink failed for a reason outside the bundle (the next try may succeed). Everything else is
+// the bundle's own fault and waits for the next desired revision.
+bool transient(const gate_decision& d) {
+  return d.reason == "state_failed" || d.reason == "busy";
 }
 
 }  // namespace
 
 struct fleet_agent::impl {
-  impl(module_sink& s, fleet_agent_options o)
-      : sink(s), options(std::move(o)), gate(s, options.gate) {}
+  impl(std::shared_ptr<update_gate> g, fleet_agent_options o)
+      : gate(std::move(g)), options(std::move(o)) {}
 
-  struct consumer {
+  // What the loop knows of one module.
+  struct module_follow {
     std::string module;
-    nats::subscription_ptr subscription;
+    nats::kv_watcher_ptr watcher;
+    std::optional<fleet::desired_state> desired;  // the newest verified record
+    std::uint64_t highest_revision = 0;           // never acts on one below
+    // The revision whose outcome is settled (converged, applied, or refused for good): nothing
+    // more to do until a newer one, unless the node stops serving its target.
+    std::uint64_t settled_revision = 0;
+    bool settled_converged = false;
+    int failures = 0;  // transient, in a row
+    steady::time_point next_attempt{};
+    steady::time_point next_resync{};
+    std::optional<fleet::result_record> unpublished;  // a result still to go out
   };
 
-  module_sink& sink;
+  std::shared_ptr<update_gate> gate;
   fleet_agent_options options;
-  update_gate gate;
+  std::optional<secret_key> node_key;
   std::vector<std::string> modules;  // followed, fixed at start()
 
   nats::connection_ptr connection;
   nats::jetstream_ptr js;
-  std::vector<consumer> consumers;  // the worker's only
-  std::atomic<bool> ready{false};   // consumers set up
+  nats::kv_store_ptr bucket;
+  std::vector<module_follow> follows;  // the loop's only
+  std::atomic<bool> ready{false};      // bucket bound, watches made
 
   std::thread worker, heartbeater;
   std::atomic<bool> is_running{false};
@@ -69,14 +93,16 @@ struct fleet_agent::impl {
   std::condition_variable wake;
   bool stopping = false;  // under wake_mutex
 
-  mutable std::mutex results_mutex;
+  mutable std::mutex state_mutex;  // what the other threads read
   std::optional<fleet::result_record> last;
-  std::map<std::string, std::uint64_t> rejects;  // by reason
+  std::map<std::string, std::uint64_t> rejects;   // by reason
+  std::map<std::string, std::uint64_t> acted_on;  // per module: the revision last acted on
+  std::map<std::string, bool> converged_now;      // per module
+  std::string problem;                            // why not ready
 
-  std::atomic<std::uint64_t> applied{0}, rolled_back{0}, duplicates{0}, refused{0}, ignored{0},
-      acked{0}, records_published{0}, publish_failures{0}, heartbeats{0}, connects{0};
+  std::atomic<std::uint64_t> applied{0}, duplicates{0}, refused{0}, retries{0},
+      records_published{0}, publish_failures{0}, heartbeats{0}, connects{0}, desired_refused{0};
 
-  // Waits `delay` or until stop(); true when stopping.
   bool pause(std::chrono::milliseconds delay) {
     std::unique_lock lock(wake_mutex);
     return wake.wait_for(lock, delay, [&] { return stopping; });
@@ -88,16 +114,33 @@ struct fleet_agent::impl {
   bool link_up() const {
     return connection && natsConnection_Status(connection.get()) == NATS_CONN_STATUS_CONNECTED;
   }
+  std::chrono::system_clock::time_point now() const {
+    const auto& clock = gate->options().clock;
+    return clock ? clock() : std::chrono::system_clock::now();
+  }
+  std::chrono::milliseconds backoff(int failures) const {
+    auto delay = options.retry_first;
+    for (int i = 1; i < failures && delay < options.retry_longest; ++i) delay *= 2;
+    return std::min(delay, options.retry_longest);
+  }
+  void note_problem(std::string text) {
+    std::lock_guard lock(state_mutex);
+    problem = std::move(text);
+  }
 
   void choose_modules();
   void set_up();
   void run_worker();
-  bool fetch_from(consumer& c);
-  void handle(const std::string& module, natsMsg* message);
-  fleet::result_record record_of(const std::string& module, const gate_decision& d) const;
+  void take(module_follow& f, std::string_view value);
+  void read_desired(module_follow& f);
+  void watch(module_follow& f);
+  void reconcile(module_follow& f);
+  std::optional<std::vector<std::byte>> fetch(const std::string& module,
+                                              const fleet::bundle_ref& ref, std::string& why);
+  fleet::result_record record_of(const module_follow& f, const fleet::bundle_ref& target,
+                                 const gate_decision& d) const;
   void count(const gate_decision& d);
-  bool publish_and_ack(const fleet::result_record& record, natsMsg* message);
-  bool ack(natsMsg* message);
+  bool publish_record(module_follow& f);
   void run_heartbeats();
   fleet::heartbeat heartbeat_now() const;
 };
@@ -107,7 +150,7 @@ struct fleet_agent::impl {
 void fleet_agent::impl::choose_modules() {
   modules = options.modules;
   if (modules.empty()) {
-    for (const auto& report : sink.status())
+    for (const auto& report : gate->sink().status())
       if (fleet::check_fleet_name(report.name, "module").empty()) modules.push_back(report.name);
   }
   std::sort(modules.begin(), modules.end());
@@ -121,144 +164,230 @@ void fleet_agent::impl::choose_modules() {
   }
 }
 
-// --- the worker: consumers and messages -------------------------------------------------------
+// --- the loop ---------------------------------------------------------------------------------
 
-// Makes the streams (idempotently) and binds this node's durable consumer on each module's
-// bundle stream. Deliver-all on a stream that keeps one message per subject gives a new node the
-// current bundle for everyone, its own canary bundle and the last rollback request; one
-// unacknowledged message at a time keeps them in order.
+// Binds the bucket (the operator makes it; a node never does) and makes a watch per module.
 void fleet_agent::impl::set_up() {
-  consumers.clear();
-  nats::ensure_result_stream(js.get());
-  nats::ensure_heartbeat_stream(js.get());
-  const std::string durable = fleet::node_consumer(options.node);
-  for (const auto& m : modules) {
-    nats::ensure_bundle_stream(js.get(), m);
-    const std::string stream = fleet::bundle_stream(m);
-    std::string what = "consumer ";  // for errors
-    what.append(durable).append(" on stream ").append(stream);
-    jsConsumerConfig config;
-    jsConsumerConfig_Init(&config);
-    config.Durable = durable.c_str();
-    config.AckPolicy = js_AckExplicit;
-    config.DeliverPolicy = js_DeliverAll;
-    config.AckWait = std::chrono::duration_cast<std::chrono::nanoseconds>(options.ack_wait).count();
-    config.MaxAckPending = 1;
-    jsConsumerInfo* info = nullptr;
-    jsErrCode code = static_cast<jsErrCode>(0);
-    const auto added = js_AddConsumer(&info, js.get(), stream.c_str(), &config, nullptr, &code);
-    if (info) jsConsumerInfo_Destroy(info);
-    // An existing durable (another configuration, e.g. another ack_wait) is bound as it is.
-    if (added != NATS_OK && code != JSConsumerNameExistErr)
-      nats::check(added, "js_AddConsumer", what, code);
-    jsSubOptions bind;
-    jsSubOptions_Init(&bind);
-    bind.Stream = stream.c_str();
-    bind.Consumer = durable.c_str();
-    natsSubscription* raw = nullptr;
-    code = static_cast<jsErrCode>(0);
-    const auto subscribed =
-        js_PullSubscribe(&raw, js.get(), nullptr, durable.c_str(), nullptr, &bind, &code);
-    nats::subscription_ptr owned(raw);
-    nats::check(subscribed, "js_PullSubscribe", what, code);
-    consumers.push_back({m, std::move(owned)});
+  bucket = nats::bind_control_bucket(js.get());
+  for (auto& f : follows) {
+    f.watcher.reset();
+    f.next_resync = {};  // read at once: the watch's first value may take a moment
+    watch(f);
   }
   ++connects;
 }
 
+void fleet_agent::impl::watch(module_follow& f) {
+  kvWatchOptions o;
+  kvWatchOptions_Init(&o);
+  kvWatcher* raw = nullptr;
+  const auto key = fleet::desired_key(f.module);
+  nats::check(kvStore_Watch(&raw, bucket.get(), key.c_str(), &o), "kvStore_Watch",
+              "key " + key + " of bucket " + std::string(fleet::control_bucket));
+  f.watcher.reset(raw);
+}
+
+// A value of `desired.<m>` as read or watched: taken only when it verifies, parses, names this
+// module and is not older than what was seen; counted otherwise.
+void fleet_agent::impl::take(module_follow& f, std::string_view value) {
+  fleet::record_refusal refusal;
+  const auto opened =
+      fleet::open_record(value, fleet::record_kind::desired_state, gate->options().keys, &refusal);
+  std::optional<fleet::desired_state> state;
+  if (opened) state = fleet::parse_desired_state(opened->body, &refusal.why);
+  if (!state || state->module != f.module) {
+    ++desired_refused;
+    note_problem("desired state of '" + f.module +
+                 "' refused: " + (state ? "it names module '" + state->module + "'" : refusal.why));
+    return;
+  }
+  if (state->revision < f.highest_revision) {  // an old record written back
+    ++desired_refused;
+    note_problem("desired state of '" + f.module + "' revision " + std::to_string(state->revision) +
+                 " is older than revision " + std::to_string(f.highest_revision) + " seen");
+    return;
+  }
+  if (state->revision == f.highest_revision && f.desired) return;  // seen
+  f.highest_revision = state->revision;
+  f.desired = std::move(*state);
+  f.failures = 0;
+  f.next_attempt = {};
+}
+
+void fleet_agent::impl::read_desired(module_follow& f) {
+  if (const auto value = nats::kv_get(bucket.get(), fleet::desired_key(f.module)))
+    take(f, value->value);
+}
+
 void fleet_agent::impl::run_worker() {
-  int failures = 0;
+  int set_up_failures = 0;
+  follows.clear();
+  for (const auto& m : modules) follows.push_back({m});
   while (!stop_requested()) {
     if (!ready) {
       try {
-        if (!link_up()) throw std::runtime_error("not connected");
+        if (!link_up())
+          throw std::runtime_error("not connected to " +
+                                   fleet::redact_server_list(options.bus.servers));
         set_up();
         ready = true;
-        failures = 0;
-      } catch (const std::exception&) {
-        consumers.clear();
-        if (pause(nats::reconnect_delay(++failures))) return;
+        set_up_failures = 0;
+        note_problem({});
+      } catch (const std::exception& e) {
+        note_problem(e.what());
+        if (pause(nats::reconnect_delay(++set_up_failures))) return;
         continue;
       }
     }
     bool healthy = true;
-    for (auto& c : consumers) {
+    for (auto& f : follows) {
       if (stop_requested()) return;
-      healthy = fetch_from(c) && healthy;
+      try {
+        const auto now = steady::now();
+        if (now >= f.next_resync) {
+          read_desired(f);
+          f.next_resync = now + options.resync_interval;
+        }
+        if (!f.watcher) watch(f);
+        kvEntry* raw = nullptr;
+        const auto status = kvWatcher_Next(&raw, f.watcher.get(), watch_wait.count());
+        const nats::kv_entry_ptr entry(raw);
+        if (status == NATS_OK && entry && kvEntry_Operation(entry.get()) == kvOp_Put) {
+          const auto* data = static_cast<const char*>(kvEntry_Value(entry.get()));
+          take(f, std::string_view(data ? data : "",
+                                   static_cast<std::size_t>(kvEntry_ValueLen(entry.get()))));
+        } else if (status != NATS_OK && status != NATS_TIMEOUT) {
+          f.watcher.reset();  // made again next pass
+        }
+        reconcile(f);
+      } catch (const std::exception& e) {
+        note_problem(e.what());
+        healthy = false;
+      }
     }
-    if (healthy) {
-      failures = 0;
-      continue;
+    if (!healthy && !link_up()) {
+      ready = false;  // set up again once the connection is back
+      if (pause(nats::reconnect_delay(++set_up_failures))) return;
     }
-    // Fetches fail while the server is away; after a few, the consumers are set up again (the
-    // durable ones resume where they were acknowledged).
-    if (++failures >= 3) ready = false;
-    if (pause(nats::reconnect_delay(failures))) return;
   }
 }
 
-// One fetch from `c`'s consumer, its message handled; false when the fetch failed (not for a
-// fetch that found nothing).
-bool fleet_agent::impl::fetch_from(consumer& c) {
-  natsMsgList list{};
-  jsErrCode code = static_cast<jsErrCode>(0);
-  const auto status =
-      natsSubscription_Fetch(&list, c.subscription.get(), 1, fetch_wait.count(), &code);
-  if (status == NATS_TIMEOUT) return true;
-  if (status != NATS_OK) return false;
-  for (int i = 0; i < list.Count; ++i) handle(c.module, list.Msgs[i]);
-  natsMsgList_Destroy(&list);
-  return true;
-}
-
-void fleet_agent::impl::handle(const std::string& module, natsMsg* message) {
-  const std::string_view subject = natsMsg_GetSubject(message);
-  gate_decision d;
-  switch (kind_of(subject, module, options.node)) {
-    case message_kind::other_node:
-      ++ignored;
-      (void)ack(message);  // not redelivered; another node's record says what became of it
-      return;
-    case message_kind::bundle:
-      d = gate.push(nats::message_bytes(message), module);
-      break;
-    case message_kind::rollback:
-      d = gate.rollback(nats::message_text(message), module);
-      break;
-  }
-  count(d);
-  const auto record = record_of(module, d);
+// Brings the module to its desired state for this node, or records why it cannot.
+void fleet_agent::impl::reconcile(module_follow& f) {
+  if (f.unpublished && !publish_record(f)) return;  // the last result first
+  if (!f.desired) return;
+  const auto& desired = *f.desired;
+  const fleet::bundle_ref* target = desired.target_for(options.node);
+  const std::uint64_t serving = gate->sink().current_version(f.module);
   {
-    std::lock_guard lock(results_mutex);
-    last = record;
+    std::lock_guard lock(state_mutex);
+    converged_now[f.module] = !target || serving == target->version;
   }
-  (void)publish_and_ack(record, message);
+  if (!target) return;  // nothing desired for this node yet
+  const bool serves = serving == target->version;
+  // Settled for this revision: acted on again only when the node lost its target (a restart
+  // serving less), never to undo a newer version another door applied since.
+  if (f.settled_revision == desired.revision &&
+      (serves || !f.settled_converged || serving > target->version))
+    return;
+  if (steady::now() < f.next_attempt) return;
+  // Going below what serves is the operator's explicit word only: a rollback or a halt.
+  const bool below_serving = desired.phase == fleet::rollout_phase::rolled_back ||
+                             desired.phase == fleet::rollout_phase::halted;
+
+  gate_decision d;
+  if (serves) {
+    d.outcome = gate_outcome::duplicate;
+    d.reason = "replayed_version";
+    d.version = d.serving_version = d.previous_version = serving;
+    d.detail = "v" + std::to_string(serving) + " serves already";
+  } else {
+    std::string why;
+    const auto bytes = fetch(f.module, *target, why);
+    if (!bytes) {
+      ++retries;
+      note_problem(why);
+      f.next_attempt = steady::now() + backoff(++f.failures);
+      return;
+    }
+    const push_authority authority{
+        target->version, below_serving,
+        "the desired state of '" + f.module + "' revision " + std::to_string(desired.revision)};
+    d = gate->push(*bytes, f.module, &authority);
+    if (transient(d)) {
+      ++retries;
+      note_problem("module '" + f.module + "' v" + std::to_string(target->version) + ": " +
+                   d.reason + ": " + d.detail);
+      f.next_attempt = steady::now() + backoff(++f.failures);
+      return;
+    }
+  }
+  f.failures = 0;
+  count(d);
+  f.settled_revision = desired.revision;
+  f.settled_converged = d.outcome == gate_outcome::applied || d.outcome == gate_outcome::duplicate;
+  {
+    std::lock_guard lock(state_mutex);
+    acted_on[f.module] = desired.revision;
+    converged_now[f.module] = gate->sink().current_version(f.module) == target->version;
+  }
+  f.unpublished = record_of(f, *target, d);
+  {
+    std::lock_guard lock(state_mutex);
+    last = f.unpublished;
+  }
+  (void)publish_record(f);
 }
 
-fleet::result_record fleet_agent::impl::record_of(const std::string& module,
+// The bundle `ref` names, from its subject; nullopt (why in `why`) when it cannot be had now.
+std::optional<std::vector<std::byte>> fleet_agent::impl::fetch(const std::string& module,
+                                                               const fleet::bundle_ref& ref,
+                                                               std::string& why) {
+  const auto subject = fleet::bundle_subject(module, ref.version, ref.digest);
+  const auto js_fetch = nats::jetstream(connection.get(), fetch_wait(ref.size));
+  nats::message_ptr message;
+  try {
+    message = nats::last_message(js_fetch.get(), fleet::bundle_stream(module), subject);
+  } catch (const std::exception& e) {
+    why = e.what();
+    return std::nullopt;
+  }
+  if (!message) {
+    why = "no bundle on " + subject + " of stream " + fleet::bundle_stream(module);
+    return std::nullopt;
+  }
+  const auto bytes = nats::message_bytes(message.get());
+  if (cubridge::detail::sha256_hex(bytes) != ref.digest) {
+    why = "the bundle on " + subject + " is not the one the desired state names (SHA-256 differs)";
+    return std::nullopt;
+  }
+  return std::vector<std::byte>(bytes.begin(), bytes.end());
+}
+
+fleet::result_record fleet_agent::impl::record_of(const module_follow& f,
+                                                  const fleet::bundle_ref& target,
                                                   const gate_decision& d) const {
   fleet::result_record r;
   r.node = options.node;
-  r.module = module;
-  r.version = d.version;
-  r.serving_version = d.serving_version;
+  r.module = f.module;
+  r.revision = f.desired ? f.desired->revision : 0;
+  r.digest = target.digest;
+  r.version = target.version;
+  r.serving_version = gate->sink().current_version(f.module);
   r.outcome = d.outcome;
-  r.reason = d.reason;
+  r.reason = d.outcome == gate_outcome::applied ? "" : d.reason;
   r.detail = d.detail;
   r.verify_ms = ms_of(d.verify_time);
   r.apply_ms = ms_of(d.apply_time);
-  r.time = std::chrono::floor<std::chrono::seconds>(
-      options.gate.clock ? options.gate.clock() : std::chrono::system_clock::now());
+  r.time = std::chrono::floor<std::chrono::seconds>(now());
   return r;
 }
 
 void fleet_agent::impl::count(const gate_decision& d) {
   switch (d.outcome) {
     case gate_outcome::applied:
-      ++applied;
-      return;
     case gate_outcome::rolled_back:
-      ++rolled_back;
+      ++applied;
       return;
     case gate_outcome::duplicate:
       ++duplicates;
@@ -268,42 +397,27 @@ void fleet_agent::impl::count(const gate_decision& d) {
       break;
   }
   ++refused;
-  std::lock_guard lock(results_mutex);
+  std::lock_guard lock(state_mutex);
   if (rejects.size() < 64 || rejects.contains(d.reason)) ++rejects[d.reason];
 }
 
-// The record stored, then the ack; both retried (the outcome is decided, the sink is not called
-// again) until they go through or the agent stops. A message not acknowledged is delivered again
-// after ack_wait, and the replay state makes it a duplicate.
-bool fleet_agent::impl::publish_and_ack(const fleet::result_record& record, natsMsg* message) {
-  const std::string text = fleet::to_json(record);
-  const auto bytes = std::as_bytes(std::span(text.data(), text.size()));
-  const auto subject = fleet::result_subject(record.module, record.node);
-  for (int attempt = 1;; ++attempt) {
-    try {
-      nats::publish(js.get(), connection.get(), subject, bytes, "result record");
-      ++records_published;
-      break;
-    } catch (const std::exception&) {
-      ++publish_failures;
-      if (pause(nats::reconnect_delay(attempt))) return false;
-    }
-  }
-  for (int attempt = 1; !ack(message); ++attempt) {
+// The module's unpublished result, signed, stored in the result stream; false when it could not
+// go out now (retried on the next pass, never applied again).
+bool fleet_agent::impl::publish_record(module_follow& f) {
+  const auto text =
+      fleet::sign_record(fleet::record_kind::result, fleet::to_json(*f.unpublished), *node_key);
+  try {
+    nats::publish(js.get(), connection.get(), fleet::result_subject(f.module, options.node),
+                  std::as_bytes(std::span(text.data(), text.size())), "result record", {},
+                  api_wait);
+    ++records_published;
+    f.unpublished.reset();
+    return true;
+  } catch (const std::exception& e) {
     ++publish_failures;
-    if (pause(nats::reconnect_delay(attempt))) return false;
+    note_problem(std::string("result record not published yet: ") + e.what());
+    return false;
   }
-  return true;
-}
-
-bool fleet_agent::impl::ack(natsMsg* message) {
-  jsOptions o;
-  jsOptions_Init(&o);
-  o.Wait = api_wait.count();
-  jsErrCode code = static_cast<jsErrCode>(0);
-  if (natsMsg_AckSync(message, &o, &code) != NATS_OK) return false;
-  ++acked;
-  return true;
 }
 
 // --- heartbeats -------------------------------------------------------------------------------
@@ -312,13 +426,13 @@ fleet::heartbeat fleet_agent::impl::heartbeat_now() const {
   fleet::heartbeat h;
   h.node = options.node;
   h.cohort = options.cohort;
-  if (const auto device = sink.device_capability()) h.gpu = to_string(*device);
+  if (const auto device = gate->sink().device_capability()) h.gpu = to_string(*device);
   h.interval = options.heartbeat_interval;
-  h.time = std::chrono::floor<std::chrono::seconds>(
-      options.gate.clock ? options.gate.clock() : std::chrono::system_clock::now());
-  for (const auto& m : modules) h.versions[m] = sink.current_version(m);
+  h.time = std::chrono::floor<std::chrono::seconds>(now());
+  for (const auto& m : modules) h.versions[m] = gate->sink().current_version(m);
   h.connected = true;  // sent only while connected
-  std::lock_guard lock(results_mutex);
+  std::lock_guard lock(state_mutex);
+  for (const auto& [m, revision] : acted_on) h.revisions[m] = revision;
   h.last_result = last;
   return h;
 }
@@ -326,24 +440,27 @@ fleet::heartbeat fleet_agent::impl::heartbeat_now() const {
 void fleet_agent::impl::run_heartbeats() {
   const auto subject = fleet::heartbeat_subject(options.node);
   do {
-    if (!ready || !link_up()) continue;  // the streams are made by the worker's set-up
+    if (!ready || !link_up()) continue;
     try {
-      const auto text = fleet::to_json(heartbeat_now());
+      const auto text = fleet::sign_record(fleet::record_kind::heartbeat,
+                                           fleet::to_json(heartbeat_now()), *node_key);
       nats::publish(js.get(), connection.get(), subject,
-                    std::as_bytes(std::span(text.data(), text.size())), "heartbeat");
+                    std::as_bytes(std::span(text.data(), text.size())), "heartbeat", {}, api_wait);
       ++heartbeats;
     } catch (const std::exception&) {
       // Missed; the next interval tries again.
     }
   } while (!pause(ready && link_up() && heartbeats > 0
                       ? options.heartbeat_interval
-                      : std::min(options.heartbeat_interval, fetch_wait)));
+                      : std::min(options.heartbeat_interval, std::chrono::milliseconds(100))));
 }
 
 // --- the agent --------------------------------------------------------------------------------
 
-fleet_agent::fleet_agent(module_sink& sink, fleet_agent_options options)
-    : impl_(std::make_unique<impl>(sink, std::move(options))) {}
+fleet_agent::fleet_agent(std::shared_ptr<update_gate> gate, fleet_agent_options options)
+    : impl_(std::make_unique<impl>(std::move(gate), std::move(options))) {
+  CUBRIDGE_EXPECTS(impl_->gate != nullptr, "fleet_agent needs an update_gate");
+}
 
 fleet_agent::~fleet_agent() {
   stop();
@@ -354,12 +471,29 @@ void fleet_agent::start() {
   CUBRIDGE_EXPECTS(!d.is_running, "fleet agent already running");
   const auto node_problem = fleet::check_fleet_name(d.options.node, "node id");
   CUBRIDGE_EXPECTS(node_problem.empty(), "fleet_agent_options::node: " + node_problem);
-  CUBRIDGE_EXPECTS(d.options.heartbeat_interval.count() > 0 && d.options.ack_wait.count() > 0,
-                   "fleet_agent_options::heartbeat_interval and ack_wait must be positive");
+  CUBRIDGE_EXPECTS(d.options.heartbeat_interval.count() > 0 &&
+                       d.options.heartbeat_interval <= fleet::max_heartbeat_interval &&
+                       d.options.resync_interval.count() > 0 && d.options.retry_first.count() > 0 &&
+                       d.options.retry_longest >= d.options.retry_first,
+                   "fleet_agent_options: heartbeat_interval (at most 1 h), resync_interval and "
+                   "the retry delays must be positive");
+  CUBRIDGE_EXPECTS(!d.options.node_key_file.empty(),
+                   "fleet_agent_options::node_key_file: node '" + d.options.node +
+                       "' needs its own key (cubridge keygen) to sign its results");
+  (void)fleet::parse_server_list(d.options.bus.servers);  // a bad list is the caller's mistake
   d.choose_modules();
-  d.gate.start();  // the replay state, before any message
+  if (!d.options.allow_readable_key) {
+    std::error_code ec;
+    const auto perms = std::filesystem::status(d.options.node_key_file, ec).permissions();
+    using std::filesystem::perms;
+    CUBRIDGE_EXPECTS(ec || (perms & (perms::group_read | perms::others_read)) == perms::none,
+                     "node key file '" + d.options.node_key_file.string() +
+                         "' may be read by group or others (chmod 600 it)");
+  }
+  d.node_key.emplace(read_secret_key_file(d.options.node_key_file));
+  d.gate->start();  // the replay state, before anything is applied
   nats::connect_options c;
-  c.url = d.options.servers;
+  c.bus = d.options.bus;
   c.name = "cubridge-agent-" + d.options.node;
   c.retry_on_failed_connect = true;  // a service starts while the server is down
   d.connection = nats::connect(c);
@@ -383,8 +517,9 @@ void fleet_agent::stop() noexcept {
   d.wake.notify_all();
   d.worker.join();
   d.heartbeater.join();
-  d.consumers.clear();
+  d.follows.clear();
   d.ready = false;
+  d.bucket.reset();
   d.js.reset();
   d.connection.reset();
   d.is_running = false;
@@ -398,14 +533,32 @@ bool fleet_agent::connected() const noexcept {
   return impl_->is_running && impl_->ready && impl_->link_up();
 }
 
+std::string fleet_agent::connected_server() const {
+  if (!connected()) return {};
+  return nats::connected_url(impl_->connection.get());
+}
+
+std::string fleet_agent::last_problem() const {
+  std::lock_guard lock(impl_->state_mutex);
+  return impl_->problem;
+}
+
 fleet_agent_stats fleet_agent::stats() const noexcept {
   const auto& d = *impl_;
-  return {d.applied, d.rolled_back,       d.duplicates,       d.refused,    d.ignored,
-          d.acked,   d.records_published, d.publish_failures, d.heartbeats, d.connects};
+  return {d.applied,          d.duplicates, d.refused,  d.retries,        d.records_published,
+          d.publish_failures, d.heartbeats, d.connects, d.desired_refused};
+}
+
+bool fleet_agent::converged() const {
+  std::lock_guard lock(impl_->state_mutex);
+  if (impl_->converged_now.size() < impl_->modules.size()) return false;
+  for (const auto& [m, yes] : impl_->converged_now)
+    if (!yes) return false;
+  return true;
 }
 
 std::optional<fleet::result_record> fleet_agent::last_result() const {
-  std::lock_guard lock(impl_->results_mutex);
+  std::lock_guard lock(impl_->state_mutex);
   return impl_->last;
 }
 
@@ -414,28 +567,31 @@ std::string fleet_agent::metrics_text() const {
   metrics_text_writer out;
   out.family("cubridge_module_version", "The bundle version serving, per module (0: none).",
              metric_type::gauge);
-  for (const auto& m : d.modules) out.sample(d.sink.current_version(m), {{"module", m}});
+  for (const auto& m : d.modules) out.sample(d.gate->sink().current_version(m), {{"module", m}});
   const auto counter = [&out](const char* name, const char* help, std::uint64_t value) {
     out.family(name, help, metric_type::counter);
     out.sample(value);
   };
   counter("cubridge_fleet_promotions_total", "Bundles applied through the fleet.", d.applied);
-  counter("cubridge_fleet_rollbacks_total", "Signed rollbacks done through the fleet.",
-          d.rolled_back);
-  out.family("cubridge_fleet_rejects_total", "Messages refused or failed, by reason.",
+  out.family("cubridge_fleet_rejects_total", "Desired bundles refused for good, by reason.",
              metric_type::counter);
   {
-    std::lock_guard lock(d.results_mutex);
+    std::lock_guard lock(d.state_mutex);
     for (const auto& [reason, n] : d.rejects) out.sample(n, {{"reason", reason}});
   }
-  out.family("cubridge_fleet_agent_connected", "1 while connected with its consumers set up.",
+  counter("cubridge_fleet_retries_total",
+          "Transient failures retried (fetch, state write, server gone).", d.retries);
+  counter("cubridge_fleet_desired_refused_total",
+          "Desired-state records refused (signature, format, revision going back).",
+          d.desired_refused);
+  out.family("cubridge_fleet_agent_connected", "1 while connected and watching.",
              metric_type::gauge);
   out.sample(connected() ? 1u : 0u);
   counter("cubridge_fleet_agent_connects_total",
-          "Consumer set-ups: the first and one after each lost connection.", d.connects);
+          "Set-ups: the first and one after each lost connection.", d.connects);
   counter("cubridge_fleet_agent_heartbeats_total", "Heartbeats published.", d.heartbeats);
   counter("cubridge_fleet_agent_publish_failures_total",
-          "Result records or acks that could not go out (retried).", d.publish_failures);
+          "Result records that could not go out at once (retried).", d.publish_failures);
   return std::move(out).str();
 }
 

@@ -1,82 +1,142 @@
-// The control side's connection: publishing, the desired bucket, and reading the last
-// heartbeat of every node and the last result of every node (docs/fleet.md). The canary policy
-// is in fleet_rollout.cpp.
+// The control side's connection (controller.hpp): the bucket and compare-and-set, bundles stored
+// by module, version and digest, enrolment, and reading what the nodes report (every record
+// verified with the key the registry holds for the node its subject names). The publish, canary
+// and rollback policies are in rollout.cpp.
 #include "fleet/controller_impl.hpp"
 
 #include <cubridge/core/detail/printable.hpp>
+#include <cubridge/fleet/signed_record.hpp>
 #include <cubridge/fleet/subjects.hpp>
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
-#include <charconv>
-#include <set>
 
 namespace cubridge::fleet {
 namespace {
 
-using json = nlohmann::json;
+using steady = std::chrono::steady_clock;
 
-void require_fleet_name(std::string_view name, std::string_view what) {
+void count_refusal(read_report* report, const std::string& reason) {
+  if (!report) return;
+  if (report->refused.size() < 64 || report->refused.contains(reason)) ++report->refused[reason];
+}
+
+}  // namespace
+
+// --- impl -------------------------------------------------------------------------------------
+
+void controller::impl::require_name(std::string_view name, std::string_view what) {
   if (const auto problem = check_fleet_name(name, what); !problem.empty())
     cubridge::detail::throw_errc(errc::precondition, "fleet controller",
                                  problem + " (docs/fleet.md: one subject token)");
 }
 
-std::optional<std::uint64_t> parse_decimal(std::string_view text) {
-  std::uint64_t value = 0;
-  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (ec != std::errc{} || end != text.data() + text.size() || value == 0) return std::nullopt;
-  return value;
+trusted_keys controller::impl::keys_with(const secret_key& signer) const {
+  trusted_keys keys = options.operator_keys;
+  keys.add(signer.public_key());
+  return keys;
 }
 
-std::string halted_key(std::string_view module) {
-  return desired_key(module, "halted");
+std::uint64_t controller::impl::compare_and_set(
+    const std::string& key,
+    const std::function<std::string(const std::optional<detail::kv_value>&)>& make) {
+  const std::string involved = "key " + key + " of bucket " + std::string(control_bucket);
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    const auto current = detail::kv_get(bucket.get(), key);
+    const auto value = make(current);
+    std::uint64_t written = 0;
+    const auto status = current ? kvStore_Update(&written, bucket.get(), key.c_str(), value.data(),
+                                                 static_cast<int>(value.size()), current->revision)
+                                : kvStore_Create(&written, bucket.get(), key.c_str(), value.data(),
+                                                 static_cast<int>(value.size()));
+    if (status == NATS_OK) return written;
+    // Refused because someone wrote in between (the revision moved): decide again on theirs.
+    const auto now = detail::kv_get(bucket.get(), key);
+    const bool moved = now.has_value() != current.has_value() ||
+                       (now && current && now->revision != current->revision);
+    if (!moved) detail::check(status, current ? "kvStore_Update" : "kvStore_Create", involved);
+  }
+  detail::fail(fleet_errc::conflict,
+               "another writer changed it between each read and write, three times in a row",
+               "compare-and-set", involved);
 }
 
-}  // namespace
-
-void controller::impl::put(const std::string& key, const std::string& value) {
-  std::uint64_t revision = 0;
-  detail::check(kvStore_PutString(&revision, desired.get(), key.c_str(), value.c_str()),
-                "kvStore_PutString", "key " + key + " of bucket " + std::string(desired_bucket));
+void controller::impl::store_bundle(std::string_view module, const bundle_ref& ref,
+                                    std::span<const std::byte> bundle) {
+  const std::int64_t limit = natsConnection_GetMaxPayload(connection.get());
+  if (limit > 0 && bundle.size() > static_cast<std::uint64_t>(limit))
+    detail::fail(fleet_errc::oversized,
+                 "bundle of " + std::to_string(bundle.size()) +
+                     " bytes is over the server's largest message, " + std::to_string(limit) +
+                     " bytes (its max_payload; docs/fleet.md, Payload limits)",
+                 "publish", "module " + std::string(module));
+  if (auto w = detail::ensure_bundle_stream(js.get(), module, options.bus.replicas, limit);
+      !w.empty())
+    warnings.push_back(std::move(w));
+  const auto subject = bundle_subject(module, ref.version, ref.digest);
+  const auto stream = bundle_stream(module);
+  // Stored already (a retry, another operator): nothing to send.
+  if (const auto there = detail::last_message(js.get(), stream, subject))
+    if (detail::message_bytes(there.get()).size() == bundle.size()) return;
+  const auto wait = options.publish_timeout.count() > 0
+                        ? options.publish_timeout
+                        : options.request_timeout + std::chrono::milliseconds(bundle.size() >> 10);
+  const auto id = std::string(module) + "." + std::to_string(ref.version) + "." + ref.digest;
+  for (int attempt = 1;; ++attempt) {
+    try {
+      detail::publish(js.get(), connection.get(), subject, bundle, "bundle", id, wait);
+      return;
+    } catch (const error& e) {
+      // The ack may be lost while the server stored it: what is stored counts, not the ack.
+      if (const auto there = detail::last_message(js.get(), stream, subject))
+        if (detail::message_bytes(there.get()).size() == bundle.size()) return;
+      if (attempt == 3 || e.is(fleet_errc::oversized)) throw;
+    }
+  }
 }
 
-std::optional<std::string> controller::impl::get(const std::string& key) const {
-  kvEntry* raw = nullptr;
-  const auto status = kvStore_Get(&raw, desired.get(), key.c_str());
-  const detail::kv_entry_ptr entry(raw);
-  if (status == NATS_NOT_FOUND) return std::nullopt;
-  detail::check(status, "kvStore_Get", "key " + key + " of bucket " + std::string(desired_bucket));
-  const char* value = kvEntry_ValueString(entry.get());
-  return std::string(value ? value : "");
+std::optional<desired_entry> controller::impl::read_desired(std::string_view module,
+                                                            const trusted_keys& keys) const {
+  const auto key = desired_key(module);
+  const auto value = detail::kv_get(bucket.get(), key);
+  if (!value) return std::nullopt;
+  record_refusal refusal;
+  const auto opened = open_record(value->value, record_kind::desired_state, keys, &refusal);
+  std::optional<desired_state> state;
+  if (opened) state = parse_desired_state(opened->body, &refusal.why);
+  if (state && state->module != module) refusal.why = "it names module '" + state->module + "'";
+  if (!state || state->module != module)
+    detail::fail(fleet_errc::invalid_state,
+                 "holds a desired state that is refused: " + refusal.why +
+                     " (only `cubridge fleet publish` or `rollback` with the operator's key "
+                     "writes it)",
+                 "read desired state", "key " + key + " of bucket " + std::string(control_bucket));
+  return desired_entry{std::move(*state), value->revision};
 }
 
-void controller::impl::remove(const std::string& key) {
-  const auto status = kvStore_Delete(desired.get(), key.c_str());
-  if (status == NATS_NOT_FOUND) return;
-  detail::check(status, "kvStore_Delete",
-                "key " + key + " of bucket " + std::string(desired_bucket));
-}
-
-void controller::impl::send(const std::string& subject, std::span<const std::byte> data,
-                            std::string_view what) {
-  detail::publish(js.get(), connection.get(), subject, data, what);
-}
+// --- controller -------------------------------------------------------------------------------
 
 controller::controller(controller_options options) : impl_(std::make_unique<impl>()) {
-  impl_->options = std::move(options);
+  auto& d = *impl_;
+  d.options = std::move(options);
+  CUBRIDGE_EXPECTS(d.options.bus.replicas >= 1 && d.options.bus.replicas <= 5,
+                   "bus_options::replicas must be 1 to 5");
   detail::connect_options connect;
-  connect.url = impl_->options.server_url;
-  connect.name = impl_->options.client_name;
+  connect.bus = d.options.bus;
+  connect.name = d.options.client_name;
   connect.reconnect = false;  // a lost server is an error, never a wait
   connect.retry_on_failed_connect = false;
-  connect.connect_timeout = impl_->options.connect_timeout;
-  impl_->connection = detail::connect(connect);
-  impl_->js = detail::jetstream(impl_->connection.get(), impl_->options.request_timeout);
-  detail::ensure_result_stream(impl_->js.get());
-  detail::ensure_heartbeat_stream(impl_->js.get());
-  impl_->desired = detail::ensure_desired_bucket(impl_->js.get());
+  connect.connect_timeout = d.options.connect_timeout;
+  d.connection = detail::connect(connect);
+  d.open =
+      d.options.bus.credentials.empty() && d.options.bus.servers.find('@') == std::string::npos;
+  d.js = detail::jetstream(d.connection.get(), d.options.request_timeout);
+  const int replicas = d.options.bus.replicas;
+  for (auto w : {detail::ensure_result_stream(d.js.get(), replicas),
+                 detail::ensure_heartbeat_stream(d.js.get(), replicas)})
+    if (!w.empty()) d.warnings.push_back(std::move(w));
+  std::string mismatch;
+  d.bucket = detail::ensure_control_bucket(d.js.get(), replicas, &mismatch);
+  if (!mismatch.empty()) d.warnings.push_back(std::move(mismatch));
 }
 
 controller::~controller() = default;
@@ -86,117 +146,210 @@ std::size_t controller::max_payload() const {
   return limit > 0 ? static_cast<std::size_t>(limit) : 0;
 }
 
-void controller::publish(std::span<const std::byte> bundle, std::string_view module,
-                         std::span<const std::string> nodes) {
-  require_fleet_name(module, "module name");
-  for (const auto& node : nodes) require_fleet_name(node, "node id");
-  // Refused before the stream is touched: nothing of an oversized rollout reaches the server.
-  if (bundle.size() > max_payload())
-    detail::fail(fleet_errc::oversized,
-                 "bundle of " + std::to_string(bundle.size()) +
-                     " bytes is over the server's largest message, " +
-                     std::to_string(max_payload()) +
-                     " bytes (its max_payload; docs/fleet.md, Payload limits)",
-                 "publish", "module " + std::string(module) + " at " + impl_->options.server_url);
-  detail::ensure_bundle_stream(impl_->js.get(), module);
-  if (nodes.empty()) return impl_->send(bundle_subject_all(module), bundle, "bundle");
-  for (const auto& node : nodes) impl_->send(bundle_subject_node(module, node), bundle, "bundle");
+std::string controller::connected_server() const {
+  return detail::connected_url(impl_->connection.get());
 }
 
-void controller::rollback(std::string_view module, std::string_view signed_request) {
-  require_fleet_name(module, "module name");
-  detail::ensure_bundle_stream(impl_->js.get(), module);
-  impl_->send(rollback_subject(module),
-              {reinterpret_cast<const std::byte*>(signed_request.data()), signed_request.size()},
-              "rollback request");
+bool controller::open_bus() const noexcept {
+  return impl_->open;
 }
 
-std::optional<std::uint64_t> controller::desired(std::string_view module,
-                                                 std::string_view cohort) const {
-  const auto value = impl_->get(desired_key(module, cohort));
-  return value ? parse_decimal(*value) : std::nullopt;
+const std::vector<std::string>& controller::warnings() const noexcept {
+  return impl_->warnings;
 }
 
-void controller::set_desired(std::string_view module, std::string_view cohort,
-                             std::uint64_t version) {
-  require_fleet_name(module, "module name");
-  if (version == 0) return impl_->remove(desired_key(module, cohort));
-  impl_->put(desired_key(module, cohort), std::to_string(version));
+node_registry controller::registry() const {
+  const std::string key(registry_key);
+  const auto value = detail::kv_get(impl_->bucket.get(), key);
+  if (!value) return {};
+  record_refusal refusal;
+  const auto opened =
+      open_record(value->value, record_kind::registry, impl_->options.operator_keys, &refusal);
+  std::optional<node_registry> registry;
+  if (opened) registry = parse_registry(opened->body, &refusal.why);
+  if (!registry)
+    detail::fail(fleet_errc::invalid_state, "holds a registry that is refused: " + refusal.why,
+                 "read registry", "key " + key + " of bucket " + std::string(control_bucket));
+  return std::move(*registry);
 }
 
-void controller::clear_halt(std::string_view module) {
-  impl_->remove(halted_key(module));
-}
-
-std::vector<module_state> controller::modules() const {
-  kvKeysList keys{};
-  const auto status = kvStore_Keys(&keys, impl_->desired.get(), nullptr);
-  if (status == NATS_NOT_FOUND) return {};  // an empty bucket
-  detail::check(status, "kvStore_Keys", "bucket " + std::string(desired_bucket));
-  std::set<std::string> names;
-  for (int i = 0; i < keys.Count; ++i) {
-    const std::string_view key = keys.Keys[i];
-    const auto dot = key.rfind('.');
-    // Anyone who can write to the account can write keys: only fleet names are modules.
-    if (dot != std::string_view::npos && check_fleet_name(key.substr(0, dot), "m").empty())
-      names.emplace(key.substr(0, dot));
+void controller::enroll(std::string_view node, const public_key& key,
+                        const std::map<std::string, std::string, std::less<>>& labels,
+                        const secret_key& operator_key) {
+  impl::require_name(node, "node id");
+  CUBRIDGE_EXPECTS(labels.size() <= max_node_labels, "a node has at most 16 labels");
+  for (const auto& [name, value] : labels) {
+    impl::require_name(name, "label name");
+    impl::require_name(value, "label value");
   }
-  kvKeysList_Destroy(&keys);
-  std::vector<module_state> out;
-  for (const auto& name : names) {
-    module_state state{name, desired(name, "all"), desired(name, "canary"), {}, 0};
-    if (const auto halt = impl_->get(halted_key(name))) {
-      const auto parsed = json::parse(*halt, nullptr, false);
-      if (parsed.is_object() && parsed.value("reason", json()).is_string()) {
-        state.halted_reason = cubridge::detail::printable(
-            parsed["reason"].get<std::string>(),
-            {.max_bytes = 2048, .quoted = false, .cut = cubridge::detail::printable_cut::ellipsis});
-        state.halted_version = parsed.value("version", std::uint64_t{0});
-      }
+  const auto keys = impl_->keys_with(operator_key);
+  impl_->compare_and_set(std::string(registry_key), [&](const auto& current) {
+    node_registry registry;
+    if (current) {
+      record_refusal refusal;
+      const auto opened = open_record(current->value, record_kind::registry, keys, &refusal);
+      auto parsed = opened ? parse_registry(opened->body, &refusal.why) : std::nullopt;
+      if (!parsed)
+        detail::fail(fleet_errc::invalid_state, "holds a registry that is refused: " + refusal.why,
+                     "enroll", "key registry of bucket " + std::string(control_bucket));
+      registry = std::move(*parsed);
     }
-    out.push_back(std::move(state));
-  }
-  return out;
+    CUBRIDGE_EXPECTS(registry.nodes.size() < max_registry_nodes || registry.find(node),
+                     "the registry is full");
+    ++registry.revision;
+    registry.nodes.insert_or_assign(std::string(node), enrolled_node{key, labels});
+    return sign_record(record_kind::registry, to_json(registry), operator_key);
+  });
 }
 
-std::vector<node_state> controller::nodes(std::chrono::system_clock::time_point now) const {
+std::optional<desired_entry> controller::desired(std::string_view module) const {
+  impl::require_name(module, "module name");
+  return impl_->read_desired(module, impl_->options.operator_keys);
+}
+
+std::vector<node_state> controller::nodes(std::chrono::system_clock::time_point now,
+                                          read_report* report) const {
+  const auto deadline = steady::now() + impl_->options.read_deadline;
+  const auto registry = this->registry();
   std::vector<node_state> out;
   const std::string stream(heartbeat_stream);
-  for (const auto& subject :
-       detail::stream_subjects(impl_->js.get(), stream, heartbeat_subject(">"))) {
-    const auto message = detail::last_message(impl_->js.get(), stream, subject);
-    if (!message) continue;  // gone meanwhile (max age)
-    auto beat = parse_heartbeat(detail::message_text(message.get()));
-    // A heartbeat must come from its own subject: a node cannot speak for another.
-    if (!beat || heartbeat_subject(beat->node) != subject) continue;
+  for (const auto& [id, entry] : registry.nodes) {
     node_state state;
+    state.node = id;
+    state.labels = entry.labels;
+    if (steady::now() > deadline) {
+      state.problem = "not read within the read deadline";
+      if (report) report->complete = false;
+      out.push_back(std::move(state));
+      continue;
+    }
+    const auto message = detail::last_message(impl_->js.get(), stream, heartbeat_subject(id));
+    if (!message) {
+      state.problem = "no heartbeat";
+      out.push_back(std::move(state));
+      continue;
+    }
+    record_refusal refusal;
+    const auto opened = open_record(detail::message_text(message.get()), record_kind::heartbeat,
+                                    trusted_keys{entry.key}, &refusal);
+    std::optional<heartbeat> beat;
+    if (opened) beat = parse_heartbeat(opened->body);
+    if (!beat || beat->node != id) {
+      state.problem = "heartbeat refused: " +
+                      (opened ? std::string("malformed or naming another node") : refusal.why);
+      count_refusal(report, opened ? "malformed heartbeat" : "heartbeat not signed by its node");
+      out.push_back(std::move(state));
+      continue;
+    }
     const auto age = std::chrono::duration_cast<std::chrono::seconds>(now - beat->time);
     state.age = std::max(age, std::chrono::seconds(0));
-    const auto interval =
-        beat->interval > std::chrono::milliseconds(0) ? beat->interval : std::chrono::seconds(5);
-    state.live = now - beat->time < 3 * interval;
+    state.live = now - beat->time < 3 * beat->interval;
     state.beat = std::move(*beat);
     out.push_back(std::move(state));
   }
-  std::sort(out.begin(), out.end(),
-            [](const node_state& a, const node_state& b) { return a.beat.node < b.beat.node; });
   return out;
 }
 
-std::vector<result_record> controller::last_results(std::string_view module) const {
-  std::vector<result_record> out;
-  const std::string stream(result_stream);
-  for (const auto& subject :
-       detail::stream_subjects(impl_->js.get(), stream, result_subject(module, "*"))) {
-    const auto message = detail::last_message(impl_->js.get(), stream, subject);
-    if (!message) continue;
-    auto record = parse_result_record(detail::message_text(message.get()));
-    if (!record || result_subject(record->module, record->node) != subject) continue;
-    out.push_back(std::move(*record));
+std::vector<desired_entry> controller::modules(read_report* report) const {
+  const auto deadline = steady::now() + impl_->options.read_deadline;
+  kvKeysList keys{};
+  kvWatchOptions o;
+  kvWatchOptions_Init(&o);
+  o.Timeout = impl_->options.request_timeout.count();
+  const auto status = kvStore_Keys(&keys, impl_->bucket.get(), &o);
+  if (status == NATS_NOT_FOUND) return {};  // an empty bucket
+  detail::check(status, "kvStore_Keys", "bucket " + std::string(control_bucket));
+  std::vector<std::string> names;
+  for (int i = 0; i < keys.Count; ++i) {
+    const std::string_view key = keys.Keys[i];
+    if (key.starts_with("desired.") && check_fleet_name(key.substr(8), "m").empty())
+      names.emplace_back(key.substr(8));
   }
-  std::sort(out.begin(), out.end(),
-            [](const result_record& a, const result_record& b) { return a.node < b.node; });
+  kvKeysList_Destroy(&keys);
+  std::sort(names.begin(), names.end());
+  std::vector<desired_entry> out;
+  for (const auto& name : names) {
+    if (steady::now() > deadline) {
+      if (report) report->complete = false;
+      break;
+    }
+    try {
+      if (auto entry = impl_->read_desired(name, impl_->options.operator_keys))
+        out.push_back(std::move(*entry));
+    } catch (const error& e) {
+      if (!e.is(fleet_errc::invalid_state)) throw;
+      count_refusal(report, "desired state of '" + name + "' does not verify");
+    }
+  }
   return out;
+}
+
+// --- results ----------------------------------------------------------------------------------
+
+std::optional<result_record> verified_result(std::string_view subject, std::string_view text,
+                                             std::string_view module, const node_registry& registry,
+                                             std::string& why) {
+  const auto prefix = result_subject(module, "");
+  if (!subject.starts_with(prefix)) {
+    why = "subject of another module";
+    return std::nullopt;
+  }
+  const auto node = subject.substr(prefix.size());
+  const auto* entry = registry.find(node);
+  if (!entry) {
+    why = "result of a node not enrolled";
+    return std::nullopt;
+  }
+  record_refusal refusal;
+  const auto opened = open_record(text, record_kind::result, trusted_keys{entry->key}, &refusal);
+  if (!opened) {
+    why = "result not signed by its node: " + refusal.why;
+    return std::nullopt;
+  }
+  auto record = parse_result_record(opened->body);
+  if (!record || record->node != node || record->module != module) {
+    why = "malformed result, or naming another node or module";
+    return std::nullopt;
+  }
+  return record;
+}
+
+result_watch::result_watch(natsConnection* connection, std::string_view module,
+                           const node_registry& registry)
+    : module_(module), registry_(registry) {
+  natsSubscription* raw = nullptr;
+  const std::string subject = result_subject(module, "*");
+  detail::check(natsConnection_SubscribeSync(&raw, connection, subject.c_str()),
+                "natsConnection_SubscribeSync", "subject " + subject);
+  subscription_.reset(raw);
+  // A flood of records cannot make the controller hold more than this: beyond, the client drops.
+  detail::check(natsSubscription_SetPendingLimits(raw, 65536, 64 << 20),
+                "natsSubscription_SetPendingLimits", "subject " + subject);
+  // Once flushed, the server has the subscription: every later result reaches it.
+  detail::check(natsConnection_FlushTimeout(connection, 5000), "natsConnection_FlushTimeout",
+                "subject " + subject);
+}
+
+std::optional<result_record> result_watch::next(steady::time_point deadline) {
+  for (;;) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - steady::now()).count();
+    if (left <= 0) return std::nullopt;
+    natsMsg* raw = nullptr;
+    const auto status = natsSubscription_NextMsg(&raw, subscription_.get(), left);
+    const detail::message_ptr message(raw);
+    if (status == NATS_TIMEOUT) return std::nullopt;
+    if (status == NATS_SLOW_CONSUMER) {  // dropped some of a flood; what follows still counts
+      ++refused_;
+      continue;
+    }
+    detail::check(status, "natsSubscription_NextMsg", "results of module " + module_);
+    std::string why;
+    if (auto record = verified_result(natsMsg_GetSubject(message.get()),
+                                      detail::message_text(message.get()), module_, registry_, why))
+      return record;
+    ++refused_;
+  }
 }
 
 }  // namespace cubridge::fleet

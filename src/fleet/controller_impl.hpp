@@ -1,13 +1,14 @@
 #pragma once
-// What controller's two source files share (fleet_controller.cpp: the connection, publishing,
-// the bucket and reading the streams; fleet_rollout.cpp: the canary policy and waiting for
-// results).
+// What controller's source files share (controller.cpp: the connection, the bucket, bundles,
+// enrolment and reading the nodes; rollout.cpp: publish, the canary policy, rollback and waiting
+// for results).
 
 #include "fleet/nats.hpp"
 
 #include <cubridge/fleet/controller.hpp>
 
 #include <chrono>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -18,30 +19,58 @@ struct controller::impl {
   controller_options options;
   detail::connection_ptr connection;
   detail::jetstream_ptr js;
-  detail::kv_store_ptr desired;
+  detail::kv_store_ptr bucket;
+  std::vector<std::string> warnings;
+  bool open = false;
 
-  /// Puts `value` under `key` of the desired bucket.
-  void put(const std::string& key, const std::string& value);
-  /// The value under `key`; nullopt when there is none (or it was deleted).
-  [[nodiscard]] std::optional<std::string> get(const std::string& key) const;
-  void remove(const std::string& key);
-  /// Publishes on `subject`, after checking the payload limit; `what` names it in errors.
-  void send(const std::string& subject, std::span<const std::byte> data, std::string_view what);
+  /// Throws errc::precondition unless `name` is a fleet name.
+  static void require_name(std::string_view name, std::string_view what);
+  /// The operator keys plus `signer`'s public key.
+  [[nodiscard]] trusted_keys keys_with(const secret_key& signer) const;
+
+  /// Writes `key` by compare-and-set: `make` gets the current value (nullopt: none) and its
+  /// bucket revision and returns the new value; written only if the key is still at that
+  /// revision. Another writer in between: read again and `make` again, three times, then
+  /// fleet_errc::conflict. Returns the bucket revision written.
+  std::uint64_t compare_and_set(
+      const std::string& key,
+      const std::function<std::string(const std::optional<detail::kv_value>&)>& make);
+
+  /// Stores `bundle` of `module` (its ref) under its subject, idempotently.
+  void store_bundle(std::string_view module, const bundle_ref& ref,
+                    std::span<const std::byte> bundle);
+
+  /// The desired state of `module` as read; throws fleet_errc::invalid_state for one that does
+  /// not verify with `keys` or parse.
+  [[nodiscard]] std::optional<desired_entry> read_desired(std::string_view module,
+                                                          const trusted_keys& keys) const;
 };
 
 /// The results of one module as they arrive (a core subscription to cubridge.result.<m>.*,
 /// flushed to the server before the constructor returns, so a result published after it is
-/// seen).
+/// seen), each believed only when signed by the enrolled key of the node its subject names.
 class result_watch {
  public:
-  result_watch(natsConnection* connection, std::string_view module);
-  /// The next result that parses, or nullopt at `deadline`.
+  result_watch(natsConnection* connection, std::string_view module, const node_registry& registry);
+  /// The next result that verifies and parses, or nullopt at `deadline`; refusals are counted.
   /// @throws cubridge::error (fleet_errc::unreachable) when the connection is lost.
   [[nodiscard]] std::optional<result_record> next(std::chrono::steady_clock::time_point deadline);
+  [[nodiscard]] std::uint64_t refused() const noexcept { return refused_; }
 
  private:
   std::string module_;
+  const node_registry& registry_;
   detail::subscription_ptr subscription_;
+  std::uint64_t refused_ = 0;
 };
+
+/// The result in a message on `subject` (cubridge.result.<m>.<node>), verified with the
+/// enrolled key of that node and checked to name that node and module; nullopt with the reason
+/// in `why` otherwise.
+[[nodiscard]] std::optional<result_record> verified_result(std::string_view subject,
+                                                           std::string_view text,
+                                                           std::string_view module,
+                                                           const node_registry& registry,
+                                                           std::string& why);
 
 }  // namespace cubridge::fleet

@@ -1,8 +1,10 @@
 #include "fleet/nats.hpp"
 
+#include <cubridge/fleet/signed_record.hpp>
 #include <cubridge/fleet/subjects.hpp>
 
 #include <algorithm>
+#include <climits>
 #include <random>
 #include <vector>
 
@@ -26,7 +28,8 @@ std::string describe(natsStatus status, jsErrCode js_code) {
   if (detail.starts_with('('))
     if (const auto end = detail.find("): "); end != std::string_view::npos)
       detail.remove_prefix(end + 3);
-  if (!detail.empty() && detail != natsStatus_GetText(status)) text += ": " + std::string(detail);
+  if (!detail.empty() && detail != natsStatus_GetText(status))
+    text += ": " + redact_server_list(detail);
   if (js_code != 0) text += " (JetStream error " + std::to_string(static_cast<int>(js_code)) + ")";
   return text;
 }
@@ -39,12 +42,17 @@ int64_t custom_reconnect_delay(natsConnection*, int attempts, void*) {
 // library keeps trying (a null callback would make natsConnection_Connect block).
 void on_late_connect(natsConnection*, void*) {}
 
-// What docs/fleet.md says one stream is.
+// What docs/fleet.md says one stream is. The limits bound what any one identity can make the
+// server hold: messages per subject, messages and bytes in all, the largest message, an age.
 struct stream_spec {
   std::string name;
   std::vector<std::string> subjects;
   int64_t max_msgs_per_subject = 1;
   int64_t max_age_ns = 0;  // 0: no limit
+  int64_t max_msgs = -1;
+  int64_t max_bytes = -1;
+  int32_t max_msg_size = -1;
+  int replicas = 1;
 };
 
 std::string storage_name(jsStorageType storage) {
@@ -84,6 +92,11 @@ std::string differences(const stream_spec& spec, const jsStreamConfig& have) {
   add("max_msgs_per_subject", std::to_string(have.MaxMsgsPerSubject),
       std::to_string(spec.max_msgs_per_subject));
   add("max_age_ns", std::to_string(have.MaxAge), std::to_string(spec.max_age_ns));
+  add("max_msgs", std::to_string(have.MaxMsgs), std::to_string(spec.max_msgs));
+  add("max_bytes", std::to_string(have.MaxBytes), std::to_string(spec.max_bytes));
+  add("max_msg_size", std::to_string(have.MaxMsgSize), std::to_string(spec.max_msg_size));
+  add("replicas", std::to_string(std::max<int64_t>(have.Replicas, 1)),
+      std::to_string(spec.replicas));
   add("storage", storage_name(have.Storage), storage_name(js_FileStorage));
   add("retention", retention_name(have.Retention), retention_name(js_LimitsPolicy));
   return out;
@@ -99,17 +112,14 @@ stream_info_ptr find_stream(jsCtx* js, const std::string& name) {
   return stream_info_ptr(info);
 }
 
-void refuse_if_different(const stream_spec& spec, const jsStreamInfo& info) {
+// Empty when `info` is what `spec` asks; else "stream X: field a, wanted b; ...".
+std::string mismatch_of(const stream_spec& spec, const jsStreamInfo& info) {
   const auto diff = differences(spec, *info.Config);
-  if (!diff.empty())
-    fail(fleet_errc::config_mismatch,
-         "exists with another configuration than docs/fleet.md's: " + diff +
-             " (delete it or fix it by hand)",
-         "ensure stream", "stream " + spec.name);
+  return diff.empty() ? diff : "stream " + spec.name + " is configured otherwise: " + diff;
 }
 
-void ensure_stream(jsCtx* js, const stream_spec& spec) {
-  if (auto info = find_stream(js, spec.name)) return refuse_if_different(spec, *info);
+std::string ensure_stream(jsCtx* js, const stream_spec& spec) {
+  if (auto info = find_stream(js, spec.name)) return mismatch_of(spec, *info);
   std::vector<const char*> subjects;
   subjects.reserve(spec.subjects.size());
   for (const auto& s : spec.subjects) subjects.push_back(s.c_str());
@@ -122,18 +132,29 @@ void ensure_stream(jsCtx* js, const stream_spec& spec) {
   config.Retention = js_LimitsPolicy;
   config.MaxMsgsPerSubject = spec.max_msgs_per_subject;
   config.MaxAge = spec.max_age_ns;
+  config.MaxMsgs = spec.max_msgs;
+  config.MaxBytes = spec.max_bytes;
+  config.MaxMsgSize = spec.max_msg_size;
+  config.Replicas = spec.replicas;
+  config.AllowDirect = true;  // gets of the last message per subject are answered by replicas too
   jsStreamInfo* made = nullptr;
   jsErrCode js_code = static_cast<jsErrCode>(0);
   const auto status = js_AddStream(&made, js, &config, nullptr, &js_code);
   stream_info_ptr owned(made);
-  if (status == NATS_OK) return refuse_if_different(spec, *owned);
-  // Made by someone else meanwhile (another node starting): check theirs.
+  if (status == NATS_OK) return mismatch_of(spec, *owned);
+  // Made by someone else meanwhile (another operator command): check theirs.
   if (js_code == JSStreamNameExistErr)
-    if (auto info = find_stream(js, spec.name)) return refuse_if_different(spec, *info);
+    if (auto info = find_stream(js, spec.name)) return mismatch_of(spec, *info);
   check(status, "js_AddStream", "stream " + spec.name, js_code);
+  return {};
 }
 
-constexpr int desired_history = 8;
+constexpr int control_history = 16;
+constexpr int64_t day_ns = int64_t{86400} * 1000 * 1000 * 1000;
+// The largest record or heartbeat a node publishes (records.hpp: 64 KiB of body, signed).
+constexpr int32_t max_record_message = 256 << 10;
+// Versions of a module kept for refetching (rollback targets and the history).
+constexpr int64_t bundles_kept = 32;
 
 }  // namespace
 
@@ -160,11 +181,32 @@ std::chrono::milliseconds reconnect_delay(int attempt) noexcept {
 }
 
 options_ptr make_options(const connect_options& options) {
+  const auto servers = parse_server_list(options.bus.servers);
   natsOptions* raw = nullptr;
-  check(natsOptions_Create(&raw), "natsOptions_Create", options.url);
+  check(natsOptions_Create(&raw), "natsOptions_Create", "options");
   options_ptr owned(raw);
-  const std::string involved = "connecting to " + options.url;
-  check(natsOptions_SetURL(raw, options.url.c_str()), "natsOptions_SetURL", involved);
+  const std::string involved = "connecting to " + redact_server_list(options.bus.servers);
+  std::vector<const char*> urls;
+  bool tls = !options.bus.ca_file.empty();
+  for (const auto& url : servers) {
+    urls.push_back(url.c_str());
+    tls = tls || url.starts_with("tls://");
+  }
+  check(natsOptions_SetServers(raw, urls.data(), static_cast<int>(urls.size())),
+        "natsOptions_SetServers", involved);
+  // The list in the order given: the first that answers is used, as documented.
+  check(natsOptions_SetNoRandomize(raw, true), "natsOptions_SetNoRandomize", involved);
+  if (!options.bus.credentials.empty()) {
+    const auto credentials = read_credentials_file(options.bus.credentials);
+    check(natsOptions_SetUserInfo(raw, credentials.user.c_str(), credentials.password.c_str()),
+          "natsOptions_SetUserInfo", involved);
+  }
+  if (tls) {
+    check(natsOptions_SetSecure(raw, true), "natsOptions_SetSecure", involved);
+    if (!options.bus.ca_file.empty())
+      check(natsOptions_LoadCATrustedCertificates(raw, options.bus.ca_file.c_str()),
+            "natsOptions_LoadCATrustedCertificates", "CA file " + options.bus.ca_file.string());
+  }
   if (!options.name.empty())
     check(natsOptions_SetName(raw, options.name.c_str()), "natsOptions_SetName", involved);
   check(natsOptions_SetTimeout(raw, options.connect_timeout.count()), "natsOptions_SetTimeout",
@@ -180,21 +222,33 @@ options_ptr make_options(const connect_options& options) {
   return owned;
 }
 
-connection_ptr connect(natsOptions* options, std::string_view url) {
+connection_ptr connect(natsOptions* options, std::string_view servers) {
   natsConnection* raw = nullptr;
   const auto status = natsConnection_Connect(&raw, options);
   connection_ptr owned(raw);
+  const std::string involved = "connecting to " + redact_server_list(servers);
   if (status == NATS_NOT_YET_CONNECTED && owned) return owned;  // retrying in the background
-  if (status == NATS_TIMEOUT || status == NATS_IO_ERROR)
+  if (status == NATS_TIMEOUT || status == NATS_IO_ERROR || status == NATS_NO_SERVER)
     fail(fleet_errc::unreachable, describe(status, static_cast<jsErrCode>(0)),
-         "natsConnection_Connect", "connecting to " + std::string(url));
-  check(status, "natsConnection_Connect", "connecting to " + std::string(url));
+         "natsConnection_Connect", involved);
+  if (status == NATS_NOT_PERMITTED || status == NATS_SSL_ERROR ||
+      status == NATS_SECURE_CONNECTION_REQUIRED || status == NATS_SECURE_CONNECTION_WANTED ||
+      status == NATS_CONNECTION_AUTH_FAILED)
+    fail(fleet_errc::refused, describe(status, static_cast<jsErrCode>(0)), "natsConnection_Connect",
+         involved);
+  check(status, "natsConnection_Connect", involved);
   return owned;
 }
 
 connection_ptr connect(const connect_options& options) {
   const auto native = make_options(options);
-  return connect(native.get(), options.url);
+  return connect(native.get(), options.bus.servers);
+}
+
+std::string connected_url(natsConnection* connection) {
+  char buffer[512] = {};
+  if (natsConnection_GetConnectedUrl(connection, buffer, sizeof buffer) != NATS_OK) return {};
+  return redact_url(buffer);
 }
 
 jetstream_ptr jetstream(natsConnection* connection, std::chrono::milliseconds wait) {
@@ -207,42 +261,82 @@ jetstream_ptr jetstream(natsConnection* connection, std::chrono::milliseconds wa
   return jetstream_ptr(raw);
 }
 
-void ensure_bundle_stream(jsCtx* js, std::string_view module) {
-  const std::string name = bundle_stream(module);
-  const std::string bundles = "cubridge.bundle." + std::string(module) + ".>";
-  ensure_stream(js, {name, {bundles, rollback_subject(module)}, 1, 0});
+std::string ensure_bundle_stream(jsCtx* js, std::string_view module, int replicas,
+                                 std::int64_t max_payload) {
+  stream_spec spec{bundle_stream(module), {bundle_subjects(module)}, 1, 0};
+  spec.max_msgs = bundles_kept;
+  spec.max_msg_size = static_cast<int32_t>(std::min<std::int64_t>(max_payload, INT32_MAX));
+  spec.replicas = replicas;
+  return ensure_stream(js, spec);
 }
 
-void ensure_result_stream(jsCtx* js) {
-  ensure_stream(js, {std::string(result_stream), {"cubridge.result.>"}, 64, 0});
+std::string ensure_result_stream(jsCtx* js, int replicas) {
+  stream_spec spec{std::string(result_stream), {"cubridge.result.>"}, 16, 7 * day_ns};
+  spec.max_msg_size = max_record_message;
+  spec.max_bytes = int64_t{1} << 30;
+  spec.replicas = replicas;
+  return ensure_stream(js, spec);
 }
 
-void ensure_heartbeat_stream(jsCtx* js) {
+std::string ensure_heartbeat_stream(jsCtx* js, int replicas) {
   constexpr int64_t hour_ns = int64_t{3600} * 1000 * 1000 * 1000;
-  ensure_stream(js, {std::string(heartbeat_stream), {"cubridge.heartbeat.>"}, 1, hour_ns});
+  stream_spec spec{std::string(heartbeat_stream), {"cubridge.heartbeat.>"}, 1, hour_ns};
+  spec.max_msg_size = max_record_message;
+  spec.max_bytes = int64_t{1} << 30;
+  spec.replicas = replicas;
+  return ensure_stream(js, spec);
 }
 
-kv_store_ptr ensure_desired_bucket(jsCtx* js) {
-  const std::string bucket(desired_bucket);
+kv_store_ptr ensure_control_bucket(jsCtx* js, int replicas, std::string* mismatch) {
+  const std::string bucket(control_bucket);
   // A bucket is the stream KV_<bucket>: its history is max_msgs_per_subject.
-  const stream_spec spec{"KV_" + bucket, {"$KV." + bucket + ".>"}, desired_history, 0};
+  stream_spec spec{
+      std::string(control_bucket_stream), {"$KV." + bucket + ".>"}, control_history, 0};
+  spec.replicas = replicas;
   if (auto info = find_stream(js, spec.name)) {
-    refuse_if_different(spec, *info);
+    // Only what a bucket's own configuration sets is compared (its other limits are the KV's).
+    const auto& c = *info->Config;
+    std::string diff;
+    if (c.MaxMsgsPerSubject != control_history)
+      diff += "history " + std::to_string(c.MaxMsgsPerSubject) + ", wanted " +
+              std::to_string(control_history);
+    if (mismatch && !diff.empty())
+      *mismatch = "bucket " + bucket + " is configured otherwise: " + diff;
   } else {
     kvConfig config;
     check(kvConfig_Init(&config), "kvConfig_Init", "bucket " + bucket);
     config.Bucket = bucket.c_str();
-    config.History = desired_history;
+    config.History = control_history;
     config.StorageType = js_FileStorage;
+    config.Replicas = replicas;
+    config.MaxValueSize = static_cast<int32_t>(max_signed_record_bytes);
     kvStore* made = nullptr;
     const auto status = js_CreateKeyValue(&made, js, &config);
     kv_store_ptr owned(made);
     if (status == NATS_OK) return owned;
     if (!find_stream(js, spec.name)) check(status, "js_CreateKeyValue", "bucket " + bucket);
   }
+  return bind_control_bucket(js);
+}
+
+kv_store_ptr bind_control_bucket(jsCtx* js) {
+  const std::string bucket(control_bucket);
   kvStore* bound = nullptr;
   check(js_KeyValue(&bound, js, bucket.c_str()), "js_KeyValue", "bucket " + bucket);
   return kv_store_ptr(bound);
+}
+
+std::optional<kv_value> kv_get(kvStore* kv, const std::string& key) {
+  kvEntry* raw = nullptr;
+  const auto status = kvStore_Get(&raw, kv, key.c_str());
+  const kv_entry_ptr entry(raw);
+  if (status == NATS_NOT_FOUND) return std::nullopt;
+  check(status, "kvStore_Get", "key " + key + " of bucket " + std::string(control_bucket));
+  if (kvEntry_Operation(entry.get()) != kvOp_Put) return std::nullopt;
+  const auto* data = static_cast<const char*>(kvEntry_Value(entry.get()));
+  return kv_value{
+      std::string(data ? data : "", static_cast<std::size_t>(kvEntry_ValueLen(entry.get()))),
+      kvEntry_Revision(entry.get())};
 }
 
 std::span<const std::byte> message_bytes(natsMsg* message) noexcept {
@@ -298,7 +392,8 @@ void purge_subject(jsCtx* js, std::string_view stream, std::string_view subject)
 }
 
 void publish(jsCtx* js, natsConnection* connection, std::string_view subject,
-             std::span<const std::byte> data, std::string_view what) {
+             std::span<const std::byte> data, std::string_view what, std::string_view message_id,
+             std::chrono::milliseconds wait) {
   const std::string subject_name(subject);
   const int64_t limit = natsConnection_GetMaxPayload(connection);
   if (limit > 0 && data.size() > static_cast<std::uint64_t>(limit))
@@ -307,10 +402,15 @@ void publish(jsCtx* js, natsConnection* connection, std::string_view subject,
              " bytes is over the server's largest message, " + std::to_string(limit) +
              " bytes (its max_payload; docs/fleet.md, Payload limits)",
          "publish", "subject " + subject_name);
+  jsPubOptions options;
+  check(jsPubOptions_Init(&options), "jsPubOptions_Init", "publish");
+  options.MaxWait = wait.count();
+  const std::string id(message_id);
+  if (!id.empty()) options.MsgId = id.c_str();
   jsPubAck* ack = nullptr;
   jsErrCode js_code = static_cast<jsErrCode>(0);
   const auto status = js_Publish(&ack, js, subject_name.c_str(), data.data(),
-                                 static_cast<int>(data.size()), nullptr, &js_code);
+                                 static_cast<int>(data.size()), &options, &js_code);
   pub_ack_ptr owned(ack);
   check(status, "js_Publish", std::string(what) + " on subject " + subject_name, js_code);
 }

@@ -4,13 +4,16 @@
 // cubridge::error, connecting with the fleet's reconnect policy, and the streams and bucket of
 // docs/fleet.md made or checked idempotently.
 
+#include <cubridge/fleet/connection.hpp>
 #include <cubridge/fleet/error.hpp>
 
 #include <nats/nats.h>
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
+#include <optional>
 #include <source_location>
 #include <span>
 #include <string>
@@ -53,7 +56,7 @@ void check(natsStatus status, std::string_view call, std::string_view involved,
 
 /// How to connect.
 struct connect_options {
-  std::string url;   ///< "nats://127.0.0.1:4222" (several, comma-separated)
+  bus_options bus;   ///< servers (checked by parse_server_list), credentials, TLS
   std::string name;  ///< the client's name, as the server's monitoring shows it
   /// Reconnect forever after a lost connection, waiting 250 ms doubling to 2 s, with jitter.
   /// Off: a lost connection closes it (calls then fail with fleet_errc::unreachable).
@@ -70,27 +73,46 @@ struct connect_options {
 /// shortened by a random jitter of up to a quarter.
 [[nodiscard]] std::chrono::milliseconds reconnect_delay(int attempt) noexcept;
 
-/// natsOptions for `options`; the caller may add callbacks before connect().
-/// @throws cubridge::error (fleet_errc::nats_failed) for a URL libnats does not take.
+/// natsOptions for `options`: every server of the list (tried in order), the credentials, TLS
+/// verified against the CA; the caller may add callbacks before connect().
+/// @throws cubridge::error: errc::precondition for a server list parse_server_list refuses;
+///         errc::io / errc::precondition for a credentials file that cannot be used;
+///         fleet_errc::nats_failed for an option libnats does not take (a CA file it cannot
+///         load).
 [[nodiscard]] options_ptr make_options(const connect_options& options);
 
 /// Connects with `options` (from make_options). With retry_on_failed_connect a connection that
 /// is not yet connected is returned (NATS_NOT_YET_CONNECTED).
-/// @throws cubridge::error (fleet_errc::unreachable) when no server answers at `url`.
-[[nodiscard]] connection_ptr connect(natsOptions* options, std::string_view url);
+/// @throws cubridge::error (fleet_errc::unreachable) when no server answers at `servers`
+///         (redacted in the message), fleet_errc::refused when a server refuses the identity.
+[[nodiscard]] connection_ptr connect(natsOptions* options, std::string_view servers);
 [[nodiscard]] connection_ptr connect(const connect_options& options);
+
+/// The URL of the server `connection` uses now, redacted; empty when not connected.
+[[nodiscard]] std::string connected_url(natsConnection* connection);
 
 /// The JetStream context of `connection`; its API requests wait at most `wait`.
 [[nodiscard]] jetstream_ptr jetstream(natsConnection* connection,
                                       std::chrono::milliseconds wait = std::chrono::seconds(5));
 
-/// The streams and bucket of docs/fleet.md, made when missing. One that exists with another
-/// configuration is refused with cubridge::error (fleet_errc::config_mismatch) naming each
-/// field that differs and both values.
-void ensure_bundle_stream(jsCtx* js, std::string_view module);
-void ensure_result_stream(jsCtx* js);
-void ensure_heartbeat_stream(jsCtx* js);
-[[nodiscard]] kv_store_ptr ensure_desired_bucket(jsCtx* js);
+/// The streams and bucket of docs/fleet.md, made when missing with `replicas` replicas. One that
+/// exists with another configuration is used as it is: the returned text names each field that
+/// differs and both values (empty when it matches), for the caller to report.
+[[nodiscard]] std::string ensure_bundle_stream(jsCtx* js, std::string_view module, int replicas,
+                                               std::int64_t max_payload);
+[[nodiscard]] std::string ensure_result_stream(jsCtx* js, int replicas);
+[[nodiscard]] std::string ensure_heartbeat_stream(jsCtx* js, int replicas);
+/// The control bucket, made when missing (the control side).
+[[nodiscard]] kv_store_ptr ensure_control_bucket(jsCtx* js, int replicas, std::string* mismatch);
+/// The control bucket as it is (a node: never made here). Throws as check() when it is missing.
+[[nodiscard]] kv_store_ptr bind_control_bucket(jsCtx* js);
+
+/// A key's value and revision; nullopt when the key is missing or was deleted.
+struct kv_value {
+  std::string value;
+  std::uint64_t revision = 0;
+};
+[[nodiscard]] std::optional<kv_value> kv_get(kvStore* kv, const std::string& key);
 
 /// The bytes of a message.
 [[nodiscard]] std::span<const std::byte> message_bytes(natsMsg* message) noexcept;
@@ -108,10 +130,14 @@ void ensure_heartbeat_stream(jsCtx* js);
 /// Removes every message on `subject` from `stream`.
 void purge_subject(jsCtx* js, std::string_view stream, std::string_view subject);
 
-/// Publishes `data` on `subject` through JetStream and waits for the stream's ack.
+/// Publishes `data` on `subject` through JetStream and waits at most `wait` for the stream's
+/// ack; `message_id`, when not empty, makes a retry within the stream's duplicate window a
+/// no-op (JetStream de-duplication).
 /// @throws cubridge::error (fleet_errc::oversized) before sending anything when `data` is over
 ///         the connection's max payload; otherwise as check().
 void publish(jsCtx* js, natsConnection* connection, std::string_view subject,
-             std::span<const std::byte> data, std::string_view what);
+             std::span<const std::byte> data, std::string_view what,
+             std::string_view message_id = {},
+             std::chrono::milliseconds wait = std::chrono::seconds(5));
 
 }  // namespace cubridge::fleet::detail

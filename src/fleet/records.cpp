@@ -1,8 +1,10 @@
 // Result records and heartbeats as JSON (fleet_records.hpp). Every text is made printable and cut
 // on the way out and again on the way in: what a reader prints never carries a terminal escape.
+#include <cubridge/core/detail/hex.hpp>
 #include <cubridge/core/detail/printable.hpp>
 #include <cubridge/fleet/records.hpp>
 #include <cubridge/fleet/subjects.hpp>
+#include <cubridge/update/bundle.hpp>  // detail::format_time, parse_time
 
 #include <nlohmann/json.hpp>
 
@@ -35,6 +37,8 @@ double milliseconds(double value) {
 json record_json(const result_record& r) {
   return {{"node", bounded(r.node, max_fleet_name)},
           {"module", bounded(r.module, max_fleet_name)},
+          {"revision", r.revision},
+          {"digest", bounded(r.digest, 64)},
           {"version", r.version},
           {"serving_version", r.serving_version},
           {"outcome", std::string(to_string(r.outcome))},
@@ -79,7 +83,18 @@ std::optional<double> ms_field(const json& j, const char* key) {
 std::optional<std::chrono::sys_seconds> time_field(const json& j, const char* key) {
   const auto it = j.find(key);
   if (it == j.end() || !it->is_string()) return std::nullopt;
-  return cubridge::detail::parse_time(it->get_ref<const std::string&>());
+  const auto time = cubridge::detail::parse_time(it->get_ref<const std::string&>());
+  if (!time || *time < earliest_record_time || *time > latest_record_time) return std::nullopt;
+  return time;
+}
+
+// A digest is 64 lower-case hex digits; an empty one is a record about no bundle.
+std::optional<std::string> digest_field(const json& j, const char* key) {
+  const auto it = j.find(key);
+  if (it == j.end() || !it->is_string()) return std::nullopt;
+  const auto& text = it->get_ref<const std::string&>();
+  if (!text.empty() && !cubridge::detail::is_lower_hex(text, 64)) return std::nullopt;
+  return text;
 }
 
 std::optional<json> parse_object(std::string_view text) {
@@ -94,6 +109,8 @@ std::optional<result_record> record_of(const json& j) {
   result_record r;
   const auto node = name_field(j, "node");
   const auto module = name_field(j, "module");
+  const auto revision = count_field(j, "revision");
+  const auto digest = digest_field(j, "digest");
   const auto version = count_field(j, "version");
   const auto serving = count_field(j, "serving_version");
   const auto outcome_text = text_field(j, "outcome", max_record_token);
@@ -103,11 +120,11 @@ std::optional<result_record> record_of(const json& j) {
   const auto verify_ms = ms_field(j, "verify_ms");
   const auto apply_ms = ms_field(j, "apply_ms");
   const auto time = time_field(j, "time");
-  if (!node || !module || !version || !serving || !outcome || !reason || !detail || !verify_ms ||
-      !apply_ms || !time)
+  if (!node || !module || !revision || !digest || !version || !serving || !outcome || !reason ||
+      !detail || !verify_ms || !apply_ms || !time)
     return std::nullopt;
-  return result_record{*node,   *module, *version,   *serving,  *outcome,
-                       *reason, *detail, *verify_ms, *apply_ms, *time};
+  return result_record{*node,    *module, *revision, *digest,    *version,  *serving,
+                       *outcome, *reason, *detail,   *verify_ms, *apply_ms, *time};
 }
 
 }  // namespace
@@ -117,11 +134,16 @@ std::string to_json(const result_record& record) {
 }
 
 std::string to_json(const heartbeat& beat) {
-  json versions = json::object();
+  json versions = json::object(), revisions = json::object();
   std::size_t listed = 0;
   for (const auto& [name, version] : beat.versions) {
     if (listed++ == max_heartbeat_modules) break;
     versions[bounded(name, max_fleet_name)] = version;
+  }
+  listed = 0;
+  for (const auto& [name, revision] : beat.revisions) {
+    if (listed++ == max_heartbeat_modules) break;
+    revisions[bounded(name, max_fleet_name)] = revision;
   }
   json j{{"node", bounded(beat.node, max_fleet_name)},
          {"cohort", bounded(beat.cohort, max_record_token)},
@@ -129,6 +151,7 @@ std::string to_json(const heartbeat& beat) {
          {"interval_ms", beat.interval.count() > 0 ? beat.interval.count() : 0},
          {"time", cubridge::detail::format_time(beat.time)},
          {"versions", std::move(versions)},
+         {"revisions", std::move(revisions)},
          {"connected", beat.connected},
          {"last_result", beat.last_result ? record_json(*beat.last_result) : json(nullptr)}};
   return dump(j);
@@ -149,20 +172,28 @@ std::optional<heartbeat> parse_heartbeat(std::string_view text) {
   const auto interval = count_field(*j, "interval_ms");
   const auto time = time_field(*j, "time");
   const auto versions = j->find("versions");
+  const auto revisions = j->find("revisions");
   const auto connected = j->find("connected");
   const auto last = j->find("last_result");
   if (!node || !cohort || !gpu || !interval || !time || versions == j->end() ||
-      !versions->is_object() || versions->size() > max_heartbeat_modules || connected == j->end() ||
-      !connected->is_boolean() || last == j->end())
+      !versions->is_object() || versions->size() > max_heartbeat_modules || revisions == j->end() ||
+      !revisions->is_object() || revisions->size() > max_heartbeat_modules ||
+      connected == j->end() || !connected->is_boolean() || last == j->end())
     return std::nullopt;
   h.node = *node;
   h.cohort = *cohort;
   h.gpu = *gpu;
+  if (*interval == 0 || *interval > static_cast<std::uint64_t>(max_heartbeat_interval.count()))
+    return std::nullopt;
   h.interval = std::chrono::milliseconds(*interval);
   h.time = *time;
   for (const auto& [name, version] : versions->items()) {
     if (!valid_name(name) || !version.is_number_unsigned()) return std::nullopt;
     h.versions[name] = version.get<std::uint64_t>();
+  }
+  for (const auto& [name, revision] : revisions->items()) {
+    if (!valid_name(name) || !revision.is_number_unsigned()) return std::nullopt;
+    h.revisions[name] = revision.get<std::uint64_t>();
   }
   h.connected = connected->get<bool>();
   if (!last->is_null()) {

@@ -1,13 +1,12 @@
-// The canary policy of docs/fleet.md: the first N live nodes in node-id order get the bundle;
-// K `applied` results and no failure within the window let it go to every node; anything else
-// halts the rollout and rolls the canaries back.
+// Publishing, the canary policy and rollback (controller.hpp, docs/fleet.md): each a change of a
+// module's desired state by compare-and-set. Nodes act on the state, not on these calls: a
+// publish that stored its bundle and wrote its record is done whatever happens to this process.
 #include "fleet/controller_impl.hpp"
 
 #include <cubridge/core/detail/printable.hpp>
+#include <cubridge/fleet/signed_record.hpp>
 #include <cubridge/fleet/subjects.hpp>
-#include <cubridge/update/rollback_request.hpp>
-
-#include <nlohmann/json.hpp>
+#include <cubridge/update/detail/signing.hpp>
 
 #include <algorithm>
 #include <set>
@@ -15,7 +14,7 @@
 namespace cubridge::fleet {
 namespace {
 
-using clock = std::chrono::steady_clock;
+using steady = std::chrono::steady_clock;
 
 std::string seconds_text(std::chrono::milliseconds window) {
   const auto ms = window.count();
@@ -29,122 +28,320 @@ std::string failure_reason(const result_record& r) {
          (r.detail.empty() ? "" : ": " + r.detail);
 }
 
-// Whether the canary runs the version after this result (a duplicate: it ran it already).
-bool succeeded(const result_record& r, std::uint64_t version) {
-  return r.outcome == gate_outcome::applied ||
-         (r.outcome == gate_outcome::duplicate && r.serving_version == version);
+// Whether the node runs the version after this result.
+bool succeeded(const result_record& r) {
+  return (r.outcome == gate_outcome::applied || r.outcome == gate_outcome::duplicate) &&
+         r.serving_version == r.version;
+}
+
+std::string now_text() {
+  return cubridge::detail::format_time(
+      std::chrono::floor<std::chrono::seconds>(std::chrono::system_clock::now()));
+}
+
+// A bundle about to be published: verified as a node will verify it, and how the desired state
+// names it.
+struct prepared_bundle {
+  verified_bundle bundle;
+  bundle_ref ref;
+  const std::string& module() const { return bundle.manifest.name; }
+};
+
+prepared_bundle prepare(std::span<const std::byte> bytes, const trusted_keys& keys) {
+  verify_limits limits;
+  limits.max_bundle_bytes = std::max<std::size_t>(bytes.size(), 1);
+  prepared_bundle p{verify_bundle(bytes, keys, limits), {}};
+  const auto& m = p.bundle.manifest;
+  if (const auto problem = check_fleet_name(m.name, "module name"); !problem.empty())
+    cubridge::detail::throw_errc(errc::precondition, "publish",
+                                 "bundle of module '" + cubridge::detail::printable(m.name) +
+                                     "': " + problem + " (docs/fleet.md: one subject token)");
+  p.ref = {m.version, cubridge::detail::sha256_hex(bytes), bytes.size(), m.target};
+  return p;
+}
+
+// The highest version the state asks any node to run.
+std::uint64_t highest_desired(const desired_state& s) {
+  std::uint64_t v = s.stable ? s.stable->version : 0;
+  if (s.phase == rollout_phase::canary && s.candidate) v = std::max(v, s.candidate->version);
+  return v;
+}
+
+// Refuses a version that would take the desired state down (or the same version with another
+// bundle): only rollback() goes down.
+void require_newer(const desired_state& s, const bundle_ref& ref) {
+  const auto highest = highest_desired(s);
+  if (ref.version > highest) return;
+  const bool same_version = (s.stable && s.stable->version == ref.version) ||
+                            (s.candidate && s.candidate->version == ref.version);
+  detail::fail(fleet_errc::older_version,
+               "v" + std::to_string(ref.version) +
+                   (same_version ? " is desired already with another bundle (another digest)"
+                                 : " is below the desired v" + std::to_string(highest)) +
+                   ": publish a higher version, or go back with `cubridge fleet rollback`",
+               "publish",
+               "desired state of module '" + s.module + "' revision " + std::to_string(s.revision));
+}
+
+// `s` with `ref` as its stable bundle: the old stable one joins the history.
+void make_stable(desired_state& s, const bundle_ref& ref) {
+  if (s.stable && s.stable != ref) {
+    s.history.push_back(*s.stable);
+    if (s.history.size() > max_desired_history) s.history.erase(s.history.begin());
+  }
+  s.stable = ref;
+  s.candidate.reset();
+  s.canaries.clear();
+  s.phase = rollout_phase::complete;
+  s.reason.clear();
+  s.reason_version = 0;
+}
+
+desired_state parse_current(const std::optional<detail::kv_value>& current, std::string_view module,
+                            const trusted_keys& keys) {
+  desired_state s;
+  s.module = module;
+  if (!current) return s;
+  record_refusal refusal;
+  const auto opened = open_record(current->value, record_kind::desired_state, keys, &refusal);
+  auto parsed = opened ? parse_desired_state(opened->body, &refusal.why) : std::nullopt;
+  if (!parsed || parsed->module != module)
+    detail::fail(fleet_errc::invalid_state,
+                 "holds a desired state that is refused: " +
+                     (parsed ? "it names module '" + parsed->module + "'" : refusal.why) +
+                     "; remove the key by hand (nats kv del) after checking who wrote it",
+                 "read desired state", "key " + desired_key(module));
+  return std::move(*parsed);
 }
 
 }  // namespace
 
-result_watch::result_watch(natsConnection* connection, std::string_view module) : module_(module) {
-  natsSubscription* raw = nullptr;
-  const std::string subject = result_subject(module, "*");
-  detail::check(natsConnection_SubscribeSync(&raw, connection, subject.c_str()),
-                "natsConnection_SubscribeSync", "subject " + subject);
-  subscription_.reset(raw);
-  // Once flushed, the server has the subscription: every later result reaches it.
-  detail::check(natsConnection_FlushTimeout(connection, 5000), "natsConnection_FlushTimeout",
-                "subject " + subject);
-}
-
-std::optional<result_record> result_watch::next(clock::time_point deadline) {
-  for (;;) {
-    const auto left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now()).count();
-    if (left <= 0) return std::nullopt;
-    natsMsg* raw = nullptr;
-    const auto status = natsSubscription_NextMsg(&raw, subscription_.get(), left);
-    const detail::message_ptr message(raw);
-    if (status == NATS_TIMEOUT) return std::nullopt;
-    detail::check(status, "natsSubscription_NextMsg", "results of module " + module_);
-    auto record = parse_result_record(detail::message_text(message.get()));
-    // A record must come from its own subject: a node cannot speak for another.
-    if (record && record->module == module_ &&
-        result_subject(record->module, record->node) == natsMsg_GetSubject(message.get()))
-      return record;
-  }
-}
-
-rollout_report controller::rollout(std::span<const std::byte> bundle, std::string_view module,
-                                   std::uint64_t version, const canary_policy& policy,
-                                   const secret_key& rollback_key) {
-  const std::size_t wanted = policy.successes == 0 ? policy.canaries : policy.successes;
-  CUBRIDGE_EXPECTS(policy.canaries > 0 && wanted <= policy.canaries,
-                   "canary policy: K successes must be 1 to N canaries");
+rollout_report controller::publish(std::span<const std::byte> bytes,
+                                   const secret_key& operator_key) {
+  auto& d = *impl_;
+  const auto keys = d.keys_with(operator_key);
+  const auto p = prepare(bytes, keys);
+  const auto& module = p.module();
   rollout_report report;
-  report.version = version;
-  for (const auto& node : nodes())
-    if (node.live && report.canaries.size() < policy.canaries)
-      report.canaries.push_back(node.beat.node);
-  if (report.canaries.size() < policy.canaries)
-    cubridge::detail::throw_errc(
-        errc::precondition, "rollout",
-        std::to_string(report.canaries.size()) + " live node(s) for " +
-            std::to_string(policy.canaries) + " canaries of module '" +
-            cubridge::detail::printable(module) +
-            "' (a node is live with a heartbeat younger than 3 intervals)");
+  report.version = p.ref.version;
+  d.store_bundle(module, p.ref, bytes);
+  d.compare_and_set(desired_key(module), [&](const auto& current) {
+    auto s = parse_current(current, module, keys);
+    report.already_desired = s.stable == p.ref && s.phase != rollout_phase::canary;
+    if (report.already_desired) {
+      report.desired = s;
+      return current->value;  // the same value: a retried publish writes nothing new
+    }
+    if (!(s.phase == rollout_phase::canary && s.candidate == p.ref)) require_newer(s, p.ref);
+    make_stable(s, p.ref);
+    ++s.revision;
+    s.time = now_text();
+    report.desired = s;
+    return sign_record(record_kind::desired_state, to_json(s), operator_key);
+  });
+  report.completed = true;
+  return report;
+}
 
-  result_watch watch(impl_->connection.get(), module);  // before publishing: no result is missed
-  publish(bundle, module, report.canaries);
-  set_desired(module, "canary", version);
+rollout_report controller::rollout(std::span<const std::byte> bytes, const canary_policy& policy,
+                                   const secret_key& operator_key) {
+  auto& d = *impl_;
+  const std::size_t wanted = policy.successes == 0 ? policy.canaries : policy.successes;
+  CUBRIDGE_EXPECTS(
+      policy.canaries > 0 && wanted <= policy.canaries && policy.canaries <= max_desired_canaries,
+      "canary policy: 1 to 10,000 canaries, K successes 1 to N");
+  CUBRIDGE_EXPECTS(policy.window.count() > 0, "canary policy: the window must be positive");
+  const auto keys = d.keys_with(operator_key);
+  const auto p = prepare(bytes, keys);
+  const auto& module = p.module();
+  rollout_report report;
+  report.version = p.ref.version;
+  const auto registry = this->registry();
 
+  // The canaries: live, following the module, able to run the bundle, of the cohort if asked.
+  std::vector<std::string> eligible;
+  for (const auto& node : nodes()) {
+    if (!node.live || !node.beat || !node.beat->versions.contains(module)) continue;
+    if (!policy.cohort.empty()) {
+      const auto label = node.labels.find("cohort");
+      if (label == node.labels.end() || label->second != policy.cohort) continue;
+    }
+    const auto gpu = parse_compute_capability(node.beat->gpu);
+    if (!node.beat->gpu.empty()) {
+      if (!gpu) continue;
+      const auto& m = p.bundle.manifest;
+      const bool runs = m.kind == payload_kind::cuda_source
+                            ? m.target_capability.numbers() == gpu->numbers()
+                            : p.bundle.image && can_run_on(*p.bundle.image, *gpu);
+      if (!runs) continue;
+    }
+    eligible.push_back(node.node);
+  }
+
+  result_watch watch(d.connection.get(), module, registry);  // first: no result is missed
+  d.store_bundle(module, p.ref, bytes);
+  d.compare_and_set(desired_key(module), [&](const auto& current) {
+    auto s = parse_current(current, module, keys);
+    if (s.phase == rollout_phase::canary && s.candidate == p.ref) {  // resumed
+      report.canaries = s.canaries;
+      report.desired = s;
+      return current->value;
+    }
+    if (s.stable == p.ref && s.phase != rollout_phase::canary) {
+      report.already_desired = true;
+      report.desired = s;
+      return current->value;
+    }
+    require_newer(s, p.ref);
+    if (eligible.size() < policy.canaries)
+      cubridge::detail::throw_errc(
+          errc::precondition, "rollout",
+          std::to_string(eligible.size()) + " node(s) qualify for " +
+              std::to_string(policy.canaries) + " canaries of module '" + module +
+              "' (live, following it, able to run " + p.ref.target +
+              (policy.cohort.empty() ? "" : ", of cohort " + policy.cohort) + ")");
+    report.canaries.assign(eligible.begin(),
+                           eligible.begin() + static_cast<std::ptrdiff_t>(policy.canaries));
+    s.phase = rollout_phase::canary;
+    s.candidate = p.ref;
+    s.canaries = report.canaries;
+    std::sort(s.canaries.begin(), s.canaries.end());
+    s.reason.clear();
+    s.reason_version = 0;
+    ++s.revision;
+    s.time = now_text();
+    report.desired = s;
+    return sign_record(record_kind::desired_state, to_json(s), operator_key);
+  });
+  if (report.already_desired) {
+    report.completed = true;
+    return report;
+  }
+
+  // The canaries' answers to this revision and digest: stored ones first (a resumed rollout),
+  // then as they come.
+  const auto revision = report.desired.revision;
   const std::set<std::string> canaries(report.canaries.begin(), report.canaries.end());
   std::set<std::string> applied, failed;
-  const auto deadline = clock::now() + policy.window;
-  while (applied.size() < wanted && report.halt_reason.empty()) {
-    auto record = watch.next(deadline);
-    if (!record) break;
-    if (!canaries.contains(record->node) || record->version != version) continue;
-    if (succeeded(*record, version)) {
-      applied.insert(record->node);
-    } else if (record->outcome != gate_outcome::duplicate) {
-      failed.insert(record->node);
-      report.halt_reason = failure_reason(*record);
+  const auto take = [&](result_record record) {
+    if (!canaries.contains(record.node) || record.revision != revision ||
+        record.digest != p.ref.digest || applied.contains(record.node) ||
+        failed.contains(record.node))
+      return;
+    if (succeeded(record)) {
+      applied.insert(record.node);
+    } else {
+      failed.insert(record.node);
+      if (report.halt_reason.empty()) report.halt_reason = failure_reason(record);
     }
-    report.results.push_back(std::move(*record));
+    report.results.push_back(std::move(record));
+  };
+  for (const auto& node : report.canaries) {
+    const auto subject = result_subject(module, node);
+    if (const auto m = detail::last_message(d.js.get(), std::string(result_stream), subject)) {
+      std::string why;
+      if (auto r = verified_result(subject, detail::message_text(m.get()), module, registry, why))
+        take(std::move(*r));
+    }
   }
+  const auto deadline = steady::now() + policy.window;
+  while (applied.size() < wanted && report.halt_reason.empty())
+    if (auto record = watch.next(deadline))
+      take(std::move(*record));
+    else
+      break;
   if (report.halt_reason.empty() && applied.size() < wanted)
     report.halt_reason = std::to_string(applied.size()) + " of " + std::to_string(wanted) +
                          " canary results `applied` within " + seconds_text(policy.window);
 
-  if (report.halt_reason.empty()) {
-    publish(bundle, module);
-    set_desired(module, "all", version);
-    clear_halt(module);
-    report.completed = true;
-    return report;
-  }
-  // Halted: recorded first (status shows why even if the rest fails), then undone.
-  impl_->put(desired_key(module, "halted"),
-             nlohmann::json{{"version", version}, {"reason", report.halt_reason}}.dump());
-  set_desired(module, "canary", desired(module, "all").value_or(0));
-  for (const auto& node : report.canaries)
-    detail::purge_subject(impl_->js.get(), bundle_stream(module),
-                          bundle_subject_node(module, node));
-  // Every canary that did not fail may have applied it, or may still (its bundle comes before
-  // the request in the stream, and an agent handles them in order): one request for all of
-  // them, signed `from_version` = this version, which no other node serves.
-  for (const auto& node : report.canaries)
-    if (!failed.contains(node)) report.rolled_back.push_back(node);
-  if (!report.rolled_back.empty())
-    rollback(module, sign_rollback_request(module, version, rollback_key));
+  // Promoted or halted, only if the state is still this rollout's (another writer may have
+  // gone further meanwhile: then that writer's word stands).
+  d.compare_and_set(desired_key(module), [&](const auto& current) {
+    auto s = parse_current(current, module, keys);
+    if (s.revision != revision)
+      detail::fail(fleet_errc::conflict,
+                   "changed by another writer during the rollout (revision " +
+                       std::to_string(revision) + " is now " + std::to_string(s.revision) +
+                       "): this rollout's outcome is not written",
+                   "rollout", "desired state of module '" + module + "'");
+    if (report.halt_reason.empty()) {
+      make_stable(s, p.ref);
+    } else {
+      s.phase = rollout_phase::halted;
+      s.candidate.reset();
+      s.canaries.clear();
+      s.reason = report.halt_reason;
+      s.reason_version = p.ref.version;
+    }
+    ++s.revision;
+    s.time = now_text();
+    report.desired = s;
+    return sign_record(record_kind::desired_state, to_json(s), operator_key);
+  });
+  report.completed = report.halt_reason.empty();
   return report;
 }
 
+desired_state controller::rollback(std::string_view module, std::uint64_t to_version,
+                                   const secret_key& operator_key) {
+  auto& d = *impl_;
+  impl::require_name(module, "module name");
+  const auto keys = d.keys_with(operator_key);
+  desired_state written;
+  d.compare_and_set(desired_key(module), [&](const auto& current) {
+    auto s = parse_current(current, module, keys);
+    const auto from = highest_desired(s);
+    auto target = s.history.end();
+    if (to_version == 0 && !s.history.empty()) target = std::prev(s.history.end());
+    if (to_version != 0)
+      target = std::find_if(s.history.begin(), s.history.end(),
+                            [&](const bundle_ref& r) { return r.version == to_version; });
+    if (target == s.history.end())
+      detail::fail(fleet_errc::invalid_state,
+                   to_version == 0 ? "has no earlier stable version to go back to"
+                                   : "has no v" + std::to_string(to_version) +
+                                         " among its earlier stable versions (the last " +
+                                         std::to_string(max_desired_history) + " are kept)",
+                   "rollback", "desired state of module '" + std::string(module) + "'");
+    const bundle_ref back = *target;
+    s.history.erase(target, s.history.end());
+    s.stable = back;
+    s.candidate.reset();
+    s.canaries.clear();
+    s.phase = rollout_phase::rolled_back;
+    s.reason =
+        "operator rollback from v" + std::to_string(from) + " to v" + std::to_string(back.version);
+    s.reason_version = from;
+    ++s.revision;
+    s.time = now_text();
+    written = s;
+    return sign_record(record_kind::desired_state, to_json(s), operator_key);
+  });
+  return written;
+}
+
 std::vector<result_record> controller::wait_for_results(std::string_view module,
-                                                        std::uint64_t version,
+                                                        std::uint64_t revision,
+                                                        std::string_view digest,
                                                         std::span<const std::string> nodes,
                                                         std::chrono::milliseconds timeout) {
-  result_watch watch(impl_->connection.get(), module);  // first: nothing falls in between
+  const auto registry = this->registry();
+  result_watch watch(impl_->connection.get(), module, registry);  // first: nothing falls between
   std::set<std::string> waiting(nodes.begin(), nodes.end());
   std::vector<result_record> seen;
   const auto take = [&](result_record record) {
-    if (record.version == version && waiting.erase(record.node) > 0)
+    if (record.revision == revision && record.digest == digest && waiting.erase(record.node) > 0)
       seen.push_back(std::move(record));
   };
-  for (auto& record : last_results(module)) take(std::move(record));
-  const auto deadline = clock::now() + timeout;
+  for (const auto& node : nodes) {
+    const auto subject = result_subject(module, node);
+    if (const auto m = detail::last_message(impl_->js.get(), std::string(result_stream), subject)) {
+      std::string why;
+      if (auto r = verified_result(subject, detail::message_text(m.get()), module, registry, why))
+        take(std::move(*r));
+    }
+  }
+  const auto deadline = steady::now() + timeout;
   while (!waiting.empty())
     if (auto record = watch.next(deadline))
       take(std::move(*record));

@@ -35,6 +35,10 @@ std::string sha256_hex(std::span<const std::byte> payload) {
 
 }  // namespace bundle_internal
 
+std::string detail::sha256_hex(std::span<const std::byte> bytes) {
+  return bundle_internal::sha256_hex(bytes);
+}
+
 namespace {
 
 using namespace bundle_internal;

@@ -224,7 +224,8 @@ void update_gate::impl::apply_recorded(const verified_bundle& bundle, std::uint6
   d.serving_version = sink.current_version(m.name);
 }
 
-gate_decision update_gate::push(std::span<const std::byte> body, std::string_view expected_module) {
+gate_decision update_gate::push(std::span<const std::byte> body, std::string_view expected_module,
+                                const push_authority* authority) {
   auto& g = *impl_;
   gate_decision d;
   const auto bundle = g.verify(body, d);
@@ -258,7 +259,17 @@ gate_decision update_gate::push(std::span<const std::byte> body, std::string_vie
   // below it after the restart, that apply never happened or was lost: resumed, not a replay.
   const bool pending = g.state.pending(m.name);
   const bool resumed = pending && m.version == highest && current < highest;
-  if (m.version <= seen && !resumed) {
+  const bool authorised = authority && authority->version == m.version && m.version != current &&
+                          (m.version > current || authority->below_serving);
+  if (authorised && m.version <= highest && !resumed) {
+    // Below or at the floor by the operator's word: applied, the floor kept (nothing recorded,
+    // so the same bundle without that word stays a replay).
+    d.detail = "v" + std::to_string(m.version) + " at or below v" + std::to_string(seen) +
+               " by " + authority->source;
+    g.apply_recorded(*bundle, highest, d);
+    return d;
+  }
+  if (m.version <= seen && !resumed && !authorised) {
     if (current > highest || (pending && current == highest)) g.keep_floor(m.name, current);
     return g.refuse(d, m.version == seen ? "replayed_version" : "older_version",
                     "module '" + m.name + "' v" + std::to_string(m.version) + " is not above v" +

@@ -1,96 +1,110 @@
 #pragma once
-// The node side of fleet rollout (docs/fleet.md): a service embeds a fleet_agent beside or
-// instead of the HTTP endpoint. The agent holds a durable JetStream consumer per module on the
-// module's bundle stream and applies what arrives, one message at a time and in order, through
-// the same policy as the endpoint (update_gate.hpp: every bundle verified against the trusted
-// keys, the replay floor, the sink). Each message gets a result record (fleet_records.hpp) on
-// cubridge.result.<m>.<node>, and is acknowledged only once that record is stored; refused
-// messages too. A heartbeat with the node's versions goes out every heartbeat_interval.
+// The node side of the fleet (docs/fleet.md, "What a node does"): a service embeds a fleet_agent
+// beside or instead of the HTTP endpoint, both over one update_gate (one update authority per
+// node: one lock per module, one replay record, whichever door a bundle came through). The agent
+// reconciles: it watches the operator-signed desired state of each module it follows, and
+// whenever what the node serves differs from what the record names for it, it fetches that
+// bundle by digest, verifies it and applies it through the gate. A transient failure (a state
+// write, a fetch, the server gone) is retried with capped exponential backoff until serving
+// matches desired; a permanent refusal (signature, compatibility, smoke test) is recorded once
+// and not retried until the desired state changes. Each revision acted on gets one result
+// record signed with the node's key; a signed heartbeat goes out every heartbeat_interval.
 //
 // With the server down the service keeps serving what it has; the client reconnects with
-// backoff, the durable consumer resumes where it was acknowledged, and the node converges.
+// backoff, and the node converges from the desired state, not from messages it may have missed.
 
+#include <cubridge/fleet/connection.hpp>
 #include <cubridge/fleet/records.hpp>
-#include <cubridge/update/module_sink.hpp>
 #include <cubridge/update/update_gate.hpp>
 
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 namespace cubridge {
 
-/// What a fleet_agent connects to and accepts.
+/// What a fleet_agent connects to and who it is.
 struct fleet_agent_options {
-  /// The NATS server(s): "nats://127.0.0.1:4222", several comma-separated.
-  std::string servers = "nats://127.0.0.1:4222";
-  /// This node's id: 1 to 64 of [A-Za-z0-9_-] (fleet::check_fleet_name), unique in the fleet.
+  /// The bus: servers (several, comma-separated, tried in order), credentials, CA.
+  fleet::bus_options bus;
+  /// This node's id: 1 to 64 of [A-Za-z0-9_-] (fleet::check_fleet_name), unique in the fleet,
+  /// enrolled in the registry with the public half of `node_key_file`.
   std::string node;
-  /// The modules to follow; empty: every module the sink reports at start() whose name the
-  /// fleet takes.
+  /// The node's Ed25519 secret key file (cubridge key format): signs its results and
+  /// heartbeats. Required.
+  std::filesystem::path node_key_file;
+  /// Sign with a key file that group or others may read (refused otherwise).
+  bool allow_readable_key = false;
+  /// The modules to follow; empty: every module the gate's sink reports at start() whose name
+  /// the fleet takes.
   std::vector<std::string> modules;
-  /// The policy (trusted keys, state file, floors, expiry, clock), as the endpoint's;
-  /// max_bundle_bytes is 16 MiB here, the fleet's largest message.
-  update_gate_options gate = [] {
-    update_gate_options o;
-    o.max_bundle_bytes = std::size_t{16} << 20;
-    return o;
-  }();
-  /// The label a heartbeat carries (the canary cohort is the publisher's choice).
+  /// The label a heartbeat carries (the registry's labels choose cohorts; this is informative).
   std::string cohort = "all";
   /// How often a heartbeat goes out.
   std::chrono::milliseconds heartbeat_interval{5000};
-  /// How long the server waits for the ack of a delivered message before delivering it again
-  /// (a node that died while applying gets it again).
-  std::chrono::milliseconds ack_wait{30000};
+  /// How often the desired state is read again besides the watch (a watch lost with the
+  /// connection is made again; this bounds how late a node sees a change even then).
+  std::chrono::milliseconds resync_interval{2000};
+  /// Backoff of transient failures: the first retry after `retry_first`, doubling to
+  /// `retry_longest`.
+  std::chrono::milliseconds retry_first{100};
+  std::chrono::milliseconds retry_longest{2000};
 };
 
 /// Counters, for reports, metrics and tests.
 struct fleet_agent_stats {
-  std::uint64_t applied = 0;      ///< bundles applied
-  std::uint64_t rolled_back = 0;  ///< rollbacks done
-  std::uint64_t duplicates = 0;   ///< deliveries of the version serving
-  std::uint64_t refused = 0;      ///< refused or failed messages (see rejects in metrics)
-  std::uint64_t ignored = 0;      ///< messages for other nodes (acked, no record)
-  std::uint64_t acked = 0;        ///< messages acknowledged
+  std::uint64_t applied = 0;     ///< bundles applied
+  std::uint64_t duplicates = 0;  ///< revisions found served already
+  std::uint64_t refused = 0;     ///< permanent refusals (recorded, not retried)
+  std::uint64_t retries = 0;     ///< transient failures retried (fetch, state write, server)
   std::uint64_t records_published = 0;
-  std::uint64_t publish_failures = 0;  ///< records (or acks) that could not go out, retried
+  std::uint64_t publish_failures = 0;  ///< records that could not go out yet (retried)
   std::uint64_t heartbeats = 0;        ///< heartbeats published
-  std::uint64_t connects = 0;          ///< consumer set-ups (the first and after each loss)
+  std::uint64_t connects = 0;          ///< set-ups: the first and one after each lost connection
+  std::uint64_t desired_refused = 0;   ///< desired records that did not verify, parse, or went back
 };
 
 /// The agent. Not copyable or movable (its threads point into it).
 class fleet_agent {
  public:
-  /// Prepares an agent over `sink`, which must outlive it. Connects to nothing yet.
-  fleet_agent(module_sink& sink, fleet_agent_options options);
+  /// Prepares an agent over `gate` (shared with the node's HTTP endpoint, if any). Connects to
+  /// nothing yet.
+  fleet_agent(std::shared_ptr<update_gate> gate, fleet_agent_options options);
   fleet_agent(const fleet_agent&) = delete;
   fleet_agent& operator=(const fleet_agent&) = delete;
   /// Stops it (see stop()).
   ~fleet_agent();
 
-  /// Loads the replay state and starts the agent's threads (one applying messages, one sending
-  /// heartbeats). Returns at once also while no server answers: the agent connects, makes its
-  /// streams and consumers, and resumes by itself.
-  /// @throws error (errc::precondition) when already running, for a bad node id or module
-  ///         name, or no module to follow; update_state_error when the state file is unusable;
-  ///         error (domain "fleet") for a server URL libnats does not take.
+  /// Starts the gate (idempotent: the replay state), reads the node key and starts the agent's
+  /// threads (one reconciling, one sending heartbeats). Returns at once also while no server
+  /// answers: the agent connects, binds the bucket and watches, and resumes by itself.
+  /// @throws error (errc::precondition) when already running, for a bad node id or module name,
+  ///         no module to follow, no node key, or a server list parse_server_list refuses;
+  ///         error (errc::io) for an unreadable key or credentials file; update_state_error when
+  ///         the state file is unusable.
   void start();
-  /// Stops the threads (a message being applied is finished first) and closes the connection.
-  /// The service keeps serving what it has. Never throws.
+  /// Stops the threads (an apply in progress is finished first) and closes the connection. The
+  /// service keeps serving what it has. Never throws.
   void stop() noexcept;
 
   [[nodiscard]] bool running() const noexcept;
-  /// Whether the agent is connected and its consumers are set up.
+  /// Whether the agent is connected and watching.
   [[nodiscard]] bool connected() const noexcept;
+  /// The server in use (redacted), empty while not connected.
+  [[nodiscard]] std::string connected_server() const;
+  /// Why the agent is not connected yet (the last set-up error, in words); empty when it is.
+  [[nodiscard]] std::string last_problem() const;
   [[nodiscard]] fleet_agent_stats stats() const noexcept;
+  /// Whether every followed module serves what its desired state names for this node.
+  [[nodiscard]] bool converged() const;
   /// The last result record published (or about to be), if any.
   [[nodiscard]] std::optional<fleet::result_record> last_result() const;
-  /// Prometheus text format: versions per module, promotions, rollbacks, rejects by reason,
-  /// connection state.
+  /// Prometheus text format: versions per module, promotions, refusals, retries, connection.
   [[nodiscard]] std::string metrics_text() const;
 
  private:

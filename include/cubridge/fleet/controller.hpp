@@ -1,17 +1,22 @@
 #pragma once
-// The control side of a fleet (docs/fleet.md, "The control side"): publishes signed bundles to
-// every node or to some, keeps the desired version per cohort in the `cubridge_desired` bucket,
-// reads the nodes' heartbeats and results, runs the canary policy and publishes signed rollback
-// requests. What `cubridge fleet publish | status | rollback | watch` is made of. It connects to
-// the NATS server once and never retries: a server that cannot be reached is an error at once.
+// The control side of a fleet (docs/fleet.md, "The control side"): stores signed bundles by
+// module, version and digest, writes each module's operator-signed desired state by
+// compare-and-set, enrols nodes, and reads what the nodes report, believing only records signed
+// by an enrolled node's key. What `cubridge fleet publish | status | rollback | watch | enroll`
+// is made of. It connects once and never reconnects: a server that cannot be reached is an error
+// at once.
 
-#include <cubridge/update/bundle.hpp>
+#include <cubridge/fleet/connection.hpp>
+#include <cubridge/fleet/desired_state.hpp>
 #include <cubridge/fleet/error.hpp>
 #include <cubridge/fleet/records.hpp>
+#include <cubridge/fleet/registry.hpp>
+#include <cubridge/update/bundle.hpp>
 
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -21,69 +26,94 @@
 
 namespace cubridge::fleet {
 
-/// Where the server is and how long to wait for it.
+/// Where the server is, who the operator is, and how long to wait.
 struct controller_options {
-  /// "nats://127.0.0.1:4222" (several, comma-separated).
-  std::string server_url;
+  bus_options bus;
   /// The client's name, as the server's monitoring shows it.
   std::string client_name = "cubridge-fleet";
   /// How long opening the connection may take.
   std::chrono::milliseconds connect_timeout{2000};
-  /// How long one JetStream request (publish ack, stream info, bucket) may take.
+  /// How long one JetStream request (stream info, a get, a bucket write) may take.
   std::chrono::milliseconds request_timeout{5000};
+  /// How long storing a bundle may take; 0: request_timeout plus 1 s per MiB of the bundle.
+  std::chrono::milliseconds publish_timeout{0};
+  /// Keys whose desired-state records are believed (the key a command signs with is added).
+  trusted_keys operator_keys;
+  /// The longest a whole read of the fleet (nodes(), status) may take, whatever the bus holds;
+  /// what was not read by then is reported as not read.
+  std::chrono::milliseconds read_deadline{10000};
 };
 
-/// A node as its last heartbeat shows it.
+/// A node as the registry and its last verified heartbeat show it.
 struct node_state {
-  heartbeat beat;
+  std::string node;
+  std::map<std::string, std::string, std::less<>> labels;
+  /// The last heartbeat that verified with the node's key; nullopt when none did.
+  std::optional<heartbeat> beat;
   /// Now minus the heartbeat's time (0 for a heartbeat from the future).
   std::chrono::seconds age{0};
-  /// The heartbeat is younger than 3 of the node's intervals (5 s when it gives none).
+  /// A verified heartbeat younger than 3 of the node's intervals.
   bool live = false;
+  /// Why no heartbeat counts (none, refused and why, not read before the deadline).
+  std::string problem;
 };
 
-/// A module's rollout state in the bucket.
-struct module_state {
-  std::string module;
-  std::optional<std::uint64_t> desired_all;
-  std::optional<std::uint64_t> desired_canary;
-  /// Why the last rollout halted (empty when it did not); the version it halted.
-  std::string halted_reason;
-  std::uint64_t halted_version = 0;
+/// A module's desired state as read, with the bucket revision it was read at.
+struct desired_entry {
+  desired_state state;
+  std::uint64_t bucket_revision = 0;
+};
+
+/// What reading the fleet found besides nodes and modules.
+struct read_report {
+  /// Streams or buckets configured otherwise than docs/fleet.md's (used as they are).
+  std::vector<std::string> warnings;
+  /// Heartbeats, results or records refused (not signed by the enrolled key, malformed,
+  /// a node not enrolled, a subject that is not its own), with a count per reason.
+  std::map<std::string, std::uint64_t, std::less<>> refused;
+  /// Whether everything was read before read_deadline.
+  bool complete = true;
 };
 
 /// The canary policy of `publish --canary N`.
 struct canary_policy {
-  /// N: the first N live nodes in node-id order.
+  /// N: the first N live nodes, in node-id order, that follow the module and can run it.
   std::size_t canaries = 1;
   /// K: `applied` results needed from the canaries; 0 means N.
   std::size_t successes = 0;
+  /// Canaries only from nodes whose registry label "cohort" is this; empty: any.
+  std::string cohort;
   /// How long to wait for them.
   std::chrono::milliseconds window{std::chrono::seconds(60)};
 };
 
-/// How a rollout ended.
+/// How a publish or rollout ended.
 struct rollout_report {
-  /// The bundle went to every node (`all`) and the desired version of `all` is set.
+  /// Every node's desired bundle is the new one (phase complete).
   bool completed = false;
   std::uint64_t version = 0;
+  /// The desired state written last (its revision: what results answer).
+  desired_state desired;
   std::vector<std::string> canaries;
-  /// The canaries' results seen for this version, in arrival order.
+  /// The canaries' results for this revision and digest, in arrival order.
   std::vector<result_record> results;
   /// Why the rollout halted; empty when it completed.
   std::string halt_reason;
-  /// On a halt, the canaries that reported no failure (they may have applied the version, or
-  /// may yet): the signed rollback request was sent for them.
-  std::vector<std::string> rolled_back;
+  /// True when the desired state named this bundle already (a retried publish): nothing new
+  /// was written.
+  bool already_desired = false;
 };
 
 /// The control side's connection. Not thread-safe: one thread uses a controller.
 class controller {
  public:
-  /// Connects and makes the result and heartbeat streams and the desired bucket when missing.
-  /// @throws cubridge::error: fleet_errc::unreachable when no server answers within
-  ///         connect_timeout; fleet_errc::config_mismatch for a stream configured otherwise;
-  ///         fleet_errc::nats_failed for a server that refuses (no JetStream).
+  /// Connects, and makes the result and heartbeat streams and the control bucket when missing
+  /// (with bus.replicas replicas); a stream configured otherwise is used as it is and named in
+  /// warnings().
+  /// @throws cubridge::error: errc::precondition for a server list that does not parse;
+  ///         fleet_errc::unreachable when no server answers within connect_timeout;
+  ///         fleet_errc::refused when the server refuses the identity; fleet_errc::nats_failed
+  ///         for a server that refuses otherwise (no JetStream, no permission).
   explicit controller(controller_options options);
   controller(const controller&) = delete;
   controller& operator=(const controller&) = delete;
@@ -91,55 +121,76 @@ class controller {
 
   /// The server's largest message, in bytes.
   [[nodiscard]] std::size_t max_payload() const;
+  /// The server in use, redacted.
+  [[nodiscard]] std::string connected_server() const;
+  /// Whether this connection was made without credentials and the server took it: an open bus,
+  /// which is a laptop demo only (status says so).
+  [[nodiscard]] bool open_bus() const noexcept;
+  /// Streams or buckets found configured otherwise.
+  [[nodiscard]] const std::vector<std::string>& warnings() const noexcept;
 
-  /// Publishes a signed `bundle` of `module` to every node (`nodes` empty) or to each of `nodes`
-  /// (their `node.<node>` subjects). Makes the module's stream when missing. Nothing is
-  /// verified here: nodes verify.
-  /// @throws cubridge::error: fleet_errc::oversized, before anything is sent, for a bundle over
-  ///         max_payload() (both sizes in the message); errc::precondition for a module or node
-  ///         name check_fleet_name refuses; otherwise as the constructor.
-  void publish(std::span<const std::byte> bundle, std::string_view module,
-               std::span<const std::string> nodes = {});
+  // --- enrolment ---
 
-  /// Publishes a signed rollback request (rollback_request.hpp) on cubridge.rollback.<m>.
-  /// @throws as publish.
-  void rollback(std::string_view module, std::string_view signed_request);
+  /// The registry, verified with the operator keys; an empty one (revision 0) when none is
+  /// written. @throws fleet_errc::invalid_state when the bucket holds one that does not verify.
+  [[nodiscard]] node_registry registry() const;
+  /// Enrols `node` with `key` and `labels` (replacing an entry of the same id), by
+  /// compare-and-set, signed with `operator_key`. @throws fleet_errc::conflict when another
+  /// writer changed it three times in a row; errc::precondition for a bad id or label.
+  void enroll(std::string_view node, const public_key& key,
+              const std::map<std::string, std::string, std::less<>>& labels,
+              const secret_key& operator_key);
 
-  /// The desired version of `module` for `cohort` ("all", "canary"); nullopt when none is set.
-  [[nodiscard]] std::optional<std::uint64_t> desired(std::string_view module,
-                                                     std::string_view cohort) const;
-  /// Sets it (0: removes it).
-  void set_desired(std::string_view module, std::string_view cohort, std::uint64_t version);
+  // --- bundles and desired state ---
 
-  /// Forgets why the module's last rollout halted (a later rollout of every node succeeded).
-  void clear_halt(std::string_view module);
+  /// The module's desired state; nullopt when none was written.
+  /// @throws fleet_errc::invalid_state when the key holds a record that does not verify with
+  ///         the operator keys or parse (it names why).
+  [[nodiscard]] std::optional<desired_entry> desired(std::string_view module) const;
 
-  /// Every module the bucket knows, by name.
-  [[nodiscard]] std::vector<module_state> modules() const;
+  /// Publishes a signed bundle to every node: verifies it (with the operator keys and the
+  /// signing key), stores it under its module, version and digest (idempotent, JetStream
+  /// message ids: a retry stores nothing twice) and makes it the stable desired version by
+  /// compare-and-set. A retry of a publish that was stored and written is `already_desired`.
+  /// @throws cubridge::error: bundle_error when the bundle does not verify;
+  ///         fleet_errc::oversized before anything is sent for a bundle over max_payload();
+  ///         fleet_errc::older_version for a version at or below the desired one (a lower one
+  ///         is `rollback`'s); fleet_errc::conflict when another writer won three times.
+  rollout_report publish(std::span<const std::byte> bundle, const secret_key& operator_key);
 
-  /// The last heartbeat of every node, by node id, with its age at `now`. Heartbeats that do
-  /// not parse are left out.
+  /// The canary policy: stores the bundle, makes it the candidate of the chosen canaries
+  /// (every other node keeps the stable one), waits for their results for that revision and
+  /// digest, then makes it stable for every node; or halts: the candidate is dropped (the
+  /// canaries go back to the stable version by themselves) and the reason is recorded. A
+  /// rollout whose candidate is this bundle already is resumed, not started again.
+  /// @throws as publish; errc::precondition when fewer than policy.canaries nodes qualify.
+  rollout_report rollout(std::span<const std::byte> bundle, const canary_policy& policy,
+                         const secret_key& operator_key);
+
+  /// Makes an earlier stable version desired again: `to_version`, or when 0 the one before the
+  /// current stable one (the desired state keeps the last max_desired_history). Returns the
+  /// record written. @throws fleet_errc::invalid_state when there is nothing to go back to or
+  /// `to_version` is not in the history; fleet_errc::conflict as publish.
+  desired_state rollback(std::string_view module, std::uint64_t to_version,
+                         const secret_key& operator_key);
+
+  // --- what the nodes report ---
+
+  /// Every enrolled node with its last verified heartbeat and its age at `now`, by node id;
+  /// heartbeats that do not verify are refused and counted in `report`.
   [[nodiscard]] std::vector<node_state> nodes(
-      std::chrono::system_clock::time_point now = std::chrono::system_clock::now()) const;
+      std::chrono::system_clock::time_point now = std::chrono::system_clock::now(),
+      read_report* report = nullptr) const;
+  /// Every module with a desired state, by name; records that do not verify are left out and
+  /// counted in `report`.
+  [[nodiscard]] std::vector<desired_entry> modules(read_report* report = nullptr) const;
 
-  /// The last result of every node for `module`, by node id.
-  [[nodiscard]] std::vector<result_record> last_results(std::string_view module) const;
-
-  /// The canary policy: publishes to the canaries, waits for their results, then publishes to
-  /// every node, or halts. On a halt the reason goes under `<m>.halted` in the bucket, the
-  /// desired version of `canary` goes back to that of `all`, the canaries' bundle subjects are
-  /// purged (a canary that restarts does not get the bundle again), and one rollback request
-  /// from `version`, signed with `rollback_key`, goes out for the canaries that did not fail.
-  /// @throws cubridge::error (errc::precondition) when fewer than policy.canaries nodes are
-  ///         live, or policy.successes is over policy.canaries; as publish otherwise.
-  [[nodiscard]] rollout_report rollout(std::span<const std::byte> bundle, std::string_view module,
-                                       std::uint64_t version, const canary_policy& policy,
-                                       const secret_key& rollback_key);
-
-  /// Waits until each of `nodes` has a result for `version` of `module` (applied or not), at
-  /// most `timeout`; returns those seen, in arrival order. Results already in the stream count.
+  /// Waits until each of `nodes` has a verified result for `revision` and `digest` of
+  /// `module`, at most `timeout`; returns those seen, in arrival order. Stored results count
+  /// only when they answer that revision.
   [[nodiscard]] std::vector<result_record> wait_for_results(std::string_view module,
-                                                            std::uint64_t version,
+                                                            std::uint64_t revision,
+                                                            std::string_view digest,
                                                             std::span<const std::string> nodes,
                                                             std::chrono::milliseconds timeout);
 

@@ -1,10 +1,11 @@
 #pragma once
-// What the nodes of a fleet tell the control side (docs/fleet.md): a result record per message
-// handled, on cubridge.result.<m>.<node>, and a heartbeat per interval, on
-// cubridge.heartbeat.<node>. JSON on the wire; the structs here are the parsed form. Anyone who
-// can publish to the NATS account can publish such records, so parsing checks every field and
-// every text that comes out is bounded printable ASCII (core/detail/printable.hpp: any other
-// byte as '?', so that a record read and written again is unchanged).
+// What the nodes of a fleet tell the control side (docs/fleet.md): a result record per desired
+// revision a node acted on, on cubridge.result.<m>.<node>, and a heartbeat per interval, on
+// cubridge.heartbeat.<node>. Each travels as the body of a record signed with the node's own key
+// (signed_record.hpp); the structs here are the parsed body. Parsing checks every field, times
+// and intervals are range-checked, and every text that comes out is bounded printable ASCII
+// (core/detail/printable.hpp: any other byte as '?', so that a record read and written again is
+// unchanged).
 
 #include <cubridge/update/update_gate.hpp>  // gate_outcome
 
@@ -26,12 +27,21 @@ inline constexpr std::size_t max_record_token = 64;
 /// Most modules a heartbeat lists.
 inline constexpr std::size_t max_heartbeat_modules = 256;
 
-/// What one node did with one message (a bundle or a rollback request).
+/// Earliest and latest time a record may carry (a time outside is refused: no arithmetic on it
+/// can overflow), and the longest heartbeat interval.
+inline constexpr std::chrono::sys_seconds earliest_record_time{std::chrono::seconds(946684800)};
+inline constexpr std::chrono::sys_seconds latest_record_time{std::chrono::seconds(7258118400)};
+inline constexpr std::chrono::milliseconds max_heartbeat_interval{std::chrono::hours(1)};
+
+/// What one node did about one revision of a module's desired state.
 struct result_record {
   std::string node;
   std::string module;
-  /// The bundle's version (0 when it did not verify); for a rollback, the version rolled back
-  /// to (when done).
+  /// The desired state's revision and the bundle's digest this result answers: a result counts
+  /// only for the revision and digest it names.
+  std::uint64_t revision = 0;
+  std::string digest;
+  /// The desired bundle's version.
   std::uint64_t version = 0;
   /// The version serving on the node after the message.
   std::uint64_t serving_version = 0;
@@ -60,19 +70,23 @@ struct heartbeat {
   std::chrono::sys_seconds time{};
   /// Per module, the version serving.
   std::map<std::string, std::uint64_t, std::less<>> versions;
+  /// Per module, the desired revision the node last acted on (0: none seen).
+  std::map<std::string, std::uint64_t, std::less<>> revisions;
   bool connected = true;
   std::optional<result_record> last_result;
 };
 
-/// One line of JSON (no newline). Texts are made printable and cut as above.
-/// Throws std::bad_alloc only.
+/// One line of JSON (no newline): the body a node signs. Texts are made printable and cut as
+/// above. Throws std::bad_alloc only.
 [[nodiscard]] std::string to_json(const result_record& record);
 [[nodiscard]] std::string to_json(const heartbeat& beat);
 
-/// The record or heartbeat in `text`; nullopt for anything that is not one: over
-/// max_record_bytes, not a JSON object, a field missing or of another type, a node or module
-/// name check_fleet_name refuses, an unknown outcome, a time that is not RFC 3339 UTC. Texts
-/// are made printable and cut as above. Throws std::bad_alloc only.
+/// The record or heartbeat in `text` (a verified body); nullopt for anything that is not one:
+/// over max_record_bytes, not a JSON object, a field missing or of another type, a node or
+/// module name check_fleet_name refuses, an unknown outcome, a digest that is not 64 lower-case
+/// hex digits, a time that is not RFC 3339 UTC or outside [earliest_record_time,
+/// latest_record_time], an interval of 0 or over max_heartbeat_interval. Texts are made
+/// printable and cut as above. Throws std::bad_alloc only.
 [[nodiscard]] std::optional<result_record> parse_result_record(std::string_view text);
 [[nodiscard]] std::optional<heartbeat> parse_heartbeat(std::string_view text);
 

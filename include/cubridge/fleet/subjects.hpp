@@ -1,15 +1,25 @@
 #pragma once
-// Where the fleet's messages live in NATS JetStream (docs/fleet.md): stream, subject and bucket
-// names, written once for the agent (fleet_agent.hpp) and the control side (`cubridge fleet`).
-// Pure string work: no NATS client needed to include it.
+// Where the fleet's control plane lives in NATS JetStream (docs/fleet.md, "Subjects, streams and
+// buckets"): stream, subject, bucket and key names, written once for the agent, the control side,
+// the server configuration `cubridge fleet init` writes (its permissions name these subjects)
+// and the tests. Pure string work: no NATS client needed to include it.
+//
+//   bucket  cubridge_fleet (stream KV_cubridge_fleet)
+//             desired.<m>   the operator-signed desired state of module <m>
+//             registry      the operator-signed registry of enrolled nodes and their keys
+//   stream  CUBRIDGE_BUNDLES_<m>   cubridge.bundle.<m>.<version>.<digest16>   one bundle each
+//   stream  CUBRIDGE_RESULTS       cubridge.result.<m>.<node>                 node-signed
+//   stream  CUBRIDGE_HEARTBEATS    cubridge.heartbeat.<node>                  node-signed
 
+#include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 
 namespace cubridge::fleet {
 
 /// The longest module name or node id the fleet takes: each is one subject token and part of a
-/// stream or consumer name.
+/// stream or key name.
 inline constexpr std::size_t max_fleet_name = 64;
 
 /// What is wrong with `name` as a fleet module name or node id (1 to 64 of [A-Za-z0-9_-]), or an
@@ -27,22 +37,32 @@ inline constexpr std::size_t max_fleet_name = 64;
   return {};
 }
 
-/// The stream of one module's bundles and rollback requests.
+/// The key-value bucket of the control plane's state.
+inline constexpr std::string_view control_bucket = "cubridge_fleet";
+/// The stream that holds the bucket (JetStream's naming).
+inline constexpr std::string_view control_bucket_stream = "KV_cubridge_fleet";
+/// The key of a module's desired state.
+[[nodiscard]] inline std::string desired_key(std::string_view module) {
+  return "desired." + std::string(module);
+}
+/// The key of the node registry.
+inline constexpr std::string_view registry_key = "registry";
+
+/// The stream of one module's bundles, one subject per version and digest.
 [[nodiscard]] inline std::string bundle_stream(std::string_view module) {
   return "CUBRIDGE_BUNDLES_" + std::string(module);
 }
-/// The bundle for every node of the fleet.
-[[nodiscard]] inline std::string bundle_subject_all(std::string_view module) {
-  return "cubridge.bundle." + std::string(module) + ".all";
+/// Every subject of a module's bundle stream.
+[[nodiscard]] inline std::string bundle_subjects(std::string_view module) {
+  return "cubridge.bundle." + std::string(module) + ".>";
 }
-/// The bundle for one node (canaries, `--nodes`).
-[[nodiscard]] inline std::string bundle_subject_node(std::string_view module,
-                                                     std::string_view node) {
-  return "cubridge.bundle." + std::string(module) + ".node." + std::string(node);
-}
-/// Signed rollback requests for the module.
-[[nodiscard]] inline std::string rollback_subject(std::string_view module) {
-  return "cubridge.rollback." + std::string(module);
+/// The hex digits of a bundle's SHA-256 that name its subject (the full digest is checked).
+inline constexpr std::size_t subject_digest_chars = 16;
+/// The subject of version `version` of `module` whose bundle's SHA-256 is `digest` (64 hex).
+[[nodiscard]] inline std::string bundle_subject(std::string_view module, std::uint64_t version,
+                                                std::string_view digest) {
+  return "cubridge.bundle." + std::string(module) + "." + std::to_string(version) + "." +
+         std::string(digest.substr(0, subject_digest_chars));
 }
 
 /// Results of every node, one subject per module and node.
@@ -55,17 +75,6 @@ inline constexpr std::string_view result_stream = "CUBRIDGE_RESULTS";
 inline constexpr std::string_view heartbeat_stream = "CUBRIDGE_HEARTBEATS";
 [[nodiscard]] inline std::string heartbeat_subject(std::string_view node) {
   return "cubridge.heartbeat." + std::string(node);
-}
-
-/// The desired version per module and cohort ("all", "canary"), and a halted rollout's reason.
-inline constexpr std::string_view desired_bucket = "cubridge_desired";
-[[nodiscard]] inline std::string desired_key(std::string_view module, std::string_view cohort) {
-  return std::string(module) + "." + std::string(cohort);
-}
-
-/// A node's durable consumer on a module's bundle stream.
-[[nodiscard]] inline std::string node_consumer(std::string_view node) {
-  return "node_" + std::string(node);
 }
 
 }  // namespace cubridge::fleet

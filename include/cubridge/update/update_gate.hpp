@@ -70,6 +70,17 @@ enum class module_note {
   always,      ///< verified and about a known or verified module: note it
 };
 
+/// Why a version at or below the replay floor may be applied (update_gate::push): the version
+/// an operator-signed desired state names, and which record said so (for the detail).
+struct push_authority {
+  std::uint64_t version = 0;
+  /// The record asks to go below what serves (an explicit rollback or a halted rollout); else a
+  /// version below the serving one is refused (older_version) as without authority, so two
+  /// doors racing never take the serving version down.
+  bool below_serving = false;
+  std::string source;  ///< "desired state of 'm' revision 7"
+};
+
 /// A gate's answer.
 struct gate_decision {
   gate_outcome outcome = gate_outcome::refused;
@@ -116,9 +127,14 @@ class update_gate {
 
   /// Decides about a pushed bundle and, when it passes, applies it. `expected_module`, when not
   /// empty, is the name the transport addressed (refused as name_mismatch when the signed name
-  /// differs). Never throws but std::bad_alloc.
+  /// differs). With `authority` (an operator-signed desired state the caller verified, naming
+  /// exactly this version), a version at or below the replay floor is applied too: a fleet that
+  /// went back to an earlier version, or a node that lost what it served; the floor stays where
+  /// it is, so the same bundle without authority is still refused. Never throws but
+  /// std::bad_alloc.
   [[nodiscard]] gate_decision push(std::span<const std::byte> body,
-                                   std::string_view expected_module = {});
+                                   std::string_view expected_module = {},
+                                   const push_authority* authority = nullptr);
   /// Decides about a signed rollback request (rollback_request.hpp) and, when it passes, rolls
   /// the module back. `expected_module` as for push. Never throws but std::bad_alloc.
   [[nodiscard]] gate_decision rollback(std::string_view signed_request,

@@ -20,6 +20,10 @@ namespace cubridge::detail {
 /// sequences), each named with its byte offset. Run before the JSON parser sees `text`.
 [[nodiscard]] std::string check_signed_text(std::string_view text);
 
+/// Lower-case hex SHA-256 of `bytes` (64 characters): what names a bundle in the fleet's
+/// desired state.
+[[nodiscard]] std::string sha256_hex(std::span<const std::byte> bytes);
+
 /// Fills `out` with cryptographically random bytes.
 void random_bytes(std::span<std::byte> out);
 

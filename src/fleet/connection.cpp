@@ -1,0 +1,162 @@
+// Server lists, redaction and credentials files (connection.hpp).
+#include <cubridge/core/detail/file_io.hpp>
+#include <cubridge/core/detail/printable.hpp>
+#include <cubridge/core/error.hpp>
+#include <cubridge/fleet/connection.hpp>
+
+#include <charconv>
+
+namespace cubridge::fleet {
+namespace {
+
+constexpr std::size_t max_servers = 32;
+
+[[noreturn]] void refuse(const std::string& what) {
+  cubridge::detail::throw_errc(errc::precondition, "parse server list", what);
+}
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r'))
+    s.remove_suffix(1);
+  return s;
+}
+
+// Checks one URL; throws naming it (redacted) and what is wrong.
+void check_url(std::string_view url) {
+  const std::string shown = cubridge::detail::printable(redact_url(url));
+  const auto scheme_end = url.find("://");
+  if (scheme_end == std::string_view::npos)
+    refuse("server '" + shown + "' is not a URL: give nats://HOST:PORT or tls://HOST:PORT");
+  const auto scheme = url.substr(0, scheme_end);
+  if (scheme != "nats" && scheme != "tls")
+    refuse("server '" + shown + "': scheme '" + cubridge::detail::printable(scheme) +
+           "' is neither nats nor tls");
+  auto rest = url.substr(scheme_end + 3);
+  if (const auto at = rest.rfind('@'); at != std::string_view::npos) rest.remove_prefix(at + 1);
+  if (rest.empty()) refuse("server '" + shown + "' names no host");
+  std::string_view host = rest, port;
+  if (rest.front() == '[') {  // [::1]:4222
+    const auto close = rest.find(']');
+    if (close == std::string_view::npos) refuse("server '" + shown + "': '[' without ']'");
+    host = rest.substr(0, close + 1);
+    const auto after = rest.substr(close + 1);
+    if (!after.empty() && after.front() != ':')
+      refuse("server '" + shown + "': something after the host");
+    if (!after.empty()) port = after.substr(1);
+  } else if (const auto colon = rest.find(':'); colon != std::string_view::npos) {
+    host = rest.substr(0, colon);
+    port = rest.substr(colon + 1);
+  }
+  if (host.empty() || host == "[]") refuse("server '" + shown + "' names no host");
+  for (const char c : host)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_' ||
+          c == '[' || c == ']' || c == ':'))
+      refuse("server '" + shown + "': the host may hold only letters, digits, '.', '-', '_'");
+  if (rest.find_first_of("/?# ") != std::string_view::npos)
+    refuse("server '" + shown + "': nothing may follow HOST:PORT");
+  if (!port.empty() || rest.back() == ':') {
+    unsigned value = 0;
+    const auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), value);
+    if (port.empty() || ec != std::errc{} || end != port.data() + port.size() || value == 0 ||
+        value > 65535)
+      refuse("server '" + shown + "': port '" + cubridge::detail::printable(port) +
+             "' is not 1 to 65535");
+  }
+}
+
+}  // namespace
+
+std::vector<std::string> parse_server_list(std::string_view servers) {
+  std::vector<std::string> out;
+  std::size_t start = 0;
+  for (;;) {
+    const auto comma = servers.find(',', start);
+    const auto entry = trim(servers.substr(
+        start, comma == std::string_view::npos ? std::string_view::npos : comma - start));
+    if (entry.empty())
+      refuse("the server list '" + redact_server_list(servers) + "' has an empty entry");
+    check_url(entry);
+    out.emplace_back(entry);
+    if (out.size() > max_servers)
+      refuse("the server list has more than " + std::to_string(max_servers) + " URLs");
+    if (comma == std::string_view::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+std::string redact_url(std::string_view url) {
+  const auto scheme_end = url.find("://");
+  const auto host_start = scheme_end == std::string_view::npos ? 0 : scheme_end + 3;
+  const auto at = url.find('@', host_start);
+  if (at == std::string_view::npos) return std::string(url);
+  return std::string(url.substr(0, host_start)) + "***" + std::string(url.substr(at));
+}
+
+std::string redact_server_list(std::string_view servers) {
+  std::string out;
+  std::size_t start = 0;
+  for (;;) {
+    const auto comma = servers.find(',', start);
+    out += redact_url(servers.substr(
+        start, comma == std::string_view::npos ? std::string_view::npos : comma - start));
+    if (comma == std::string_view::npos) return out;
+    out += ',';
+    start = comma + 1;
+  }
+}
+
+bus_credentials read_credentials_file(const std::filesystem::path& path, bool allow_readable) {
+  cubridge::detail::regular_file file(path, max_credentials_bytes, "credentials file");
+  if (!allow_readable && (file.status().st_mode & 077) != 0)
+    cubridge::detail::throw_errc(
+        errc::io, "read credentials file",
+        "'" + path.string() + "' may be read by group or others (chmod 600 it)");
+  std::vector<std::byte> bytes;
+  file.read_rest(bytes);
+  const std::string_view text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  bus_credentials out;
+  std::size_t start = 0, number = 0;
+  while (start < text.size()) {
+    auto end = text.find('\n', start);
+    if (end == std::string_view::npos) end = text.size();
+    const auto line = trim(text.substr(start, end - start));
+    start = end + 1;
+    ++number;
+    if (line.empty() || line.front() == '#') continue;
+    const auto space = line.find(' ');
+    const auto field = line.substr(0, space);
+    const auto value =
+        space == std::string_view::npos ? std::string_view{} : trim(line.substr(space));
+    bool printable = !value.empty();
+    for (const char c : value) printable = printable && c > ' ' && c < 0x7f;
+    const auto where = "'" + path.string() + "' line " + std::to_string(number);
+    if (!printable)
+      cubridge::detail::throw_errc(errc::precondition, "read credentials file",
+                                   where + ": a value of printable characters, no spaces");
+    if (field == "user")
+      out.user = value;
+    else if (field == "password")
+      out.password = value;
+    else
+      cubridge::detail::throw_errc(
+          errc::precondition, "read credentials file",
+          where + ": unknown field '" + cubridge::detail::printable(field) + "' (user, password)");
+  }
+  if (out.user.empty() || out.password.empty())
+    cubridge::detail::throw_errc(errc::precondition, "read credentials file",
+                                 "'" + path.string() + "' needs a user and a password line");
+  return out;
+}
+
+void write_credentials_file(const std::filesystem::path& path, const bus_credentials& credentials,
+                            std::string_view comment) {
+  std::string text;
+  if (!comment.empty()) text += "# " + std::string(comment) + "\n";
+  text += "user " + credentials.user + "\npassword " + credentials.password + "\n";
+  cubridge::detail::write_file_atomically(path, std::as_bytes(std::span(text.data(), text.size())),
+                                          0600, false, "credentials file");
+}
+
+}  // namespace cubridge::fleet
