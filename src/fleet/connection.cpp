@@ -24,7 +24,7 @@ std::string_view trim(std::string_view s) {
 
 // Checks one URL; throws naming it (redacted) and what is wrong.
 void check_url(std::string_view url) {
-  const std::string shown = cubridge::detail::printable(redact_url(url));
+  const std::string shown = cubridge::detail::printable(redact_url(url), {.quoted = false});
   const auto scheme_end = url.find("://");
   if (scheme_end == std::string_view::npos)
     refuse("server '" + shown + "' is not a URL: give nats://HOST:PORT or tls://HOST:PORT");

@@ -1,7 +1,7 @@
-// `cubridge fleet publish` and `cubridge fleet rollback`, and the registration of the fleet
-// commands (status and watch: fleet_status.cpp). Bundles are made as `cubridge push` makes them
+// `cubridge fleet publish | rollback | enroll`, and the registration of the fleet commands
+// (status and watch: fleet_status.cpp). Bundles are made as `cubridge push` makes them
 // (tools/update/signing.hpp): a .bundle as is, a .cu compiled for the fleet's GPU, a cubin or
-// fatbin signed.
+// fatbin signed. Every write of the desired state or the registry is signed with --key.
 #include "fleet/fleet_commands.hpp"
 
 #include "exit_codes.hpp"
@@ -14,8 +14,8 @@
 #include <cubridge/core/detail/printable.hpp>
 #include <cubridge/fleet/controller.hpp>
 #include <cubridge/fleet/subjects.hpp>
-#include <cubridge/update/rollback_request.hpp>
 
+#include <cmath>
 #include <iostream>
 #include <set>
 
@@ -32,34 +32,21 @@ constexpr const char* readable_key_help =
 std::string fleet_target(const controller& control) {
   std::set<std::string> gpus;
   for (const auto& node : control.nodes())
-    if (node.live && !node.beat.gpu.empty()) gpus.insert(node.beat.gpu);
+    if (node.live && node.beat && !node.beat->gpu.empty()) gpus.insert(node.beat->gpu);
   if (gpus.size() == 1 && parse_compute_capability(*gpus.begin())) return *gpus.begin();
   return "sm_90";
 }
 
-struct made_bundle {
-  std::vector<std::byte> bytes;
-  bundle_manifest manifest;
-};
-
 // The bundle to publish: a .bundle as is, else the file (compiled when .cu) signed with `key`.
-made_bundle make_bundle(const controller& control, const std::filesystem::path& file,
-                        signing_request request) {
-  made_bundle out;
-  if (file.extension() == ".bundle") {
-    out.bytes = read_input(file, max_input_bytes, "bundle").bytes;
-    out.manifest = peek_manifest(out.bytes);
-    return out;
-  }
-  if (request.key.empty() || request.version == 0)
+std::vector<std::byte> make_bundle(const controller& control, const std::filesystem::path& file,
+                                   signing_request request, const secret_key& key) {
+  if (file.extension() == ".bundle") return read_input(file, max_input_bytes, "bundle").bytes;
+  if (request.version == 0)
     throw usage_error("publishing " + file.string() +
-                      " signs it first: give --key and --version (or publish a .bundle)");
-  const auto key = read_signing_key(request.key, request.allow_readable_key);
+                      " signs it first: give --version (or publish a .bundle)");
   const auto input = read_input(file, max_input_bytes, "payload");
-  if (file.extension() != ".cu") {
-    out.bytes = sign_payload(request, input.bytes, false, key.key, &out.manifest);
-    return out;
-  }
+  bundle_manifest manifest;
+  if (file.extension() != ".cu") return sign_payload(request, input.bytes, false, key, &manifest);
   if (request.target.empty()) request.target = fleet_target(control);
   const auto target = parse_compute_capability(request.target);
   if (!target)
@@ -71,8 +58,7 @@ made_bundle make_bundle(const controller& control, const std::filesystem::path& 
                                            file.filename().string(), *target, options);
   std::cout << "compiled " << file.string() << " for " << request.target << " (" << compiled.size()
             << " bytes)\n";
-  out.bytes = sign_payload(request, compiled, false, key.key, &out.manifest);
-  return out;
+  return sign_payload(request, compiled, false, key, &manifest);
 }
 
 void print_result(const fleet::result_record& r) {
@@ -81,7 +67,12 @@ void print_result(const fleet::result_record& r) {
             << "\n";
 }
 
-std::chrono::milliseconds window_of(double seconds) {
+// Seconds as given on the command line: a finite positive number (CLI11's range check lets a
+// NaN through).
+std::chrono::milliseconds seconds_of(double seconds, const char* option) {
+  if (!std::isfinite(seconds) || seconds <= 0 || seconds > 86400)
+    throw usage_error(std::string(option) +
+                      " must be a number of seconds above 0 and at most 86400");
   return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000));
 }
 
@@ -90,16 +81,28 @@ std::chrono::milliseconds window_of(double seconds) {
 fleet_commands::fleet_commands(CLI::App& app) {
   fleet_ = app.add_subcommand("fleet", "Roll modules out to a fleet over NATS JetStream");
   fleet_->require_subcommand(1);
-  const auto server_option = [this](CLI::App* command) {
-    command->add_option("--server", server_, "The NATS server")->capture_default_str();
+  const auto bus_options = [this](CLI::App* command) {
+    command
+        ->add_option("--server", bus_.server,
+                     "The NATS server(s), comma-separated: nats://HOST:PORT or tls://HOST:PORT")
+        ->capture_default_str();
+    command->add_option("--credentials", bus_.credentials,
+                        "The operator's credentials file (cubridge fleet init writes it)");
+    command->add_option("--ca", bus_.ca,
+                        "The CA certificate the servers' certificates verify with");
+    command->add_option("--replicas", bus_.replicas, "Replicas of what this command creates")
+        ->check(CLI::Range(1, 5));
+    command->add_option("--trusted-key", bus_.trusted_keys,
+                        "An operator public key whose desired state is believed (repeatable)");
   };
 
   auto& p = publish_args_;
   publish_ = fleet_->add_subcommand("publish", "Sign and publish a module to the fleet");
-  server_option(publish_);
+  bus_options(publish_);
   publish_->add_option("file", p.file, "A .bundle (sent as is), or a .cu, cubin or fatbin")
       ->required();
-  publish_->add_option("--key", p.key, "Secret key file: signs the file and any rollback");
+  publish_->add_option("--key", p.key, "The operator's secret key: signs the desired state")
+      ->required();
   publish_->add_option("--name", p.name, "Module name (default: the file's stem)");
   publish_->add_option("--version", p.version, "Module version when signing")
       ->check(version_validator());
@@ -107,41 +110,72 @@ fleet_commands::fleet_commands(CLI::App& app) {
                        "GPU to compile a .cu for (default: the nodes' common GPU, else sm_90)");
   auto* canary = publish_
                      ->add_option("--canary", p.canary,
-                                  "Canaries first: the first N live "
-                                  "nodes by id")
+                                  "Canaries first: the first N live nodes by id that follow the "
+                                  "module and can run it")
                      ->check(CLI::Range(1, 10000));
   publish_->add_option("--successes", p.successes, "Applied canary results needed (default N)")
       ->check(CLI::Range(1, 10000))
       ->needs(canary);
-  publish_->add_option("--window", p.window_s, "Seconds to wait for results (default 60)")
-      ->check(CLI::Range(0.001, 86400.0));
-  publish_->add_option("--nodes", p.nodes, "Publish to exactly these nodes (a,b)")
-      ->delimiter(',')
-      ->excludes(canary);
+  publish_->add_option("--cohort", p.cohort, "Canaries only from nodes labelled cohort=C")
+      ->needs(canary);
+  publish_->add_option("--window", p.window_s, "Seconds to wait for results (default 60)");
+  publish_->add_option("--publish-timeout", p.publish_timeout_s,
+                       "Seconds storing the bundle may take (default 5 plus 1 per MiB)");
   publish_->add_flag("--wait", p.wait, "Wait for every live node's result");
   publish_->add_flag("--allow-readable-key", p.allow_readable_key, readable_key_help);
 
   status_ = fleet_->add_subcommand("status", "Which node runs what, and each module's rollout");
-  server_option(status_);
+  bus_options(status_);
   status_->add_flag("--json", status_json_, "Print the status as JSON");
+  status_->add_option("--key", status_key_,
+                      "The operator's secret key (its public half is trusted)");
 
-  rollback_ = fleet_->add_subcommand("rollback", "Roll a module back on every node (signed)");
-  server_option(rollback_);
+  rollback_ = fleet_->add_subcommand("rollback", "Make an earlier version desired again (signed)");
+  bus_options(rollback_);
   rollback_->add_option("module", rollback_args_.module, "The module")->required();
-  rollback_->add_option("--key", rollback_args_.key, "Secret key file")->required();
+  rollback_->add_option("--key", rollback_args_.key, "The operator's secret key")->required();
   rollback_
-      ->add_option("--from-version", rollback_args_.from_version,
-                   "The version rolled back from (default: the desired version of all)")
+      ->add_option("--to-version", rollback_args_.to_version,
+                   "The version to go back to (default: the stable one before the current)")
       ->check(version_validator());
   rollback_->add_flag("--allow-readable-key", rollback_args_.allow_readable_key, readable_key_help);
 
   watch_ = fleet_->add_subcommand("watch", "A live table of the nodes, until interrupted");
-  server_option(watch_);
+  bus_options(watch_);
   watch_->add_flag("--once", watch_once_, "Print the table once and exit");
+  watch_->add_option("--key", status_key_,
+                     "The operator's secret key (its public half is trusted)");
+
+  auto& e = enroll_args_;
+  enroll_ = fleet_->add_subcommand("enroll", "Enrol a node: its id, public key and labels");
+  bus_options(enroll_);
+  enroll_->add_option("node", e.node, "The node's id")->required();
+  enroll_->add_option("--node-key", e.node_key, "The node's public key file")->required();
+  enroll_->add_option("--key", e.key, "The operator's secret key: signs the registry")->required();
+  enroll_->add_option("--label", e.labels, "A label NAME=VALUE (repeatable), e.g. cohort=a");
+  enroll_->add_flag("--allow-readable-key", e.allow_readable_key, readable_key_help);
 }
 
 bool fleet_commands::parsed() const {
   return fleet_->parsed();
+}
+
+fleet::controller_options fleet_commands::options(const std::string& signing_key,
+                                                  bool allow_readable_key) const {
+  try {
+    (void)fleet::parse_server_list(bus_.server);
+  } catch (const error& e) {
+    throw usage_error(std::string("--server: ") + e.what());
+  }
+  fleet::controller_options o;
+  o.bus.servers = bus_.server;
+  o.bus.credentials = bus_.credentials;
+  o.bus.ca_file = bus_.ca;
+  o.bus.replicas = bus_.replicas;
+  for (const auto& file : bus_.trusted_keys) o.operator_keys.add(read_public_key_file(file));
+  if (!signing_key.empty())
+    o.operator_keys.add(read_signing_key(signing_key, allow_readable_key).key.public_key());
+  return o;
 }
 
 int fleet_commands::run() const noexcept {
@@ -150,14 +184,15 @@ int fleet_commands::run() const noexcept {
     if (status_->parsed()) return status();
     if (rollback_->parsed()) return rollback();
     if (watch_->parsed()) return watch();
+    if (enroll_->parsed()) return enroll();
   } catch (const usage_error& e) {
-    std::cerr << "cubridge: " << e.what() << "\n";
+    std::cerr << "cubridge: " << fleet::redact_url(e.what()) << "\n";
     return exit_usage;
   } catch (const error& e) {
-    std::cerr << "cubridge: " << e.what() << "\n";
+    std::cerr << "cubridge: " << fleet::redact_url(e.what()) << "\n";
     return e.is(fleet_errc::unreachable) ? exit_unreachable : exit_failure;
   } catch (const std::exception& e) {
-    std::cerr << "cubridge: " << e.what() << "\n";
+    std::cerr << "cubridge: " << fleet::redact_url(e.what()) << "\n";
     return exit_failure;
   }
   return exit_usage;
@@ -165,55 +200,53 @@ int fleet_commands::run() const noexcept {
 
 int fleet_commands::publish() const {
   const auto& a = publish_args_;
-  if (a.canary && a.key.empty())
-    throw usage_error("--canary needs --key: a halted rollout sends a signed rollback request");
   if (a.successes > a.canary)
     throw usage_error("--successes " + std::to_string(a.successes) + " is over --canary " +
                       std::to_string(a.canary));
-  controller control({server_});
+  const auto window = seconds_of(a.window_s, "--window");
+  auto o = options(a.key, a.allow_readable_key);
+  if (a.publish_timeout_s != 0)
+    o.publish_timeout = seconds_of(a.publish_timeout_s, "--publish-timeout");
+  const auto key = read_signing_key(a.key, a.allow_readable_key);
+  controller control(std::move(o));
   const std::filesystem::path file = a.file;
-  const auto bundle =
-      make_bundle(control, file,
-                  {file, a.key, a.name, a.version, a.target, std::nullopt, a.allow_readable_key});
-  const auto& m = bundle.manifest;
-  const auto window = window_of(a.window_s);
+  const auto bundle = make_bundle(
+      control, file, {file, a.key, a.name, a.version, a.target, std::nullopt, a.allow_readable_key},
+      key.key);
   if (a.canary) {
-    const auto key = read_signing_key(a.key, a.allow_readable_key);
-    const auto report =
-        control.rollout(bundle.bytes, m.name, m.version, {a.canary, a.successes, window}, key.key);
-    std::cout << "canaries of '" << m.name << "' v" << m.version << ":";
+    const auto report = control.rollout(bundle, {a.canary, a.successes, a.cohort, window}, key.key);
+    const auto& m = report.desired;
+    std::cout << "canaries of '" << m.module << "' v" << report.version << ":";
     for (const auto& node : report.canaries) std::cout << " " << node;
     std::cout << "\n";
     for (const auto& r : report.results) print_result(r);
     if (report.completed) {
-      std::cout << "published '" << m.name << "' v" << m.version << " to all at " << server_
-                << "\n";
+      std::cout << "'" << m.module << "' v" << report.version << " is desired on every node"
+                << (report.already_desired ? " (already)" : "") << " (revision " << m.revision
+                << ") at " << control.connected_server() << "\n";
       return exit_ok;
     }
-    std::cerr << "cubridge: rollout of '" << m.name << "' v" << m.version
-              << " halted: " << report.halt_reason << "\n";
-    if (!report.rolled_back.empty()) {
-      std::cerr << "cubridge: rollback request sent for";
-      for (const auto& node : report.rolled_back) std::cerr << " " << node;
-      std::cerr << "\n";
-    }
+    std::cerr << "cubridge: rollout of '" << m.module << "' v" << report.version
+              << " halted: " << report.halt_reason
+              << " (the canaries go back to the stable version)\n";
     return exit_failure;
   }
-  std::vector<std::string> targets = a.nodes;
-  control.publish(bundle.bytes, m.name, targets);
-  if (targets.empty()) {
-    control.set_desired(m.name, "all", m.version);
-    control.clear_halt(m.name);
-  }
-  std::cout << "published '" << m.name << "' v" << m.version << " (" << bundle.bytes.size()
-            << " bytes) to "
-            << (targets.empty() ? "all" : std::to_string(targets.size()) + " node(s)") << " at "
-            << server_ << "\n";
+  const auto report = control.publish(bundle, key.key);
+  const auto& m = report.desired;
+  std::cout << "published '" << m.module << "' v" << report.version << " (" << bundle.size()
+            << " bytes): desired on every node" << (report.already_desired ? " (already)" : "")
+            << " (revision " << m.revision << ") at " << control.connected_server() << "\n";
   if (!a.wait) return exit_ok;
-  if (targets.empty())
-    for (const auto& node : control.nodes())
-      if (node.live) targets.push_back(node.beat.node);
-  const auto results = control.wait_for_results(m.name, m.version, targets, window);
+  std::vector<std::string> targets;
+  for (const auto& node : control.nodes())
+    if (node.live && node.beat && node.beat->versions.contains(m.module))
+      targets.push_back(node.node);
+  if (targets.empty()) {
+    std::cerr << "cubridge: --wait: no live node follows '" << m.module << "'\n";
+    return exit_failure;
+  }
+  const auto results =
+      control.wait_for_results(m.module, m.revision, m.stable->digest, targets, window);
   bool all_applied = results.size() == targets.size();
   for (const auto& r : results) {
     print_result(r);
@@ -230,21 +263,34 @@ int fleet_commands::rollback() const {
   const auto& a = rollback_args_;
   if (const auto problem = fleet::check_fleet_name(a.module, "module name"); !problem.empty())
     throw usage_error(problem);
+  auto o = options(a.key, a.allow_readable_key);
   const auto key = read_signing_key(a.key, a.allow_readable_key);
-  controller control({server_});
-  std::uint64_t from = a.from_version;
-  if (from == 0) from = control.desired(a.module, "all").value_or(0);
-  if (from == 0) {
-    std::cerr << "cubridge: no desired version of '" << a.module << "' at " << server_
-              << ": give --from-version\n";
-    return exit_failure;
+  controller control(std::move(o));
+  const auto written = control.rollback(a.module, a.to_version, key.key);
+  std::cout << "'" << a.module << "' v" << written.stable->version
+            << " is desired again on every node (" << written.reason << ", revision "
+            << written.revision << ") at " << control.connected_server() << "\n";
+  return exit_ok;
+}
+
+int fleet_commands::enroll() const {
+  const auto& a = enroll_args_;
+  if (const auto problem = fleet::check_fleet_name(a.node, "node id"); !problem.empty())
+    throw usage_error(problem);
+  std::map<std::string, std::string, std::less<>> labels;
+  for (const auto& label : a.labels) {
+    const auto eq = label.find('=');
+    if (eq == std::string::npos)
+      throw usage_error("--label '" + printable(label) + "' is not NAME=VALUE");
+    labels[label.substr(0, eq)] = label.substr(eq + 1);
   }
-  control.rollback(a.module, sign_rollback_request(a.module, from, key.key));
-  // The fleet no longer wants `from`: what it runs instead is what each node rolls back to.
-  control.set_desired(a.module, "all", 0);
-  control.set_desired(a.module, "canary", 0);
-  std::cout << "rollback request for '" << a.module << "' from v" << from << " published at "
-            << server_ << "\n";
+  auto o = options(a.key, a.allow_readable_key);
+  const auto key = read_signing_key(a.key, a.allow_readable_key);
+  const auto node_key = read_public_key_file(a.node_key);
+  controller control(std::move(o));
+  control.enroll(a.node, node_key, labels, key.key);
+  std::cout << "enrolled node '" << a.node << "' (key " << to_hex(node_key.id()) << ") at "
+            << control.connected_server() << "\n";
   return exit_ok;
 }
 

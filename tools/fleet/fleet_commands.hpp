@@ -1,6 +1,6 @@
 #pragma once
-// `cubridge fleet publish | status | rollback | watch`: the control side of a fleet rollout over
-// NATS JetStream (docs/fleet.md, "The control side").
+// `cubridge fleet publish | status | rollback | watch | enroll`: the control side of the fleet's
+// control plane over NATS JetStream (docs/fleet.md, "The control side").
 #include <CLI/CLI.hpp>
 
 #include <cstddef>
@@ -8,9 +8,13 @@
 #include <string>
 #include <vector>
 
+namespace cubridge::fleet {
+struct controller_options;
+}
+
 namespace cubridge::tool {
 
-/// Registers `fleet` and its four subcommands on `app`; run() runs whichever was parsed.
+/// Registers `fleet` and its subcommands on `app`; run() runs whichever was parsed.
 class fleet_commands {
  public:
   explicit fleet_commands(CLI::App& app);
@@ -21,9 +25,10 @@ class fleet_commands {
   [[nodiscard]] bool parsed() const;
   /// Runs what was parsed and returns the exit status (tools/exit_codes.hpp): exit_ok;
   /// exit_failure (a bad input file, a halted rollout, a node that did not apply, a server that
-  /// refused); exit_usage (a command line wrong in a way CLI11 could not see);
-  /// exit_unreachable (no NATS server at --server, or the connection lost). Reports every
-  /// error in one line on stderr. Never throws.
+  /// refused, a conflict with another writer); exit_usage (a command line wrong in a way CLI11
+  /// could not see: a bad server URL, a window that is not a positive number); exit_unreachable
+  /// (no NATS server at --server, or the connection lost). Reports every error in one line on
+  /// stderr, never a credential. Never throws.
   [[nodiscard]] int run() const noexcept;
 
  private:
@@ -32,28 +37,42 @@ class fleet_commands {
   CLI::App* status_;
   CLI::App* rollback_;
   CLI::App* watch_;
-  std::string server_ = "nats://127.0.0.1:4222";
+  CLI::App* enroll_;
   struct {
-    std::string file, key, name, target;
+    std::string server = "nats://127.0.0.1:4222";
+    std::string credentials, ca;
+    int replicas = 1;
+    std::vector<std::string> trusted_keys;
+  } bus_;
+  struct {
+    std::string file, key, name, target, cohort;
     std::uint64_t version = 0;
     std::size_t canary = 0, successes = 0;
-    double window_s = 60;
-    std::vector<std::string> nodes;
+    double window_s = 60, publish_timeout_s = 0;
     bool wait = false;
     bool allow_readable_key = false;
   } publish_args_;
   bool status_json_ = false;
+  std::string status_key_;
   struct {
     std::string module, key;
-    std::uint64_t from_version = 0;
+    std::uint64_t to_version = 0;
     bool allow_readable_key = false;
   } rollback_args_;
   bool watch_once_ = false;
+  struct {
+    std::string node, node_key, key;
+    std::vector<std::string> labels;
+    bool allow_readable_key = false;
+  } enroll_args_;
 
+  [[nodiscard]] fleet::controller_options options(const std::string& signing_key,
+                                                  bool allow_readable_key) const;
   int publish() const;
   int status() const;
   int rollback() const;
   int watch() const;
+  int enroll() const;
 };
 
 }  // namespace cubridge::tool

@@ -19,27 +19,44 @@ namespace {
 
 using json = nlohmann::json;
 
-// Per module the node runs and the fleet wants for everyone: desired minus current.
+// Per module the node follows: what its desired state names for it minus what it serves.
 std::map<std::string, std::int64_t> lags(const fleet::node_state& node,
-                                         const std::vector<fleet::module_state>& modules) {
+                                         const std::vector<fleet::desired_entry>& modules) {
   std::map<std::string, std::int64_t> out;
+  if (!node.beat) return out;
   for (const auto& m : modules) {
-    if (!m.desired_all) continue;
-    const auto it = node.beat.versions.find(m.module);
-    const std::uint64_t current = it == node.beat.versions.end() ? 0 : it->second;
-    out[m.module] = static_cast<std::int64_t>(*m.desired_all - current);
+    const auto it = node.beat->versions.find(m.state.module);
+    if (it == node.beat->versions.end()) continue;
+    const auto* target = m.state.target_for(node.node);
+    if (!target) continue;
+    out[m.state.module] =
+        static_cast<std::int64_t>(target->version) - static_cast<std::int64_t>(it->second);
   }
   return out;
 }
 
+json ref_json(const std::optional<fleet::bundle_ref>& r) {
+  if (!r) return nullptr;
+  return {{"version", r->version}, {"digest", r->digest}, {"size", r->size}, {"target", r->target}};
+}
+
 json result_json(const fleet::result_record& r) {
-  return {{"module", r.module}, {"version", r.version}, {"outcome", to_string(r.outcome)},
-          {"reason", r.reason}, {"detail", r.detail},   {"serving_version", r.serving_version}};
+  return {{"module", r.module},
+          {"revision", r.revision},
+          {"version", r.version},
+          {"outcome", to_string(r.outcome)},
+          {"reason", r.reason},
+          {"detail", r.detail},
+          {"serving_version", r.serving_version}};
 }
 
 std::string result_text(const fleet::result_record& r) {
   return r.module + " v" + std::to_string(r.version) + " " + std::string(to_string(r.outcome)) +
          (r.reason.empty() ? "" : " " + r.reason);
+}
+
+std::string version_text(const std::optional<fleet::bundle_ref>& r) {
+  return r ? "v" + std::to_string(r->version) : "-";
 }
 
 std::atomic<bool> interrupted{false};
@@ -49,76 +66,107 @@ extern "C" void on_interrupt(int) {
 
 }  // namespace
 
-json fleet_status_json(const std::vector<fleet::node_state>& nodes,
-                       const std::vector<fleet::module_state>& modules) {
-  json out{{"nodes", json::array()}, {"modules", json::array()}};
-  for (const auto& n : nodes) {
-    json node{{"node", n.beat.node},
-              {"cohort", n.beat.cohort},
-              {"gpu", n.beat.gpu},
-              {"live", n.live},
-              {"age_s", n.age.count()},
-              {"versions", n.beat.versions},
-              {"lag", lags(n, modules)},
-              {"last_result", n.beat.last_result ? result_json(*n.beat.last_result) : json()}};
-    out["nodes"].push_back(std::move(node));
+fleet_reading read_fleet(const fleet::controller& control) {
+  fleet_reading r;
+  r.nodes = control.nodes(std::chrono::system_clock::now(), &r.report);
+  r.modules = control.modules(&r.report);
+  r.warnings = control.warnings();
+  r.open_bus = control.open_bus();
+  return r;
+}
+
+json fleet_status_json(const fleet_reading& reading) {
+  json out{{"nodes", json::array()},
+           {"modules", json::array()},
+           {"refused", reading.report.refused},
+           {"complete", reading.report.complete},
+           {"warnings", reading.warnings},
+           {"open_bus", reading.open_bus}};
+  for (const auto& n : reading.nodes) {
+    const auto& b = n.beat;
+    out["nodes"].push_back(
+        {{"node", n.node},
+         {"labels", n.labels},
+         {"cohort", b ? json(b->cohort) : json()},
+         {"gpu", b ? json(b->gpu) : json()},
+         {"live", n.live},
+         {"age_s", n.age.count()},
+         {"versions", b ? json(b->versions) : json::object()},
+         {"lag", lags(n, reading.modules)},
+         {"last_result", b && b->last_result ? result_json(*b->last_result) : json()},
+         {"problem", n.problem}});
   }
-  for (const auto& m : modules) {
-    json module{{"module", m.module},
-                {"desired_all", m.desired_all ? json(*m.desired_all) : json()},
-                {"desired_canary", m.desired_canary ? json(*m.desired_canary) : json()},
-                {"halted", m.halted_reason.empty()
-                               ? json()
-                               : json{{"version", m.halted_version}, {"reason", m.halted_reason}}}};
-    out["modules"].push_back(std::move(module));
+  for (const auto& m : reading.modules) {
+    const auto& s = m.state;
+    out["modules"].push_back({{"module", s.module},
+                              {"revision", s.revision},
+                              {"phase", to_string(s.phase)},
+                              {"stable", ref_json(s.stable)},
+                              {"candidate", ref_json(s.candidate)},
+                              {"canaries", s.canaries},
+                              {"reason", s.reason},
+                              {"time", s.time}});
   }
   return out;
 }
 
-std::string render_fleet_status(const std::vector<fleet::node_state>& nodes,
-                                const std::vector<fleet::module_state>& modules) {
+std::string render_fleet_status(const fleet_reading& reading) {
   std::ostringstream out;
+  if (reading.open_bus)
+    out << "WARNING: this bus takes clients without credentials: a laptop demo only "
+           "(docs/fleet.md, Running it)\n";
+  for (const auto& w : reading.warnings) out << "warning: " << w << "\n";
   out << std::left << std::setw(20) << "NODE" << std::setw(6) << "LIVE" << std::setw(8) << "AGE"
       << std::setw(28) << "VERSIONS" << std::setw(12) << "LAG"
       << "LAST RESULT\n";
-  for (const auto& n : nodes) {
+  for (const auto& n : reading.nodes) {
     std::string versions, lag;
-    for (const auto& [module, version] : n.beat.versions)
-      versions += (versions.empty() ? "" : " ") + module + " v" + std::to_string(version);
-    for (const auto& [module, behind] : lags(n, modules))
+    if (n.beat)
+      for (const auto& [module, version] : n.beat->versions)
+        versions += (versions.empty() ? "" : " ") + module + " v" + std::to_string(version);
+    for (const auto& [module, behind] : lags(n, reading.modules))
       lag += (lag.empty() ? "" : " ") + std::to_string(behind);
-    out << std::setw(20) << n.beat.node << std::setw(6) << (n.live ? "yes" : "NO") << std::setw(8)
-        << (std::to_string(n.age.count()) + "s") << std::setw(28)
+    out << std::setw(20) << n.node << std::setw(6) << (n.live ? "yes" : "NO") << std::setw(8)
+        << (n.beat ? std::to_string(n.age.count()) + "s" : "-") << std::setw(28)
         << (versions.empty() ? "-" : versions) << std::setw(12) << (lag.empty() ? "-" : lag)
-        << (n.beat.last_result ? result_text(*n.beat.last_result) : "-") << "\n";
+        << (n.beat && n.beat->last_result ? result_text(*n.beat->last_result)
+                                          : (n.problem.empty() ? "-" : n.problem))
+        << "\n";
   }
-  if (nodes.empty()) out << "(no node has sent a heartbeat)\n";
-  for (const auto& m : modules) {
-    out << "module " << m.module << ": desired all "
-        << (m.desired_all ? "v" + std::to_string(*m.desired_all) : "-") << ", canary "
-        << (m.desired_canary ? "v" + std::to_string(*m.desired_canary) : "-");
-    if (!m.halted_reason.empty())  // escaped by the controller
-      out << "; rollout of v" << m.halted_version << " HALTED: " << m.halted_reason;
+  if (reading.nodes.empty()) out << "(no node is enrolled: cubridge fleet enroll)\n";
+  for (const auto& m : reading.modules) {
+    const auto& s = m.state;
+    out << "module " << s.module << ": " << to_string(s.phase) << ", stable "
+        << version_text(s.stable);
+    if (s.phase == fleet::rollout_phase::canary) {
+      out << ", candidate " << version_text(s.candidate) << " on";
+      for (const auto& c : s.canaries) out << " " << c;
+    }
+    out << " (revision " << s.revision << ")";
+    if (!s.reason.empty())
+      out << "; " << (s.phase == fleet::rollout_phase::halted ? "HALTED: " : "") << s.reason;
     out << "\n";
   }
+  for (const auto& [reason, count] : reading.report.refused)
+    out << "refused: " << count << " x " << reason << "\n";
+  if (!reading.report.complete) out << "(not everything was read within the read deadline)\n";
   return out.str();
 }
 
 int fleet_commands::status() const {
-  fleet::controller control({server_});
-  const auto nodes = control.nodes();
-  const auto modules = control.modules();
+  fleet::controller control(options(status_key_, true));
+  const auto reading = read_fleet(control);
   if (status_json_)
-    std::cout << fleet_status_json(nodes, modules).dump(2) << "\n";
+    std::cout << fleet_status_json(reading).dump(2) << "\n";
   else
-    std::cout << render_fleet_status(nodes, modules);
+    std::cout << render_fleet_status(reading);
   return exit_ok;
 }
 
 int fleet_commands::watch() const {
-  fleet::controller control({server_});
+  fleet::controller control(options(status_key_, true));
   if (watch_once_) {
-    std::cout << render_fleet_status(control.nodes(), control.modules());
+    std::cout << render_fleet_status(read_fleet(control));
     return exit_ok;
   }
   std::signal(SIGINT, on_interrupt);
@@ -126,7 +174,7 @@ int fleet_commands::watch() const {
   const bool terminal = ::isatty(STDOUT_FILENO) == 1;
   while (!interrupted) {
     if (terminal) std::cout << "\x1b[H\x1b[2J";  // redrawn in place
-    std::cout << render_fleet_status(control.nodes(), control.modules()) << std::flush;
+    std::cout << render_fleet_status(read_fleet(control)) << std::flush;
     if (!terminal) std::cout << "\n";
     for (int i = 0; i < 10 && !interrupted; ++i)
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
