@@ -176,11 +176,12 @@ void write_atomically(const std::filesystem::path& path, std::string_view text) 
 }  // namespace
 
 std::string_view to_string(update_state_reason reason) noexcept {
-  static constexpr std::array<detail::enum_name<update_state_reason>, 4> names{{
+  static constexpr std::array<detail::enum_name<update_state_reason>, 5> names{{
       {update_state_reason::unreadable, "unreadable"},
       {update_state_reason::too_large, "too_large"},
       {update_state_reason::corrupt, "corrupt"},
       {update_state_reason::write_failed, "write_failed"},
+      {update_state_reason::locked, "locked"},
   }};
   static_assert(detail::lists_values_in_order(names));
   return detail::name_of(names, reason, "unknown");

@@ -38,6 +38,7 @@ enum class update_state_reason {
   too_large,     ///< the file is larger than max_update_state_bytes
   corrupt,       ///< the file is not the format above (syntax, fields, names, versions, times)
   write_failed,  ///< a change could not be written (nothing of it was applied, see each call)
+  locked,        ///< another gate holds the file's lock (update_gate.hpp: one gate per file)
 };
 
 /// "unreadable", "too_large", ... (the enumerator's name).
