@@ -45,6 +45,7 @@ int status_of(std::string_view reason) {
       {"target_mismatch", 422},  {"wrong_device", 422},
       {"stage_refused", 422},    {"apply_failed", 500},
       {"state_failed", 500},     {"busy", 503},
+      {"not_started", 503},  // a shared gate never started: not reached, start() starts it
   };
   // Everything else is the request's fault: bad_magic, unsupported_version, malformed,
   // malformed_manifest, invalid_manifest, bad_key, name_mismatch, bad_request.
@@ -258,12 +259,35 @@ void update_endpoint::impl::start_reception() {
 // --- the endpoint -----------------------------------------------------------------------------
 
 update_gate_options update_endpoint_options::gate_options() const {
-  return {keys,           max_body_bytes, state_file,      version_floor,
-          require_expiry, max_bundle_age, rollback_window, clock};
+  update_gate_options o;
+  o.keys = keys;
+  o.max_bundle_bytes = max_body_bytes;
+  o.state_file = state_file;
+  o.persist_state = persist_state;
+  o.version_floor = version_floor;
+  o.require_expiry = require_expiry;
+  o.max_bundle_age = max_bundle_age;
+  o.rollback_window = rollback_window;
+  o.clock = clock;
+  return o;
 }
 
+namespace {
+
+// The gate an endpoint is given, checked before anything dereferences it.
+std::shared_ptr<update_gate> given(std::shared_ptr<update_gate> gate) {
+  CUBRIDGE_EXPECTS(gate != nullptr, "update_endpoint needs an update_gate");
+  return gate;
+}
+
+}  // namespace
+
 update_endpoint::update_endpoint(module_sink& sink, update_endpoint_options options)
-    : impl_(std::make_unique<impl>(sink, std::move(options))) {}
+    : impl_(std::make_unique<impl>(update_gate::create(sink, options.gate_options()),
+                                   std::move(options), false)) {}
+
+update_endpoint::update_endpoint(std::shared_ptr<update_gate> gate, update_endpoint_options options)
+    : impl_(std::make_unique<impl>(given(std::move(gate)), std::move(options), true)) {}
 
 update_endpoint::~update_endpoint() {
   stop();
@@ -289,11 +313,21 @@ void update_endpoint::start() {
                        std::to_string(d.options.max_buffered_body_bytes) +
                        ") is below max_body_bytes (" + std::to_string(d.options.max_body_bytes) +
                        ") or a rollback request's 4096: such a body could never be received");
+  if (d.shared_gate) {
+    // The shared gate's policy serves; these would be ignored without a word.
+    std::string ignored;
+    if (d.options.keys.size() > 0) ignored += " keys";
+    if (!d.options.state_file.empty()) ignored += " state_file";
+    if (!d.options.version_floor.empty()) ignored += " version_floor";
+    CUBRIDGE_EXPECTS(ignored.empty(), "update_endpoint over a shared update_gate: the options set" +
+                                          ignored +
+                                          ", which are the gate's policy (update_gate_options)");
+  }
   for (const auto& [name, floor] : d.options.version_floor)
     CUBRIDGE_EXPECTS(
         check_module_name(name).empty() && detail::check_signed_text(name).empty(),
         "update_endpoint_options::version_floor names no module: " + detail::printable(name));
-  d.gate.start();  // the replay state, before anything listens
+  d.gate->start();  // the replay state, before anything listens (nothing if started already)
   const bool want_tls = !d.options.tls_certificate.empty() || !d.options.tls_private_key.empty();
   if (want_tls)
     CUBRIDGE_EXPECTS(!d.options.tls_certificate.empty() && !d.options.tls_private_key.empty(),

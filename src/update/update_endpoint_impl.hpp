@@ -63,8 +63,8 @@ std::optional<module_path> parse_module_path(const std::string& method, std::str
 struct update_endpoint::impl {
   using refusal = endpoint_internal::refusal;
 
-  impl(module_sink& s, update_endpoint_options o)
-      : sink(s), options(std::move(o)), gate(s, options.gate_options()) {}
+  impl(std::shared_ptr<update_gate> g, update_endpoint_options o, bool shared)
+      : sink(g->sink()), options(std::move(o)), gate(std::move(g)), shared_gate(shared) {}
 
   // Per-module notes of the endpoint: the last refusal (the apply lock and the replay memory
   // are the gate's). Created only for modules the sink knows or that got a verified request
@@ -76,8 +76,10 @@ struct update_endpoint::impl {
 
   module_sink& sink;
   update_endpoint_options options;
-  // The policy: verification, replay floor and state, the sink under the module's lock.
-  update_gate gate;
+  // The policy: verification, replay floor and state, the sink under the module's lock; the
+  // endpoint's own, or shared with the node's other doors (shared_gate).
+  std::shared_ptr<update_gate> gate;
+  bool shared_gate;
   std::unique_ptr<http_internal::http_reception> reception;  // while running
   std::atomic<bool> is_running{false};
   std::atomic<std::uint16_t> bound_port{0};

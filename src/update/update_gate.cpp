@@ -7,10 +7,14 @@
 #include <cubridge/core/image.hpp>
 #include <cubridge/update/detail/signing.hpp>
 #include <cubridge/update/rollback_request.hpp>
+#include <cubridge/update/state_location.hpp>
 #include <cubridge/update/update_gate.hpp>
+
+#include "state_files.hpp"
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <mutex>
 
 namespace cubridge {
@@ -65,13 +69,18 @@ std::optional<gate_outcome> parse_gate_outcome(std::string_view name) noexcept {
 }
 
 struct update_gate::impl {
-  impl(module_sink& s, update_gate_options o)
-      : sink(s), options(std::move(o)), state(options.state_file) {}
+  impl(module_sink& s, update_gate_options o) : sink(s), options(std::move(o)) {}
 
   module_sink& sink;
   update_gate_options options;
-  // Highest versions and rollback nonces, in memory or persisted (options.state_file).
-  update_state state;
+  // start() runs once (start_mutex); `started` publishes `state` and `lock` to every door.
+  std::mutex start_mutex;
+  std::atomic<bool> started{false};
+  // The state file's lock, held while the gate lives (none for a state in memory only).
+  std::optional<update_internal::state_file_lock> lock;
+  // Highest versions and rollback nonces, in memory or persisted; made by start() (the file is
+  // known only then: default_state_directory() reads the environment).
+  std::unique_ptr<update_state> state;
   // One lock per module, serialising its apply and rollback: a version is applied once. Made
   // only for modules the sink knows or that got a verified bundle, so unauthenticated
   // requests cannot grow the map.
@@ -100,6 +109,14 @@ struct update_gate::impl {
     d.detail = bounded_detail(std::move(detail));
     return d;
   }
+  // Before start() the replay state is not loaded: deciding then could accept a replay.
+  bool refuse_unstarted(gate_decision& d) const {
+    if (started.load(std::memory_order_acquire)) return false;
+    refuse(d, "not_started", "the update gate was not started (update_gate::start)",
+           gate_outcome::failed);
+    return true;
+  }
+  std::filesystem::path resolve_state_file() const;
 
   std::optional<verified_bundle> verify(std::span<const std::byte> body, gate_decision& d);
   bool runs_here(const verified_bundle& bundle, gate_decision& d) const;
@@ -169,7 +186,7 @@ bool update_gate::impl::runs_here(const verified_bundle& bundle, gate_decision& 
 // the refusal it comes with stands either way.
 void update_gate::impl::keep_floor(const std::string& name, std::uint64_t current) {
   try {
-    state.store_highest_version(name, current);
+    state->store_highest_version(name, current);
   } catch (const std::exception&) {
   }
 }
@@ -194,12 +211,12 @@ void update_gate::impl::apply_recorded(const verified_bundle& bundle, std::uint6
   d.apply_time = since(start);
   try {
     if (result.outcome == sink_outcome::done)
-      state.settle(m.name);
+      state->settle(m.name);
     else
-      state.store_highest_version(m.name, seen);
+      state->store_highest_version(m.name, seen);
   } catch (const std::exception& x) {
     try {
-      state.settle(m.name);  // settled in memory even when this write fails too
+      state->settle(m.name);  // settled in memory even when this write fails too
     } catch (const std::exception&) {
     }
     result.detail +=
@@ -228,6 +245,7 @@ gate_decision update_gate::push(std::span<const std::byte> body, std::string_vie
                                 const push_authority* authority) {
   auto& g = *impl_;
   gate_decision d;
+  if (g.refuse_unstarted(d)) return d;
   const auto bundle = g.verify(body, d);
   if (!bundle) return d;
   const auto& m = bundle->manifest;
@@ -251,21 +269,21 @@ gate_decision update_gate::push(std::span<const std::byte> body, std::string_vie
   // The serving version is the module's (the sink reads it from the module's chain, whoever
   // promoted); the replay state is the floor: the highest version ever seen applied.
   const std::uint64_t current = g.sink.current_version(m.name);
-  const std::uint64_t highest = g.state.highest_version(m.name);  // applied before, or a floor
+  const std::uint64_t highest = g.state->highest_version(m.name);  // applied before, or a floor
   const std::uint64_t seen = std::max(current, highest);
   d.previous_version = d.serving_version = current;
   d.highest_version = seen;
   // A crash between the record and the sink's answer leaves the version pending; served
   // below it after the restart, that apply never happened or was lost: resumed, not a replay.
-  const bool pending = g.state.pending(m.name);
+  const bool pending = g.state->pending(m.name);
   const bool resumed = pending && m.version == highest && current < highest;
   const bool authorised = authority && authority->version == m.version && m.version != current &&
                           (m.version > current || authority->below_serving);
   if (authorised && m.version <= highest && !resumed) {
     // Below or at the floor by the operator's word: applied, the floor kept (nothing recorded,
     // so the same bundle without that word stays a replay).
-    d.detail = "v" + std::to_string(m.version) + " at or below v" + std::to_string(seen) +
-               " by " + authority->source;
+    d.detail = "v" + std::to_string(m.version) + " at or below v" + std::to_string(seen) + " by " +
+               authority->source;
     g.apply_recorded(*bundle, highest, d);
     return d;
   }
@@ -284,7 +302,7 @@ gate_decision update_gate::push(std::span<const std::byte> body, std::string_vie
     d.detail = "resumes the unsettled apply of v" + std::to_string(m.version);
   } else {
     try {
-      g.state.record_pending(m.name, m.version);
+      g.state->record_pending(m.name, m.version);
     } catch (const std::exception& x) {
       return g.refuse(d, "state_failed", x.what(), gate_outcome::failed);
     }
@@ -337,8 +355,8 @@ bool update_gate::impl::fresh_rollback(const rollback_request& request, gate_dec
   // request could still be fresh; older ones are dropped.
   nonce_outcome fresh = nonce_outcome::full;
   try {
-    fresh = state.remember_nonce(request.nonce, request.created, now - 2 * options.rollback_window,
-                                 max_nonces);
+    fresh = state->remember_nonce(request.nonce, request.created, now - 2 * options.rollback_window,
+                                  max_nonces);
   } catch (const std::exception& x) {
     refuse(d, "state_failed", x.what(), gate_outcome::failed);
     return false;
@@ -392,6 +410,7 @@ gate_decision update_gate::rollback(std::string_view signed_request,
                                     std::string_view expected_module) {
   auto& g = *impl_;
   gate_decision d;
+  if (g.refuse_unstarted(d)) return d;
   const auto request = g.verify_rollback(signed_request, expected_module, d);
   if (!request || !g.fresh_rollback(*request, d)) return d;
   const std::string& name = request->module;
@@ -414,10 +433,10 @@ gate_decision update_gate::rollback(std::string_view signed_request,
   // The version rolled back from was applied, by the gate or past it: it is the floor from now
   // on (recorded before the sink is called, as for a push), settled: an unsettled apply is not
   // resumed after an operator's rollback.
-  const std::uint64_t highest = g.state.highest_version(name);
-  if (current > highest || g.state.pending(name)) {
+  const std::uint64_t highest = g.state->highest_version(name);
+  if (current > highest || g.state->pending(name)) {
     try {
-      g.state.store_highest_version(name, std::max(current, highest));
+      g.state->store_highest_version(name, std::max(current, highest));
     } catch (const std::exception& x) {
       return g.refuse(d, "state_failed", x.what(), gate_outcome::failed);
     }
@@ -428,26 +447,58 @@ gate_decision update_gate::rollback(std::string_view signed_request,
 
 // --- the gate ---------------------------------------------------------------------------------
 
+std::shared_ptr<update_gate> update_gate::create(module_sink& sink, update_gate_options options) {
+  return std::make_shared<update_gate>(sink, std::move(options));
+}
+
 update_gate::update_gate(module_sink& sink, update_gate_options options)
     : impl_(std::make_unique<impl>(sink, std::move(options))) {}
 
 update_gate::~update_gate() = default;
 
-// The replay state, before anything is decided: a file that cannot be read stops the start
-// (ignoring it would accept every old bundle again).
+// The file named, else the default one while persisting, else none (memory only).
+std::filesystem::path update_gate::impl::resolve_state_file() const {
+  if (!options.state_file.empty()) return options.state_file;
+  if (!options.persist_state) return {};
+  const auto dir = default_state_directory();
+  update_internal::create_state_directory(dir);
+  return dir / default_state_file_name;
+}
+
+// The replay state, before anything is decided: a file that cannot be read or is another
+// gate's stops the start (ignoring it would accept every old bundle again). Everything is built
+// aside and published at the end, so a failed start leaves the gate as it was.
 void update_gate::start() {
   auto& g = *impl_;
+  if (g.started.load(std::memory_order_acquire)) return;
+  std::lock_guard once(g.start_mutex);
+  if (g.started.load(std::memory_order_relaxed)) return;  // another door started it meanwhile
   for (const auto& [name, floor] : g.options.version_floor)
     CUBRIDGE_EXPECTS(
         check_module_name(name).empty() && detail::check_signed_text(name).empty(),
         "update_gate_options::version_floor names no module: " + detail::printable(name));
-  g.state.load();
+  const auto file = g.resolve_state_file();
+  std::optional<update_internal::state_file_lock> lock;
+  if (!file.empty()) lock.emplace(file);  // before reading: the file is ours from here on
+  auto state = std::make_unique<update_state>(file);
+  state->load();
   for (const auto& [name, floor] : g.options.version_floor)
-    g.state.raise_highest_version(name, floor);
+    state->raise_highest_version(name, floor);
+  g.lock = std::move(lock);
+  g.state = std::move(state);
+  g.started.store(true, std::memory_order_release);
+}
+
+bool update_gate::started() const noexcept {
+  return impl_->started.load(std::memory_order_acquire);
+}
+
+std::filesystem::path update_gate::state_file() const {
+  return started() ? impl_->state->file() : std::filesystem::path{};
 }
 
 std::uint64_t update_gate::highest_version(std::string_view module) const {
-  return impl_->state.highest_version(module);
+  return started() ? impl_->state->highest_version(module) : 0;
 }
 
 module_sink& update_gate::sink() const noexcept {

@@ -61,7 +61,7 @@ void update_endpoint::impl::refuse_decision(httplib::Response& res, const gate_d
 
 void update_endpoint::impl::put_module(const httplib::Request& req, httplib::Response& res) {
   const auto path = parse_module_path(req.method, req.path);
-  const auto d = gate.push(std::as_bytes(std::span(req.body.data(), req.body.size())), path->name);
+  const auto d = gate->push(std::as_bytes(std::span(req.body.data(), req.body.size())), path->name);
   if (d.outcome != gate_outcome::applied) return refuse_decision(res, d, path->name);
   ++applied;
   const auto& m = *d.manifest;
@@ -76,7 +76,7 @@ void update_endpoint::impl::put_module(const httplib::Request& req, httplib::Res
 
 void update_endpoint::impl::rollback_module(const httplib::Request& req, httplib::Response& res) {
   const auto path = parse_module_path(req.method, req.path);
-  const auto d = gate.rollback(req.body, path->name);
+  const auto d = gate->rollback(req.body, path->name);
   if (d.outcome != gate_outcome::rolled_back) return refuse_decision(res, d, path->name);
   ++rolled_back;
   answer(res, 200,
@@ -102,7 +102,7 @@ void update_endpoint::impl::list_modules(httplib::Response& res) {
            {"versions_held", r.versions_held},
            {"in_flight", r.in_flight},
            {"last_error", r.last_error.empty() ? json(nullptr) : json(r.last_error)}};
-    m["highest_version"] = std::max(gate.highest_version(r.name), r.current_version);
+    m["highest_version"] = std::max(gate->highest_version(r.name), r.current_version);
     if (auto* e = find_entry(r.name)) {
       std::lock_guard lock(e->text);
       m["last_refusal"] = e->last_refusal.empty() ? json(nullptr) : json(e->last_refusal);

@@ -219,9 +219,11 @@ struct real_endpoint {
       : endpoint(sink, with_key(std::move(options), key)) {
     endpoint.start();
   }
+  // Trusting `key`, the replay state in memory: each test's service starts fresh.
   static cubridge::update_endpoint_options with_key(cubridge::update_endpoint_options o,
                                                     const cubridge::public_key& key) {
     o.keys.add(key);
+    o.persist_state = false;
     return o;
   }
 };

@@ -32,6 +32,7 @@ int main(int argc, char** argv) {
     cubridge::testing::memory_sink sink(cubridge::compute_capability{sm / 10, sm % 10});
     cubridge::update_endpoint_options options;
     options.keys.add(cubridge::read_public_key_file(trust));
+    options.persist_state = false;  // a stand-in for one test: it starts fresh every time
     cubridge::update_endpoint endpoint(sink, options);
     endpoint.start();
     std::vector<std::string> words;

@@ -89,6 +89,7 @@ TEST_F(HotModuleSink, AppliesCubinAndSourceRefusesBrokenAndRollsBack) {
 TEST_F(HotModuleSink, PushedOverHttpServesOnTheNextLaunch) {
   cubridge::update_endpoint_options options;
   options.keys.add(keys_.public_key);
+  options.persist_state = false;  // each test's modules start fresh
   options.serve_metrics = true;
   cubridge::update_endpoint endpoint(*sink_, options);
   endpoint.start();
@@ -126,6 +127,7 @@ TEST_F(HotModuleSink, DirectPromoteThenOlderPushRefusedThenEndpointRollbackThenC
   using json = nlohmann::json;
   cubridge::update_endpoint_options options;
   options.keys.add(keys_.public_key);
+  options.persist_state = false;  // each test's modules start fresh
   cubridge::update_endpoint endpoint(*sink_, options);
   endpoint.start();
   httplib::Client client("127.0.0.1", endpoint.port());
@@ -238,6 +240,7 @@ TEST_F(HotModuleSink, AGroupTakesAPushOnEveryMemberOrOnNone) {
   };
   cubridge::update_endpoint_options options;
   options.keys.add(keys_.public_key);
+  options.persist_state = false;  // each test's modules start fresh
   options.serve_metrics = true;
   cubridge::update_endpoint endpoint(sink, options);
   endpoint.start();

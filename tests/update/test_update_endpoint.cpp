@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <barrier>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -29,6 +30,7 @@
 #include <optional>
 #include <regex>
 #include <set>
+#include <span>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -261,6 +263,14 @@ std::string raw_request(std::uint16_t port, const std::string& method, const std
 
 // --- the fixture ------------------------------------------------------------------------------
 
+// Options whose replay state stays in memory: each test starts from a fresh state (the tests of
+// the persisted state name a state_file or set CUBRIDGE_STATE_DIR).
+cubridge::update_endpoint_options memory_only() {
+  cubridge::update_endpoint_options options;
+  options.persist_state = false;
+  return options;
+}
+
 struct reply {
   int status = 0;  // 0: no response (connection failed)
   json body;
@@ -280,14 +290,14 @@ class UpdateEndpointTest : public ::testing::Test {
   std::filesystem::path start_with_tls(const cubridge::testing::temp_dir& dir) {
     const auto cert = dir.path / "cert.pem", key = dir.path / "key.pem";
     cubridge::test::write_self_signed(cert, key);
-    cubridge::update_endpoint_options options;
+    auto options = memory_only();
     options.tls_certificate = cert;
     options.tls_private_key = key;
     start(options);
     return cert;
   }
 
-  void start(cubridge::update_endpoint_options options = {}) {
+  void start(cubridge::update_endpoint_options options = memory_only()) {
     options.keys.add(keys.public_key);
     endpoint = std::make_unique<cubridge::update_endpoint>(sink, std::move(options));
     endpoint->start();
@@ -340,7 +350,7 @@ class UpdateEndpointTest : public ::testing::Test {
 // --- pushes -----------------------------------------------------------------------------------
 
 TEST_F(UpdateEndpointTest, NothingListensUntilStarted) {
-  cubridge::update_endpoint idle(sink, {});
+  cubridge::update_endpoint idle(sink, memory_only());
   EXPECT_FALSE(idle.running());
   EXPECT_EQ(idle.port(), 0);
   EXPECT_EQ(idle.url(), "");
@@ -363,7 +373,7 @@ TEST_F(UpdateEndpointTest, BindsLoopbackOnAnEphemeralPortAndStops) {
 
 TEST_F(UpdateEndpointTest, BindFailureNamesTheAddress) {
   start();
-  cubridge::update_endpoint_options taken;
+  auto taken = memory_only();
   taken.port = port();
   cubridge::update_endpoint second(sink, taken);
   try {
@@ -499,7 +509,7 @@ TEST_F(UpdateEndpointTest, AVersionPromotedPastTheEndpointIsWhatItChecksAndRepor
 // its state file when it sees it (at a push refused against it, or a rollback from it).
 TEST_F(UpdateEndpointTest, AVersionPromotedPastTheEndpointIsPersistedAsTheFloor) {
   cubridge::testing::temp_dir dir;
-  cubridge::update_endpoint_options options;
+  auto options = memory_only();
   options.state_file = dir.path / "state.json";
   start(options);
   ASSERT_EQ(push("filters", bundle("filters", 3)).status, 200);
@@ -516,7 +526,7 @@ TEST_F(UpdateEndpointTest, AVersionPromotedPastTheEndpointIsPersistedAsTheFloor)
 }
 
 TEST_F(UpdateEndpointTest, OversizedBodyIs413) {
-  cubridge::update_endpoint_options options;
+  auto options = memory_only();
   options.max_body_bytes = 8 << 10;  // below the test cubin's size
   start(options);
   const auto before = sink.state();
@@ -704,7 +714,7 @@ TEST_F(UpdateEndpointTest, MetricsAreOffByDefault) {
 // GET /metrics: the sink's modules and the endpoint's counters, refusals by reason (the
 // handlers' and the transport's), each line of the text format; nothing but a bodiless GET.
 TEST_F(UpdateEndpointTest, MetricsServeModulesAndCountersAsPrometheusText) {
-  cubridge::update_endpoint_options options;
+  auto options = memory_only();
   options.serve_metrics = true;
   start(options);
   ASSERT_EQ(push("filters", bundle("filters", 4)).status, 200);
@@ -881,7 +891,7 @@ std::size_t count_of(std::string_view text, std::string_view what) {
 // is answered at once (the test sends no body), where before the endpoint waited for (and
 // buffered) a chunked, unbounded or compressed body, or one over the route's limit.
 TEST_F(UpdateEndpointTest, FramingIsDecidedFromTheHeadersBeforeAnyBodyIsBuffered) {
-  cubridge::update_endpoint_options options;
+  auto options = memory_only();
   options.max_body_bytes = 1 << 20;
   start(options);
   const auto before = sink.state();
@@ -952,7 +962,7 @@ TEST_F(UpdateEndpointTest, FramingIsDecidedFromTheHeadersBeforeAnyBodyIsBuffered
 // A body is read to its Content-Length and no further: what follows is the next request, and a
 // connection serves keep_alive_max_requests requests at most.
 TEST_F(UpdateEndpointTest, PipelinedRequestsAreServedInOrderUpToTheRequestLimit) {
-  cubridge::update_endpoint_options options;
+  auto options = memory_only();
   options.keep_alive_max_requests = 2;
   start(options);
   const auto b = as_text(bundle("filters", 3));
@@ -993,7 +1003,7 @@ TEST_F(UpdateEndpointTest, AnUnreadBodyIsNeverTakenForTheNextRequest) {
 // curl sends `Expect: 100-continue` for bodies over 1 MiB and waits for it: the endpoint answers
 // 100 once the headers pass the checks, exactly once, and never before a refusal.
 TEST_F(UpdateEndpointTest, ExpectContinueIsAnsweredOnceAndOnlyWhenTheHeadersPass) {
-  cubridge::update_endpoint_options options;
+  auto options = memory_only();
   options.max_body_bytes = 1 << 20;
   start(options);
   const auto over = answer_to(port(),
@@ -1103,7 +1113,7 @@ TEST_F(UpdateEndpointTest, SlowClientsNeverDelayOtherRequestsNorStop) {
 // request_timeout counts from accept, not from when a worker takes the connection: with one
 // worker, three trickling clients are each cut about request_timeout after they connected.
 TEST_F(UpdateEndpointTest, ATricklingClientIsCutAtRequestTimeoutCountedFromAccept) {
-  cubridge::update_endpoint_options options;
+  auto options = memory_only();
   options.threads = 1;
   options.request_timeout = 1s;
   options.read_timeout = 10s;  // the request deadline, not the read timeout, bounds it
@@ -1150,7 +1160,7 @@ TEST_F(UpdateEndpointTest, ATricklingClientIsCutAtRequestTimeoutCountedFromAccep
 // max_connections idle connections fill the endpoint; the next one is answered 503 at once and
 // closed; when they go, the service serves again.
 TEST_F(UpdateEndpointTest, TooManyConnectionsAre503AndTheServiceRecovers) {
-  cubridge::update_endpoint_options options;
+  auto options = memory_only();
   options.max_connections = 3;
   start(options);
   const auto before = sink.state();
@@ -1175,7 +1185,7 @@ TEST_F(UpdateEndpointTest, TooManyConnectionsAre503AndTheServiceRecovers) {
 // Bodies are buffered within max_buffered_body_bytes, all connections together: a body that does
 // not fit is answered 503 busy from its headers, and the room comes back when the other goes.
 TEST_F(UpdateEndpointTest, BufferedBodiesAreBoundedAcrossConnections) {
-  cubridge::update_endpoint_options options;
+  auto options = memory_only();
   options.max_body_bytes = 64 << 10;
   options.max_buffered_body_bytes = 64 << 10;
   start(options);
@@ -1197,7 +1207,7 @@ TEST_F(UpdateEndpointTest, BufferedBodiesAreBoundedAcrossConnections) {
 }
 
 TEST_F(UpdateEndpointTest, ASlowClientIsCutOffAtTheRequestDeadline) {
-  cubridge::update_endpoint_options options;
+  auto options = memory_only();
   options.threads = 2;
   options.request_timeout = 1s;
   options.read_timeout = 500ms;
@@ -1235,7 +1245,7 @@ TEST_F(UpdateEndpointTest, ASlowClientIsCutOffAtTheRequestDeadline) {
 }
 
 TEST_F(UpdateEndpointTest, AClientThatSendsNothingIsCutOff) {
-  cubridge::update_endpoint_options options;
+  auto options = memory_only();
   options.threads = 1;
   options.request_timeout = 1s;
   options.read_timeout = 10s;  // the request deadline, not the read timeout, bounds it
@@ -1296,7 +1306,7 @@ TEST_F(UpdateEndpointTest, HttpsTakesLargeBodiesAndKeepsTheConnection) {
 TEST_F(UpdateEndpointTest, UnusableTlsFilesAreNamed) {
   cubridge::testing::temp_dir dir;
   cubridge::testing::write_text(dir.path / "cert.pem", "not a certificate");
-  cubridge::update_endpoint_options options;
+  auto options = memory_only();
   options.tls_certificate = dir.path / "cert.pem";
   options.tls_private_key = dir.path / "key.pem";
   cubridge::update_endpoint e(sink, options);
@@ -1316,7 +1326,7 @@ TEST_F(UpdateEndpointTest, UnusableTlsFilesAreNamed) {
 // a replay to the other), while status queries and refused pushes run alongside. Nothing lost,
 // nothing applied twice, versions strictly increasing.
 TEST_F(UpdateEndpointTest, LoadThousandPushesWithConcurrentQueriesAndRefusals) {
-  cubridge::update_endpoint_options options;
+  auto options = memory_only();
   options.threads = 8;
   start(options);
   constexpr std::uint64_t versions = 1000;
@@ -1527,7 +1537,7 @@ class ReplayStateTest : public UpdateEndpointTest {
   ~ReplayStateTest() override { endpoint.reset(); }  // before the sinks it points to
 
   cubridge::update_endpoint_options with_state() const {
-    cubridge::update_endpoint_options options;
+    auto options = memory_only();
     options.state_file = state_file;
     options.clock = [t = clock_time] { return std::chrono::system_clock::time_point(t); };
     return options;
@@ -1575,7 +1585,7 @@ TEST_F(ReplayStateTest, ACapturedBundleStaysRefusedAfterARestart) {
   EXPECT_EQ(module_status(port(), "filters")["highest_version"], 5);
 
   // Without a state file the memory is gone with the process: the old bundle is taken again.
-  cubridge::update_endpoint_options in_memory;
+  auto in_memory = memory_only();
   restart(in_memory);
   EXPECT_EQ(push("filters", v4).status, 200) << "documented: RAM only is replayable";
 }
@@ -1626,7 +1636,7 @@ TEST_F(ReplayStateTest, ARollbackRequestIsHonouredOnceAcrossRestarts) {
   EXPECT_EQ(r.body.value("error", ""), "replayed_request");
   EXPECT_EQ(service().current_version("filters"), 5u);
 
-  cubridge::update_endpoint_options in_memory;
+  auto in_memory = memory_only();
   in_memory.clock = with_state().clock;
   restart(in_memory);
   load_directly("filters", 4);
@@ -1646,7 +1656,7 @@ TEST_F(ReplayStateTest, VersionFloorRefusesVersionsAtOrBelowIt) {
   EXPECT_EQ(push("blur", bundle("blur", 1)).status, 200) << "other modules have no floor";
   EXPECT_EQ(push("filters", bundle("filters", 8)).status, 200);
 
-  cubridge::update_endpoint_options bad;
+  auto bad = memory_only();
   bad.version_floor = {{"../etc", 1}};
   bad.keys.add(keys.public_key);
   cubridge::update_endpoint refused(sink, bad);
@@ -1724,6 +1734,187 @@ TEST_F(ReplayStateTest, ExpiredBundlesAre403) {
                  bundle_at("filters", 3, t - std::chrono::minutes{30}, t + std::chrono::hours{1}))
                 .status,
             200);
+}
+
+// --- one gate, two doors ----------------------------------------------------------------------
+
+// The endpoint over a shared gate, and direct gate->push calls standing in for the fleet agent
+// (fleet_agent takes the same shared gate): one lock per module, one replay record.
+class SharedGateTest : public UpdateEndpointTest {
+ protected:
+  std::shared_ptr<cubridge::update_gate> gate;
+
+  cubridge::update_gate_options policy() const {
+    cubridge::update_gate_options o;
+    o.keys.add(keys.public_key);
+    o.persist_state = false;  // one life of the service; the persisted state is tested apart
+    return o;
+  }
+  void start_shared(cubridge::update_endpoint_options options = memory_only()) {
+    gate = cubridge::update_gate::create(sink, policy());
+    endpoint = std::make_unique<cubridge::update_endpoint>(gate, std::move(options));
+    endpoint->start();
+    ASSERT_TRUE(endpoint->running());
+  }
+};
+
+TEST_F(SharedGateTest, TheEndpointUsesTheSharedGatesPolicyAndStartsIt) {
+  start_shared();
+  EXPECT_TRUE(gate->started());
+  ASSERT_EQ(push("filters", bundle("filters", 3)).status, 200) << "keys are the gate's";
+  EXPECT_EQ(gate->highest_version("filters"), 3u) << "one replay record";
+  const auto d = gate->push(bundle("filters", 3), "filters");
+  EXPECT_EQ(d.outcome, cubridge::gate_outcome::duplicate) << d.reason << ": " << d.detail;
+  // A gate the other door started already: the endpoint's start() leaves it as it is.
+  endpoint->stop();
+  endpoint = std::make_unique<cubridge::update_endpoint>(gate, memory_only());
+  endpoint->start();
+  EXPECT_EQ(push("filters", bundle("filters", 3)).status, 409);
+  EXPECT_EQ(sink.applied("filters"), std::vector<std::uint64_t>{3});
+}
+
+TEST_F(SharedGateTest, PolicyOptionsTheSharedGateWouldIgnoreAreRefused) {
+  gate = cubridge::update_gate::create(sink, policy());
+  cubridge::testing::temp_dir dir;
+  auto with_keys = memory_only();
+  with_keys.keys.add(keys.public_key);
+  auto with_file = memory_only();
+  with_file.state_file = dir.path / "state.json";
+  auto with_floor = memory_only();
+  with_floor.version_floor = {{"filters", 2}};
+  for (const auto& [options, field] :
+       std::vector<std::pair<cubridge::update_endpoint_options, std::string>>{
+           {with_keys, "keys"}, {with_file, "state_file"}, {with_floor, "version_floor"}}) {
+    cubridge::update_endpoint e(gate, options);
+    try {
+      e.start();
+      ADD_FAILURE() << field << " over a shared gate was accepted";
+    } catch (const cubridge::error& x) {
+      EXPECT_TRUE(x.is(cubridge::errc::precondition)) << x.what();
+      EXPECT_NE(std::string(x.what()).find(field), std::string::npos) << x.what();
+    }
+    EXPECT_FALSE(e.running());
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir.path / "state.json.lock")) << "refused before";
+  try {
+    cubridge::update_endpoint e(std::shared_ptr<cubridge::update_gate>{}, memory_only());
+    ADD_FAILURE() << "an endpoint over no gate";
+  } catch (const cubridge::error& x) {
+    EXPECT_TRUE(x.is(cubridge::errc::precondition)) << x.what();
+  }
+}
+
+TEST_F(SharedGateTest, TwoEndpointsWithGatesOfTheirOwnOnOneStateFileAreRefused) {
+  cubridge::testing::temp_dir dir;
+  auto options = memory_only();
+  options.state_file = dir.path / "state.json";
+  start(options);
+  auto second_options = options;
+  second_options.keys.add(keys.public_key);
+  cubridge::update_endpoint second(sink, second_options);
+  try {
+    second.start();
+    ADD_FAILURE() << "two gates on one state file";
+  } catch (const cubridge::update_state_error& e) {
+    EXPECT_EQ(e.reason(), cubridge::update_state_reason::locked) << e.what();
+  }
+  EXPECT_FALSE(second.running());
+}
+
+// v5 and v6 of one module, one through each door at the same moment, 1,000 times (a fresh
+// module per trial; which door gets the older version alternates): the module lock and the
+// replay record are one, so the serving version never goes down and ends at v6, and what one
+// door refused the other refuses too.
+TEST_F(SharedGateTest, TwoDoorsRacingNeverTakeTheServingVersionDown) {
+  start_shared();
+  constexpr int trials = 1000;
+  const auto name = [](int i) { return "race" + std::to_string(i); };
+  std::vector<std::string> v5(trials), v6(trials);  // as sent over HTTP
+  for (int i = 0; i < trials; ++i) {
+    v5[i] = as_text(bundle(name(i), 5));
+    v6[i] = as_text(bundle(name(i), 6));
+  }
+  const auto as_bytes = [](const std::string& text) {
+    return std::as_bytes(std::span(text.data(), text.size()));
+  };
+  // Even trials: v5 over HTTP, v6 through the gate directly; odd trials the other way round.
+  const auto http_gets_v5 = [](int i) { return i % 2 == 0; };
+  std::vector<int> http_status(trials, 0);
+  std::vector<cubridge::gate_decision> direct(trials);
+  std::barrier both_ready(2);
+  std::thread http_door([&] {
+    httplib::Client client("127.0.0.1", port());
+    client.set_keep_alive(true);
+    client.set_read_timeout(10, 0);
+    client.set_tcp_nodelay(true);
+    for (int i = 0; i < trials; ++i) {  // every trial runs: the barrier needs both threads
+      const auto path = "/v1/modules/" + name(i);
+      const auto& body = http_gets_v5(i) ? v5[i] : v6[i];
+      both_ready.arrive_and_wait();
+      const auto r = client.Put(path.c_str(), body, "application/octet-stream");
+      http_status[i] = r ? r->status : 0;
+    }
+  });
+  for (int i = 0; i < trials; ++i) {
+    const auto& body = http_gets_v5(i) ? v6[i] : v5[i];
+    both_ready.arrive_and_wait();
+    direct[i] = gate->push(as_bytes(body), name(i));
+  }
+  http_door.join();
+
+  int v5_first = 0, v5_refused = 0;
+  std::vector<std::string> problems;
+  const auto problem = [&](int i, const std::string& what) {
+    if (problems.size() < 10) problems.push_back(name(i) + ": " + what);
+  };
+  for (int i = 0; i < trials; ++i) {
+    const auto& d = direct[i];
+    const bool direct_applied = d.outcome == cubridge::gate_outcome::applied;
+    const bool v6_applied = http_gets_v5(i) ? direct_applied : http_status[i] == 200;
+    const bool v5_applied = http_gets_v5(i) ? http_status[i] == 200 : direct_applied;
+    const bool v5_refused_older = http_gets_v5(i) ? http_status[i] == 409
+                                                  : d.outcome == cubridge::gate_outcome::refused &&
+                                                        d.reason == "older_version";
+    const auto applied = sink.applied(name(i));
+    if (sink.current_version(name(i)) != 6)
+      problem(i, "serves v" + std::to_string(sink.current_version(name(i))));
+    if (!v6_applied) problem(i, "v6 was not applied");
+    if (v5_applied) {
+      ++v5_first;
+      if (applied != std::vector<std::uint64_t>{5, 6}) problem(i, "v5 applied after v6");
+    } else if (v5_refused_older) {
+      ++v5_refused;
+      if (applied != std::vector<std::uint64_t>{6}) problem(i, "v5 refused, yet applied");
+    } else {
+      problem(i, "v5: HTTP " + std::to_string(http_status[i]) + ", gate " + d.reason);
+    }
+  }
+  EXPECT_TRUE(problems.empty()) << ::testing::PrintToString(problems);
+  EXPECT_EQ(v5_first + v5_refused, trials);
+  EXPECT_EQ(sink.overlapping_calls(), 0) << "one lock per module for both doors";
+
+  // Each version again through the door that did not send it: refused there too.
+  problems.clear();
+  for (int i = 0; i < trials; ++i) {
+    const auto& older = v5[i];
+    const auto& newest = v6[i];
+    if (http_gets_v5(i)) {  // v5 came over HTTP, v6 through the gate
+      const auto d = gate->push(as_bytes(older), name(i));
+      if (d.reason != "older_version") problem(i, "v5 through the gate: " + d.reason);
+      const auto r = push(name(i), bundle(name(i), 6));
+      if (r.status != 409 || r.body.value("error", "") != "replayed_version")
+        problem(i, "v6 over HTTP: " + r.body.dump());
+    } else {  // v5 through the gate, v6 over HTTP
+      const auto r = send("PUT", "/v1/modules/" + name(i), older);
+      if (r.status != 409 || r.body.value("error", "") != "older_version")
+        problem(i, "v5 over HTTP: " + r.body.dump());
+      const auto d = gate->push(as_bytes(newest), name(i));
+      if (d.outcome != cubridge::gate_outcome::duplicate)
+        problem(i, "v6 through the gate: " + d.reason);
+    }
+    if (sink.current_version(name(i)) != 6) problem(i, "no longer serves v6");
+  }
+  EXPECT_TRUE(problems.empty()) << ::testing::PrintToString(problems);
 }
 
 }  // namespace

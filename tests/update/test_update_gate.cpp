@@ -2,9 +2,11 @@
 // the fleet agent share, over the CLI tests' memory sink (no GPU). The HTTP answers built on
 // them are test_update_endpoint's.
 #include <cubridge/update/rollback_request.hpp>
+#include <cubridge/update/state_location.hpp>
 #include <cubridge/update/update_gate.hpp>
 #include <cubridge/update/update_state.hpp>
 
+#include "scoped_env.hpp"
 #include "temp_dir.hpp"
 #include "tools/memory_sink.hpp"
 #include "update/source_bundles.hpp"
@@ -12,9 +14,16 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <filesystem>
+#include <memory>
 #include <string>
+#include <thread>
 #include <vector>
+
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 namespace {
 
@@ -33,6 +42,7 @@ class UpdateGateTest : public ::testing::Test {
     cubridge::update_gate_options o;
     o.keys.add(keys.public_key);
     o.max_bundle_bytes = 64 << 10;
+    o.persist_state = false;  // a fresh state per test; the persisted one is named where tested
     return o;
   }
   std::vector<std::byte> bundle(std::uint64_t version) const {
@@ -253,6 +263,154 @@ TEST_F(UpdateGateTest, ARollbackOfAnUnknownModuleIsRefusedWithoutANote) {
   const auto d = gate.rollback(cubridge::sign_rollback_request("nothing", 1, keys.secret_key));
   expect_refused(d, "unknown_module");
   EXPECT_EQ(d.note, module_note::none);
+}
+
+// --- the persisted state by default, its lock, start() -----------------------------------------
+
+// `gate.start()` refused because another gate holds the state file: update_state_error locked.
+void expect_locked(cubridge::update_gate& gate, const std::filesystem::path& file) {
+  try {
+    gate.start();
+    ADD_FAILURE() << "a second gate started on " << file;
+  } catch (const cubridge::update_state_error& e) {
+    EXPECT_EQ(e.reason(), cubridge::update_state_reason::locked) << e.what();
+    const std::string what = e.what();
+    EXPECT_NE(what.find("'" + file.string() + "' is in use by another process"), std::string::npos)
+        << what;
+    EXPECT_NE(what.find("CUBRIDGE_STATE_DIR"), std::string::npos) << what;
+  }
+  EXPECT_FALSE(gate.started());
+}
+
+TEST_F(UpdateGateTest, WithoutAStateFileTheStateIsPersistedInTheDefaultDirectory) {
+  cubridge::testing::temp_dir dir;
+  const auto state_dir = dir.path / "state" / "cubridge";  // missing: made at start()
+  cubridge::testing::scoped_env env("CUBRIDGE_STATE_DIR", state_dir.c_str());
+  auto o = options();
+  o.persist_state = true;  // the default
+  {
+    const auto gate = cubridge::update_gate::create(sink, o);
+    EXPECT_TRUE(gate->state_file().empty()) << "nothing chosen before start()";
+    gate->start();
+    EXPECT_EQ(gate->state_file(), state_dir / "update-state.json");
+    ASSERT_EQ(gate->push(bundle(4)).outcome, gate_outcome::applied);
+  }
+  EXPECT_TRUE(std::filesystem::is_regular_file(state_dir / "update-state.json"));
+  struct ::stat status {};
+  ASSERT_EQ(::stat(state_dir.c_str(), &status), 0);
+  EXPECT_EQ(status.st_mode & 0777, 0700u);
+
+  cubridge::testing::memory_sink fresh;  // restarted, serving nothing: v4 is still a replay
+  const auto gate = cubridge::update_gate::create(fresh, o);
+  gate->start();
+  expect_refused(gate->push(bundle(4)), "replayed_version");
+  expect_refused(gate->push(bundle(3)), "older_version");
+  EXPECT_EQ(fresh.current_version("filters"), 0u);
+  EXPECT_EQ(gate->push(bundle(5)).outcome, gate_outcome::applied);
+}
+
+TEST_F(UpdateGateTest, PersistingWithoutAnyStateDirectoryStopsTheStart) {
+  cubridge::testing::scoped_env dir("CUBRIDGE_STATE_DIR", nullptr);
+  cubridge::testing::scoped_env xdg("XDG_STATE_HOME", nullptr);
+  cubridge::testing::scoped_env home("HOME", nullptr);
+  auto o = options();
+  o.persist_state = true;
+  cubridge::update_gate gate(sink, o);
+  try {
+    gate.start();
+    ADD_FAILURE() << "persisting with nowhere to persist started";
+  } catch (const cubridge::error& e) {
+    EXPECT_TRUE(e.is(cubridge::errc::precondition)) << e.what();
+  }
+  EXPECT_FALSE(gate.started());
+  cubridge::update_gate memory_only(sink, options());  // the explicit opt-out needs no directory
+  memory_only.start();
+  EXPECT_TRUE(memory_only.state_file().empty());
+}
+
+TEST_F(UpdateGateTest, NothingIsDecidedBeforeStart) {
+  cubridge::update_gate gate(sink, options());
+  const auto d = gate.push(bundle(3));
+  expect_refused(d, "not_started", gate_outcome::failed);
+  expect_refused(gate.rollback(cubridge::sign_rollback_request("filters", 3, keys.secret_key)),
+                 "not_started", gate_outcome::failed);
+  EXPECT_EQ(sink.applies.load(), 0);
+  gate.start();
+  EXPECT_EQ(gate.push(bundle(3)).outcome, gate_outcome::applied);
+}
+
+TEST_F(UpdateGateTest, OneGatePerStateFileInThisProcess) {
+  cubridge::testing::temp_dir dir;
+  auto o = options();
+  o.state_file = dir.path / "state.json";
+  auto first = std::make_unique<cubridge::update_gate>(sink, o);
+  first->start();
+  EXPECT_TRUE(std::filesystem::exists(dir.path / "state.json.lock"));
+  cubridge::update_gate second(sink, o);
+  expect_locked(second, o.state_file);
+  expect_refused(second.push(bundle(3)), "not_started", gate_outcome::failed);
+  first.reset();   // releases the lock
+  second.start();  // a start that threw may be retried
+  EXPECT_TRUE(second.started());
+  EXPECT_EQ(second.push(bundle(3)).outcome, gate_outcome::applied);
+  cubridge::update_gate third(sink, o);
+  expect_locked(third, o.state_file);
+}
+
+TEST_F(UpdateGateTest, OneGatePerStateFileAcrossProcesses) {
+  cubridge::testing::temp_dir dir;
+  auto o = options();
+  o.state_file = dir.path / "state.json";
+  cubridge::update_gate gate(sink, o);
+  gate.start();
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {  // another service on the same file
+    int code = 1;
+    try {
+      cubridge::testing::memory_sink other;
+      cubridge::update_gate theirs(other, o);
+      theirs.start();
+    } catch (const cubridge::update_state_error& e) {
+      code = e.reason() == cubridge::update_state_reason::locked ? 0 : 2;
+    } catch (...) {
+      code = 3;
+    }
+    ::_exit(code);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "1: started, 2: another reason, 3: another exception";
+}
+
+TEST_F(UpdateGateTest, StartIsIdempotentAndThreadSafe) {
+  cubridge::testing::temp_dir dir;
+  auto o = options();
+  o.state_file = dir.path / "state.json";
+  o.version_floor = {{"filters", 2}};
+  const auto gate = cubridge::update_gate::create(sink, o);
+  // Every door starts the gate; a second real start would find the file locked and throw.
+  std::vector<std::thread> doors;
+  std::atomic<int> failed{0};
+  for (int i = 0; i < 4; ++i)
+    doors.emplace_back([&] {
+      try {
+        gate->start();
+      } catch (const std::exception&) {
+        ++failed;
+      }
+    });
+  for (auto& t : doors) t.join();
+  EXPECT_EQ(failed.load(), 0);
+  ASSERT_EQ(gate->push(bundle(3)).outcome, gate_outcome::applied);
+  gate->start();  // later calls change nothing: the state is not loaded again over it
+  EXPECT_EQ(gate->highest_version("filters"), 3u);
+  expect_refused(gate->push(bundle(2)), "older_version");
+}
+
+TEST(UpdateStateReason, LockedHasItsName) {
+  EXPECT_EQ(cubridge::to_string(cubridge::update_state_reason::locked), "locked");
 }
 
 }  // namespace

@@ -45,8 +45,11 @@
 // Checks run in this order: name, size, bundle verification (verify_bundle: format, signature,
 // expiry, payload hash, kind, signed target), URL name = signed name, device, then, under the
 // module's lock, version > every version applied, current or floor (so a push is applied at most
-// once, also when the same bundle arrives twice at once, and with state_file also across
-// restarts), the new version recorded in the replay state, then the sink. A refused request
+// once, also when the same bundle arrives twice at once, and, the state persisted, also across
+// restarts), the new version recorded in the replay state, then the sink. These checks are an
+// update_gate's (update_gate.hpp): the endpoint makes its own, or shares a node's with the fleet
+// agent (the constructor taking a gate), so both doors hold one lock per module and one replay
+// record. A refused request
 // changes nothing. Every `detail` is at most 4 KiB; a module's `last_refusal` in the status is
 // kept only for requests that passed verification, escaped to printable ASCII, at most 256 bytes.
 //
@@ -74,7 +77,11 @@
 
 namespace cubridge {
 
-/// How an update_endpoint listens and what it accepts.
+/// How an update_endpoint listens and what it accepts. The policy fields (keys, state_file,
+/// persist_state, version_floor, require_expiry, max_bundle_age, rollback_window, clock) make the
+/// endpoint's own gate; an endpoint over a shared gate uses that gate's policy instead, and
+/// refuses at start() options naming keys, a state_file or a version_floor (they would be
+/// ignored).
 struct update_endpoint_options {
   /// Address to bind; loopback unless a service decides otherwise.
   std::string bind_address = "127.0.0.1";
@@ -118,10 +125,14 @@ struct update_endpoint_options {
 
   /// The replay state file (update_state.hpp): the highest version applied per module and the
   /// rollback nonces in their window, read at start() and written before each answer that
-  /// changes them. Empty: kept in memory only, so after a restart the endpoint accepts captured
-  /// old bundles and rollback requests again (as far as version_floor and expiry do not stop
-  /// them).
+  /// changes them; locked (`<state_file>.lock`) while the endpoint's gate lives. Empty: the
+  /// default file, default_state_directory() / "update-state.json" (state_location.hpp), while
+  /// persist_state.
   std::filesystem::path state_file;
+  /// Keep the replay state in the default file when state_file is empty. false (tests, demos):
+  /// in memory only, so after a restart the endpoint accepts captured old bundles and rollback
+  /// requests again (as far as version_floor and expiry do not stop them).
+  bool persist_state = true;
   /// Per module, a version at or below which every bundle is refused as a replay (409), e.g.
   /// from the service's own configuration; merged into the replay state at start().
   std::map<std::string, std::uint64_t, std::less<>> version_floor;
@@ -136,7 +147,7 @@ struct update_endpoint_options {
   /// asks for no key, and a service decides whether its address may show them.
   bool serve_metrics = false;
 
-  /// The policy half of these options, as the endpoint hands it to its update_gate
+  /// The policy half of these options, as the endpoint hands it to its own update_gate
   /// (max_body_bytes is the gate's max_bundle_bytes).
   [[nodiscard]] update_gate_options gate_options() const;
 };
@@ -155,20 +166,30 @@ struct update_endpoint_stats {
 /// The update endpoint. Not copyable or movable (its threads point into it).
 class update_endpoint {
  public:
-  /// Prepares an endpoint over `sink`, which must outlive it. Listens on nothing yet.
+  /// Prepares an endpoint over `sink`, which must outlive it, with a gate of its own made from
+  /// options.gate_options() (update_gate::create). Listens on nothing yet.
   update_endpoint(module_sink& sink, update_endpoint_options options);
+  /// Prepares an endpoint over a node's shared gate (the fleet agent may hold the same one):
+  /// the gate's sink and policy serve; of `options` only the transport fields and
+  /// serve_metrics count (max_body_bytes still bounds a body before the gate sees it). Listens
+  /// on nothing yet. @throws error (errc::precondition) when `gate` is null.
+  update_endpoint(std::shared_ptr<update_gate> gate, update_endpoint_options options);
   update_endpoint(const update_endpoint&) = delete;
   update_endpoint& operator=(const update_endpoint&) = delete;
   /// Stops it (see stop()).
   ~update_endpoint();
 
-  /// Loads the replay state (state_file, version_floor), binds and starts serving on threads of
-  /// its own (one receiving, `threads` workers).
-  /// @throws update_state_error (errc::io) when the state file is unreadable, too large or
-  ///         corrupt (nothing listens then); error (errc::io) when the address cannot be bound
-  ///         or the TLS files cannot be used; error (errc::precondition) when already running or
-  ///         an option is out of range (a version_floor name that is no module name; a zero
-  ///         limit or timeout; max_buffered_body_bytes below max_body_bytes).
+  /// Starts the gate (update_gate::start: the state file's lock, the replay state,
+  /// version_floor; nothing when a shared gate was started already), binds and starts serving on
+  /// threads of its own (one receiving, `threads` workers).
+  /// @throws update_state_error (errc::io) when the state file is another gate's (locked),
+  ///         unreadable, too large or corrupt (nothing listens then); error (errc::io) when the
+  ///         address cannot be bound or the TLS files cannot be used; error
+  ///         (errc::precondition) when already running or an option is out of range (a
+  ///         version_floor name that is no module name; a zero limit or timeout;
+  ///         max_buffered_body_bytes below max_body_bytes; no state_file and no default
+  ///         directory while persist_state; over a shared gate: keys, a state_file or a
+  ///         version_floor set in the options).
   void start();
   /// Stops accepting and closes every connection; a request a worker is handling finishes (its
   /// answer gets a moment to go out, then its socket is shut down); joins every thread. Returns

@@ -1,11 +1,13 @@
 #pragma once
 // The receiving policy of the update layer, without a transport: what the HTTP endpoint
 // (update_endpoint.hpp) and the fleet agent (fleet_agent.hpp) decide about a pushed bundle or a
-// signed rollback request, written once. A gate verifies (size, verify_bundle against the trusted
+// signed rollback request, written once. One gate is a node's update authority: the doors share
+// it (update_gate::create, shared_ptr), so one lock per module and one replay record hold
+// whichever door a bundle came through. A gate verifies (size, verify_bundle against the trusted
 // keys, module name, device), checks the replay floor (update_state: a version at or below the
-// highest applied is refused; with a state file also across restarts), records the new version
-// before the sink sees it (pending until the sink answered: a redelivery after a crash in between
-// resumes that apply), and applies it through the module_sink under the module's lock. The
+// highest applied is refused; persisted by default, so also across restarts), records the new
+// version before the sink sees it (pending until the sink answered: a redelivery after a crash in
+// between resumes that apply), and applies it through the module_sink under the module's lock. The
 // reasons are the endpoint's "error" strings (docs/update-endpoint.md); the endpoint maps them
 // to its HTTP statuses.
 
@@ -33,8 +35,13 @@ struct update_gate_options {
   trusted_keys keys;
   /// Largest bundle, in bytes; a larger one is refused (too_large) without being parsed.
   std::size_t max_bundle_bytes = std::size_t{64} << 20;
-  /// The replay state file (update_state.hpp); empty: in memory only.
+  /// The replay state file (update_state.hpp). Empty: default_state_directory() /
+  /// "update-state.json" (state_location.hpp) while persist_state, else in memory only.
   std::filesystem::path state_file;
+  /// Keep the replay state in the default file when state_file is empty. false is the explicit
+  /// opt-out (tests, demos): after a restart, old bundles and rollback requests are accepted
+  /// again as far as version_floor and expiry do not stop them.
+  bool persist_state = true;
   /// Per module, a version at or below which every bundle is refused; merged at start().
   std::map<std::string, std::uint64_t, std::less<>> version_floor;
   /// Refuse (expired_bundle) bundles that carry no `expires` field.
@@ -86,7 +93,8 @@ struct gate_decision {
   gate_outcome outcome = gate_outcome::refused;
   /// For anything but applied and rolled_back: the endpoint's error string (bad_signature,
   /// unknown_key, too_large, unknown_module, wrong_device, replayed_version, older_version,
-  /// stage_refused, apply_failed, state_failed, version_mismatch, replayed_request, ...).
+  /// stage_refused, apply_failed, state_failed, version_mismatch, replayed_request,
+  /// not_started, ...).
   std::string reason;
   /// What exactly, at most 4 KiB (cut at a UTF-8 boundary, saying how much was cut). Not escaped:
   /// escape it (core/detail/printable.hpp) before it reaches a terminal or a log line.
@@ -110,33 +118,51 @@ struct gate_decision {
 };
 
 /// The gate. Thread-safe: push and rollback may be called from any threads at once; one module
-/// is never applied or rolled back twice at once. Not copyable or movable.
+/// is never applied or rolled back twice at once. Shared by its doors (create()); not copyable
+/// or movable. With a state file it holds `<state_file>.lock` (flock) from start() to its
+/// destruction: one gate per file, across processes and within one.
 class update_gate {
  public:
-  /// A gate over `sink`, which must outlive it. Reads nothing yet: see start().
+  /// A gate over `sink`, which must outlive it, to share between the doors of a node (the
+  /// update endpoint, the fleet agent). Reads nothing yet: see start().
+  [[nodiscard]] static std::shared_ptr<update_gate> create(module_sink& sink,
+                                                           update_gate_options options);
+  /// As create(), for a gate owned otherwise.
   update_gate(module_sink& sink, update_gate_options options);
   update_gate(const update_gate&) = delete;
   update_gate& operator=(const update_gate&) = delete;
+  /// Releases the state file's lock.
   ~update_gate();
 
-  /// Loads the replay state (state_file) and merges version_floor into it.
-  /// @throws error (errc::precondition) when a version_floor name is no module name;
-  ///         update_state_error (errc::io) when the state file is unreadable, too large or
-  ///         corrupt.
+  /// Takes the state file's lock (making the default directory, mode 0700, when missing), loads
+  /// the replay state and merges version_floor into it. Until it has succeeded every push and
+  /// rollback is refused (not_started). Idempotent and thread-safe: every door calls it; the
+  /// first call does the work, later ones return at once; a call that threw leaves the gate
+  /// unstarted (and unlocked), so it may be retried.
+  /// @throws error (errc::precondition) when a version_floor name is no module name, or when
+  ///         no state_file is named, persist_state is set and default_state_directory() finds
+  ///         no directory; update_state_error (errc::io): locked when another gate (another
+  ///         process, or this one) holds the file; unreadable, too_large or corrupt when the
+  ///         state file cannot be used; write_failed when the default directory cannot be made.
   void start();
+  /// Whether start() has succeeded.
+  [[nodiscard]] bool started() const noexcept;
+  /// The replay state file in use (empty: memory only); empty before start().
+  [[nodiscard]] std::filesystem::path state_file() const;
 
   /// Decides about a pushed bundle and, when it passes, applies it. `expected_module`, when not
   /// empty, is the name the transport addressed (refused as name_mismatch when the signed name
   /// differs). With `authority` (an operator-signed desired state the caller verified, naming
   /// exactly this version), a version at or below the replay floor is applied too: a fleet that
   /// went back to an earlier version, or a node that lost what it served; the floor stays where
-  /// it is, so the same bundle without authority is still refused. Never throws but
-  /// std::bad_alloc.
+  /// it is, so the same bundle without authority is still refused. Refused (failed,
+  /// not_started) before start(). Never throws but std::bad_alloc.
   [[nodiscard]] gate_decision push(std::span<const std::byte> body,
                                    std::string_view expected_module = {},
                                    const push_authority* authority = nullptr);
   /// Decides about a signed rollback request (rollback_request.hpp) and, when it passes, rolls
-  /// the module back. `expected_module` as for push. Never throws but std::bad_alloc.
+  /// the module back. `expected_module` as for push; refused before start() as push. Never
+  /// throws but std::bad_alloc.
   [[nodiscard]] gate_decision rollback(std::string_view signed_request,
                                        std::string_view expected_module = {});
 

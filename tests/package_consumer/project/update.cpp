@@ -40,6 +40,7 @@ int main() {
   cubridge::update_endpoint_options options;
   options.keys = trusted;
   options.threads = 1;
+  options.persist_state = false;  // a smoke test of the package: nothing to keep
   cubridge::update_endpoint endpoint(sink, options);
   endpoint.start();
   const bool listening = endpoint.running() && endpoint.port() != 0;
