@@ -37,6 +37,7 @@ struct endpoint_settings {
   std::size_t threads = 4;
   std::size_t max_body_bytes = std::size_t{64} << 20;
   std::string state_file;
+  bool persist_state = true;  // as update_endpoint_options: the default file unless state_file
   std::map<std::string, std::uint64_t> version_floor;
   bool require_expiry = false;
   std::optional<double> max_bundle_age_s;
@@ -55,6 +56,7 @@ update_endpoint_options options_of(const endpoint_settings& s,
   o.max_body_bytes = s.max_body_bytes;
   o.max_buffered_body_bytes = std::max(o.max_buffered_body_bytes, s.max_body_bytes);
   o.state_file = s.state_file;
+  o.persist_state = s.persist_state;
   o.version_floor.insert(s.version_floor.begin(), s.version_floor.end());
   o.require_expiry = s.require_expiry;
   if (s.max_bundle_age_s) {
@@ -146,7 +148,7 @@ void bind_update_endpoint(nb::module_& m) {
           "__init__",
           [](py_update_endpoint* self, nb::handle hot_modules, const std::vector<public_key>& keys,
              std::string host, std::uint16_t port, bool start, std::size_t threads,
-             std::size_t max_body_bytes, std::string state_file,
+             std::size_t max_body_bytes, std::string state_file, bool persist_state,
              std::map<std::string, std::uint64_t> version_floor, bool require_expiry,
              std::optional<double> max_bundle_age_s, double rollback_window_s, bool serve_metrics,
              std::string tls_certificate, std::string tls_private_key) {
@@ -155,6 +157,7 @@ void bind_update_endpoint(nb::module_& m) {
                                              threads,
                                              max_body_bytes,
                                              std::move(state_file),
+                                             persist_state,
                                              std::move(version_floor),
                                              require_expiry,
                                              max_bundle_age_s,
@@ -167,7 +170,7 @@ void bind_update_endpoint(nb::module_& m) {
           nb::arg("hot_modules"), nb::arg("public_keys"), nb::kw_only(),
           nb::arg("host") = "127.0.0.1", nb::arg("port") = 0, nb::arg("start") = true,
           nb::arg("threads") = 4, nb::arg("max_body_bytes") = std::size_t{64} << 20,
-          nb::arg("state_file") = "",
+          nb::arg("state_file") = "", nb::arg("persist_state") = true,
           nb::arg("version_floor") = std::map<std::string, std::uint64_t>{},
           nb::arg("require_expiry") = false, nb::arg("max_bundle_age_s") = nb::none(),
           nb::arg("rollback_window_s") = 300.0, nb::arg("serve_metrics") = false,
@@ -175,9 +178,12 @@ void bind_update_endpoint(nb::module_& m) {
           "An endpoint over `hot_modules` (a HotModule or a list of them; each serves updates "
           "under its name, from its bundle_version on) accepting bundles signed by "
           "`public_keys`. Binds `host`:`port` (0: a free port, see .port) and starts unless "
-          "start=False. state_file: the replay state kept across restarts; version_floor: "
-          "{name: version} refused as replays; TLS with both tls_ files. Raises IOFailure when "
-          "the address cannot be bound.")
+          "start=False. state_file: the replay state kept across restarts; without one it is "
+          "kept in $CUBRIDGE_STATE_DIR (else $XDG_STATE_HOME/cubridge, else "
+          "~/.local/state/cubridge)/update-state.json, locked while the endpoint lives, unless "
+          "persist_state=False (memory only: tests, demos); version_floor: {name: version} "
+          "refused as replays; TLS with both tls_ files. Raises IOFailure when the address cannot "
+          "be bound or the state file is another endpoint's.")
       .def("add", &py_update_endpoint::add, nb::arg("hot_module"),
            "Serves one more HotModule (also while running).")
       .def("start", &py_update_endpoint::start,

@@ -25,6 +25,13 @@ def _build(out: pathlib.Path, *args: str) -> pathlib.Path:
     return out
 
 
+@pytest.fixture(autouse=True)
+def _state_dir(tmp_path_factory, monkeypatch):
+    """The default replay state directory of an UpdateEndpoint: a fresh one per test, so that no
+    test writes into the user's ~/.local/state/cubridge."""
+    monkeypatch.setenv("CUBRIDGE_STATE_DIR", str(tmp_path_factory.mktemp("cubridge_state")))
+
+
 @pytest.fixture(scope="session")
 def images(tmp_path_factory) -> dict[str, pathlib.Path]:
     """test_kernels.cu as an sm_90 cubin and as a fatbin of sm_80, sm_90 and compute_90."""

@@ -57,7 +57,7 @@ def test_the_endpoint_class_is_exported_and_documented():
 
 
 def test_an_endpoint_starts_on_a_free_port_and_stops(keys):
-    endpoint = cubridge.UpdateEndpoint([], [keys.public_key])
+    endpoint = cubridge.UpdateEndpoint([], [keys.public_key], persist_state=False)
     assert endpoint.running and endpoint.port > 0
     assert endpoint.url == f"http://127.0.0.1:{endpoint.port}"
     assert modules(endpoint)["modules"] == []
@@ -70,17 +70,18 @@ def test_an_endpoint_starts_on_a_free_port_and_stops(keys):
 
 
 def test_start_false_and_starting_twice(keys):
-    with cubridge.UpdateEndpoint([], [keys.public_key], start=False) as endpoint:
+    with cubridge.UpdateEndpoint([], [keys.public_key], start=False,
+                                 persist_state=False) as endpoint:
         assert endpoint.running
         with pytest.raises(cubridge.PreconditionError):
             endpoint.start()
-    idle = cubridge.UpdateEndpoint([], [keys.public_key], start=False)
+    idle = cubridge.UpdateEndpoint([], [keys.public_key], start=False, persist_state=False)
     assert not idle.running and idle.port == 0
 
 
 def test_pushes_with_unknown_or_bad_signatures_are_refused(keys, stranger):
     source = KERNEL.replace("VERSION", "2").encode()
-    with cubridge.UpdateEndpoint([], [keys.public_key]) as endpoint:
+    with cubridge.UpdateEndpoint([], [keys.public_key], persist_state=False) as endpoint:
         by_stranger = cubridge.sign_bundle(source, stranger.secret_key, name="tagger", version=2,
                                            target="sm_90", kind="cuda_source")
         status, answer = put(endpoint, "tagger", by_stranger)
@@ -107,13 +108,37 @@ def test_pushes_with_unknown_or_bad_signatures_are_refused(keys, stranger):
 
 def test_constructor_arguments_are_checked(keys):
     with pytest.raises(cubridge.PreconditionError, match="is no HotModule"):
-        cubridge.UpdateEndpoint([42], [keys.public_key])
+        cubridge.UpdateEndpoint([42], [keys.public_key], persist_state=False)
     with pytest.raises(TypeError):
-        cubridge.UpdateEndpoint(42, [keys.public_key])
+        cubridge.UpdateEndpoint(42, [keys.public_key], persist_state=False)
     with pytest.raises(cubridge.PreconditionError, match="rollback_window_s must be > 0"):
-        cubridge.UpdateEndpoint([], [keys.public_key], rollback_window_s=0)
+        cubridge.UpdateEndpoint([], [keys.public_key], rollback_window_s=0,
+                                persist_state=False)
     with pytest.raises(cubridge.IOFailure, match="cannot bind 192.0.2.1"):
-        cubridge.UpdateEndpoint([], [keys.public_key], host="192.0.2.1")  # TEST-NET-1: not ours
+        cubridge.UpdateEndpoint([], [keys.public_key], host="192.0.2.1",  # TEST-NET-1: not ours
+                                persist_state=False)
+
+
+def test_the_replay_state_is_persisted_by_default_and_locked(keys, tmp_path, monkeypatch):
+    state_dir = tmp_path / "state"
+    monkeypatch.setenv("CUBRIDGE_STATE_DIR", str(state_dir))
+    endpoint = cubridge.UpdateEndpoint([], [keys.public_key])
+    assert (state_dir / "update-state.json.lock").exists()
+    # A second service on the same default file would overwrite the first one's records.
+    with pytest.raises(cubridge.IOFailure, match="is in use by another process"):
+        cubridge.UpdateEndpoint([], [keys.public_key])
+    endpoint.stop()
+    del endpoint  # the lock is the endpoint's until it is gone
+    with cubridge.UpdateEndpoint([], [keys.public_key]) as again:
+        assert again.running
+    # The explicit opt-out needs no directory at all.
+    monkeypatch.delenv("CUBRIDGE_STATE_DIR")
+    monkeypatch.delenv("XDG_STATE_HOME", raising=False)
+    monkeypatch.delenv("HOME", raising=False)
+    with cubridge.UpdateEndpoint([], [keys.public_key], persist_state=False) as memory_only:
+        assert memory_only.running
+    with pytest.raises(cubridge.PreconditionError, match="CUBRIDGE_STATE_DIR"):
+        cubridge.UpdateEndpoint([], [keys.public_key])
 
 
 # --- with a GPU ---------------------------------------------------------------------------------
@@ -148,7 +173,7 @@ def test_a_signed_v2_pushed_over_http_serves_the_next_launch(torch, keys, strang
         return values.pop()
 
     assert served() == 1
-    with cubridge.UpdateEndpoint(hot, [keys.public_key]) as endpoint:
+    with cubridge.UpdateEndpoint(hot, [keys.public_key], persist_state=False) as endpoint:
         assert endpoint.hot_modules == [hot]
         refused = cubridge.sign_bundle(cubin(2), stranger.secret_key, name="tagger", version=2,
                                        target=arch)
@@ -189,7 +214,7 @@ def test_a_version_that_breaks_the_interface_is_refused_and_v1_serves_on(torch, 
     v1 = cubridge.compile_cuda(KERNEL.replace("VERSION", "1"), arch)
     hot = cubridge.HotModule("strict", v1, ctx, bundle_version=1)
     renamed = 'extern "C" __global__ void other(int* out) { out[0] = 2; }'
-    with cubridge.UpdateEndpoint([hot], [keys.public_key]) as endpoint:
+    with cubridge.UpdateEndpoint([hot], [keys.public_key], persist_state=False) as endpoint:
         bundle = cubridge.sign_bundle(cubridge.compile_cuda(renamed, arch), keys.secret_key,
                                       name="strict", version=2, target=arch)
         status, answer = put(endpoint, "strict", bundle)

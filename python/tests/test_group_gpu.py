@@ -121,7 +121,7 @@ def test_the_endpoint_pushes_a_signed_version_to_every_member(torch, contexts):
     ctx = contexts[0]
     group = cubridge.HotModuleGroup("tags", build(ctx, 1), contexts, bundle_version=1)
     keys = cubridge.generate_keypair()
-    with cubridge.UpdateEndpoint(group, [keys.public_key]) as endpoint:
+    with cubridge.UpdateEndpoint(group, [keys.public_key], persist_state=False) as endpoint:
         bundle = cubridge.sign_bundle(build(ctx, 2), keys.secret_key, name="tags", version=2,
                                       target=ctx.device.compute_capability)
         request = urllib.request.Request(f"{endpoint.url}/v1/modules/tags", data=bundle,
