@@ -20,11 +20,14 @@
 // signed by a trusted key; every promotion is logged on stdout in one line:
 //   t=+12.345s module kernels: version 1 -> 2 (pushed, key 3f9a0c2d11e4b6a7)
 // With --fleet-server and --node it is also a fleet node (docs/fleet.md): a fleet_agent beside
-// the endpoint, over the same sink and keys, whose promotions read "(fleet, key ...)".
+// the endpoint, over the same update_gate (one update authority: one lock per module, one replay
+// record); a fleet node's promotions read "(fleet, key ...)". The replay state is kept in memory
+// (the demo runs again and again from v1) unless --state-file names a file.
 // New versions must pass a smoke test (respond on known input) before they can serve.
 //
 //   online_service --trusted-key release.pub [--port 8080] [--update-port 7070] [--duration S]
 //                  [--log requests.csv] [--module kernels_v1.cubin] [--threads 8]
+//                  [--state-file replay.json]
 //                  [--fleet-server nats://127.0.0.1:4222 --node node-1 [--fleet-heartbeat S]]
 // Port 0 picks a free port; the "ready" line says which. Exit: 0 after --duration or
 // SIGINT/SIGTERM, 1 on failure, 64 bad command line, 77 no GPU (one line).
@@ -42,6 +45,7 @@
 #include <cubridge/update/bundle.hpp>
 #include <cubridge/update/hot_module_sink.hpp>
 #include <cubridge/update/update_endpoint.hpp>
+#include <cubridge/update/update_gate.hpp>
 
 #include "fleet_node.hpp"
 #include "service_log.hpp"
@@ -341,6 +345,7 @@ struct options {
   std::string log;
   std::string module = ONLINE_SERVICE_V1_CUBIN;
   std::size_t threads = 8;
+  std::string state_file;                    // empty: the replay state in memory only
   online_service::fleet_node_options fleet;  // server empty: no fleet agent
 };
 
@@ -380,15 +385,24 @@ int run(const options& o) {
 
   cubridge::hot_module_sink modules;
   modules.add(kernels, {.smoke_test = [&ctx](const cubridge::module& m) { smoke_test(ctx, m); }});
-  std::mutex sink_serial;  // the endpoint and the agent apply one bundle at a time between them
-  online_service::logged_sink pushed(modules, log, "pushed", sink_serial);
-  online_service::logged_sink fleet_applied(modules, log, "fleet", sink_serial);
+  std::mutex sink_serial;  // logged_sink: one apply or rollback at a time, whatever the module
+  // One gate for both doors, so one sink: it cannot tell them apart. A fleet node takes its
+  // versions from the fleet (scripts/demo --fleet reads "(fleet, ..."), a plain service from
+  // pushes ("(pushed, ...").
+  online_service::logged_sink applied(modules, log, o.fleet.server.empty() ? "pushed" : "fleet",
+                                      sink_serial);
+  cubridge::update_gate_options policy;
+  policy.keys = keys;
+  policy.state_file = o.state_file;
+  // A demo: without --state-file each run starts from v1 and accepts v2 again, so the replay
+  // state is not persisted in the default directory.
+  policy.persist_state = false;
+  const auto gate = cubridge::update_gate::create(applied, policy);
   cubridge::update_endpoint_options endpoint_options;
   endpoint_options.port = o.update_port;
-  endpoint_options.keys = keys;
-  cubridge::update_endpoint endpoint(pushed, endpoint_options);
+  cubridge::update_endpoint endpoint(gate, endpoint_options);
   std::optional<online_service::fleet_node> fleet;
-  if (!o.fleet.server.empty()) fleet.emplace(fleet_applied, keys, o.fleet);
+  if (!o.fleet.server.empty()) fleet.emplace(gate, o.fleet);
 
   httplib::Server server;
   server.new_task_queue = [n = o.threads] { return new httplib::ThreadPool(n); };
@@ -521,6 +535,8 @@ int main(int argc, char** argv) {
       ->check(CLI::ExistingFile);
   app.add_option("--threads", o.threads, "Request workers (each with its stream and cuBLAS handle)")
       ->check(CLI::Range(1, 256));
+  app.add_option("--state-file", o.state_file,
+                 "Keep the replay state in this file across restarts (default: in memory only)");
   double heartbeat_s = 5;
   auto* fleet_server =
       app.add_option("--fleet-server", o.fleet.server,
