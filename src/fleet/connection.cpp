@@ -23,15 +23,18 @@ std::string_view trim(std::string_view s) {
 }
 
 // Checks one URL; throws naming it (redacted) and what is wrong.
-void check_url(std::string_view url) {
-  const std::string shown = cubridge::detail::printable(redact_url(url), {.quoted = false});
+void check_url(std::string_view url, std::size_t position, bool hide) {
+  // In a list with credentials a password may hold a ',' and split an entry: then an entry is
+  // named by its position only, so that no part of a password is ever printed.
+  const std::string shown = hide ? "#" + std::to_string(position + 1) + " (credentials hidden)"
+                                 : cubridge::detail::printable(redact_url(url), {.quoted = false});
   const auto scheme_end = url.find("://");
   if (scheme_end == std::string_view::npos)
     refuse("server '" + shown + "' is not a URL: give nats://HOST:PORT or tls://HOST:PORT");
   const auto scheme = url.substr(0, scheme_end);
   if (scheme != "nats" && scheme != "tls")
-    refuse("server '" + shown + "': scheme '" + cubridge::detail::printable(scheme) +
-           "' is neither nats nor tls");
+    refuse("server '" + shown + "': scheme '" +
+           cubridge::detail::printable(scheme, {.quoted = false}) + "' is neither nats nor tls");
   auto rest = url.substr(scheme_end + 3);
   if (const auto at = rest.rfind('@'); at != std::string_view::npos) rest.remove_prefix(at + 1);
   if (rest.empty()) refuse("server '" + shown + "' names no host");
@@ -60,7 +63,8 @@ void check_url(std::string_view url) {
     const auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), value);
     if (port.empty() || ec != std::errc{} || end != port.data() + port.size() || value == 0 ||
         value > 65535)
-      refuse("server '" + shown + "': port '" + cubridge::detail::printable(port) +
+      refuse("server '" + shown + "': port '" +
+             (hide ? std::string("...") : cubridge::detail::printable(port, {.quoted = false})) +
              "' is not 1 to 65535");
   }
 }
@@ -74,9 +78,11 @@ std::vector<std::string> parse_server_list(std::string_view servers) {
     const auto comma = servers.find(',', start);
     const auto entry = trim(servers.substr(
         start, comma == std::string_view::npos ? std::string_view::npos : comma - start));
+    const bool hide = servers.find('@') != std::string_view::npos;
     if (entry.empty())
-      refuse("the server list '" + redact_server_list(servers) + "' has an empty entry");
-    check_url(entry);
+      refuse(hide ? "the server list has an empty entry (#" + std::to_string(out.size() + 1) + ")"
+                  : "the server list '" + redact_server_list(servers) + "' has an empty entry");
+    check_url(entry, out.size(), hide);
     out.emplace_back(entry);
     if (out.size() > max_servers)
       refuse("the server list has more than " + std::to_string(max_servers) + " URLs");
@@ -89,8 +95,9 @@ std::vector<std::string> parse_server_list(std::string_view servers) {
 std::string redact_url(std::string_view url) {
   const auto scheme_end = url.find("://");
   const auto host_start = scheme_end == std::string_view::npos ? 0 : scheme_end + 3;
-  const auto at = url.find('@', host_start);
-  if (at == std::string_view::npos) return std::string(url);
+  // The credentials end at the last '@' (a password may hold one); a host holds none.
+  const auto at = url.rfind('@');
+  if (at == std::string_view::npos || at < host_start) return std::string(url);
   return std::string(url.substr(0, host_start)) + "***" + std::string(url.substr(at));
 }
 
@@ -140,9 +147,10 @@ bus_credentials read_credentials_file(const std::filesystem::path& path, bool al
     else if (field == "password")
       out.password = value;
     else
-      cubridge::detail::throw_errc(
-          errc::precondition, "read credentials file",
-          where + ": unknown field '" + cubridge::detail::printable(field) + "' (user, password)");
+      cubridge::detail::throw_errc(errc::precondition, "read credentials file",
+                                   where + ": unknown field '" +
+                                       cubridge::detail::printable(field, {.quoted = false}) +
+                                       "' (user, password)");
   }
   if (out.user.empty() || out.password.empty())
     cubridge::detail::throw_errc(errc::precondition, "read credentials file",

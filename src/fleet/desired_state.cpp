@@ -159,9 +159,15 @@ std::optional<desired_state> parse_desired_state(std::string_view body, std::str
     if (history == j.end() || !history->is_array() || history->size() > max_desired_history) {
       r.fail("'history' is not a list of at most " + std::to_string(max_desired_history));
     } else {
-      for (const auto& h : *history) {
-        const json wrapped{{"h", h}};
-        if (auto ref = r.ref(wrapped, "h")) s.history.push_back(std::move(*ref));
+      for (std::size_t i = 0; i < history->size(); ++i) {
+        const auto name = "history[" + std::to_string(i) + "]";
+        const json wrapped{{name, (*history)[i]}};
+        auto ref = r.ref(wrapped, name.c_str());
+        if (!ref) {
+          r.fail("'" + name + "' is not a bundle");
+          break;
+        }
+        s.history.push_back(std::move(*ref));
       }
     }
     s.time = r.text(j, "time", 32);

@@ -58,7 +58,9 @@ std::string dump(const json& j) {
 std::optional<std::string> text_field(const json& j, const char* key, std::size_t max_bytes) {
   const auto it = j.find(key);
   if (it == j.end() || !it->is_string()) return std::nullopt;
-  return bounded(it->get_ref<const std::string&>(), max_bytes + 3);
+  const auto& text = it->get_ref<const std::string&>();
+  // Up to 3 bytes more is a text to_json cut ("..."): kept as it is; longer is cut here.
+  return bounded(text, text.size() <= max_bytes + 3 ? max_bytes + 3 : max_bytes);
 }
 
 std::optional<std::string> name_field(const json& j, const char* key) {

@@ -64,15 +64,16 @@ std::optional<opened_record> open_record(std::string_view text, record_kind kind
   const auto format = j.find("cubridge_fleet");
   if (format == j.end() || !format->is_number_unsigned() || format->get<std::uint64_t>() != 1)
     return refuse(refusal, "record is not a cubridge fleet record of format 1");
-  if (j.size() != 5) return refuse(refusal, "record has fields other than the five it may have");
   const auto* kind_text = field("kind");
   const auto* signer_text = field("signer");
   const auto* body = field("body");
   const auto* signature_text = field("signature");
   if (!kind_text || !signer_text || !body || !signature_text)
-    return refuse(refusal, "record lacks kind, signer, body or signature");
+    return refuse(refusal, "record lacks kind, signer, body or signature (as texts)");
+  if (j.size() != 5) return refuse(refusal, "record has fields other than the five it may have");
   if (*kind_text != to_string(kind))
-    return refuse(refusal, "record is a " + cubridge::detail::printable(*kind_text) +
+    return refuse(refusal, "record is a " +
+                               cubridge::detail::printable(*kind_text, {.quoted = false}) +
                                ", wanted a " + std::string(to_string(kind)));
   key_id signer{};
   if (!cubridge::detail::parse_lower_hex(*signer_text, signer))
@@ -84,6 +85,10 @@ std::optional<opened_record> open_record(std::string_view text, record_kind kind
   if (!key) return refuse(refusal, "signer " + *signer_text + " is not a trusted key");
   if (!cubridge::detail::verify_detached(domain_of(kind), *body, signature, *key))
     return refuse(refusal, "signature does not verify with key " + *signer_text);
+  // The body as the envelope carried it (an escaped NUL is valid JSON there): checked again so
+  // that no signed byte hides behind a NUL from the body's parser.
+  if (const auto problem = cubridge::detail::check_signed_text(*body); !problem.empty())
+    return refuse(refusal, "record body is not text: " + problem);
   return opened_record{*body, signer};
 }
 

@@ -1347,7 +1347,9 @@ TEST(ServerList, APasswordIsNeverInARefusal) {
         "nats://ok:1,tls://user:secret@h:0"}) {
     const auto message = server_list_refusal(servers);
     EXPECT_FALSE(contains(message, "secret")) << servers << ": " << message;
-    EXPECT_TRUE(contains(message, "***@")) << servers << ": " << message;
+    // In a list holding credentials an entry is named by position only (a ',' in a password
+    // would split it).
+    EXPECT_TRUE(contains(message, "credentials hidden")) << servers << ": " << message;
   }
 }
 
