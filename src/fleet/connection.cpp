@@ -80,7 +80,8 @@ std::vector<std::string> parse_server_list(std::string_view servers) {
         start, comma == std::string_view::npos ? std::string_view::npos : comma - start));
     const bool hide = servers.find('@') != std::string_view::npos;
     if (entry.empty())
-      refuse(hide ? "the server list has an empty entry (#" + std::to_string(out.size() + 1) + ")"
+      refuse(hide ? "the server list has an empty entry (#" + std::to_string(out.size() + 1) +
+                        ", credentials hidden)"
                   : "the server list '" + redact_server_list(servers) + "' has an empty entry");
     check_url(entry, out.size(), hide);
     out.emplace_back(entry);
