@@ -3,10 +3,13 @@
 
 #include <cubridge/fleet/subjects.hpp>
 
+#include <algorithm>
+
 #include <stdexcept>
 
 #if ONLINE_SERVICE_FLEET
 #include <cubridge/fleet/agent.hpp>
+#include <cubridge/fleet/connection.hpp>
 #endif
 
 namespace online_service {
@@ -15,8 +18,18 @@ bool fleet_supported() noexcept {
   return ONLINE_SERVICE_FLEET != 0;
 }
 
+std::string shown_servers(const fleet_node_options& options) {
+#if ONLINE_SERVICE_FLEET
+  return cubridge::fleet::redact_server_list(options.server);
+#else
+  return std::count(options.server.begin(), options.server.end(), '@') ? "(a URL with credentials)"
+                                                                       : options.server;
+#endif
+}
+
 std::string check_fleet_node_options(const fleet_node_options& options) {
   if (options.server.empty()) return "--fleet-server is empty";
+  if (options.node_key.empty()) return "--node-key is needed: the node signs what it reports";
   if (options.heartbeat_interval.count() <= 0) return "the heartbeat interval must be positive";
   return cubridge::fleet::check_fleet_name(options.node, "--node");
 }
@@ -27,22 +40,22 @@ struct fleet_node::impl {
   fleet_node_options options;
   cubridge::fleet_agent agent;
 
-  static cubridge::fleet_agent_options agent_options(const cubridge::trusted_keys& keys,
-                                                     const fleet_node_options& o) {
+  static cubridge::fleet_agent_options agent_options(const fleet_node_options& o) {
     cubridge::fleet_agent_options a;
-    a.servers = o.server;
+    a.bus.servers = o.server;
+    a.bus.credentials = o.credentials;
+    a.bus.ca_file = o.ca;
     a.node = o.node;
-    a.gate.keys = keys;  // trusted exactly as the endpoint trusts
+    a.node_key_file = o.node_key;
     a.heartbeat_interval = o.heartbeat_interval;
     return a;
   }
-  impl(cubridge::module_sink& sink, const cubridge::trusted_keys& keys, fleet_node_options o)
-      : options(std::move(o)), agent(sink, agent_options(keys, options)) {}
+  impl(std::shared_ptr<cubridge::update_gate> gate, fleet_node_options o)
+      : options(std::move(o)), agent(std::move(gate), agent_options(options)) {}
 };
 
-fleet_node::fleet_node(cubridge::module_sink& sink, const cubridge::trusted_keys& keys,
-                       fleet_node_options options)
-    : impl_(std::make_unique<impl>(sink, keys, std::move(options))) {}
+fleet_node::fleet_node(std::shared_ptr<cubridge::update_gate> gate, fleet_node_options options)
+    : impl_(std::make_unique<impl>(std::move(gate), std::move(options))) {}
 
 fleet_node::~fleet_node() {
   stop();
@@ -59,10 +72,11 @@ void fleet_node::stop() noexcept {
 nlohmann::json fleet_node::status() const {
   const auto& agent = impl_->agent;
   const auto stats = agent.stats();
-  nlohmann::json out{{"node", impl_->options.node},    {"server", impl_->options.server},
-                     {"connected", agent.connected()}, {"applied", stats.applied},
-                     {"refused", stats.refused},       {"rolled_back", stats.rolled_back},
-                     {"last_result", nullptr}};
+  nlohmann::json out{{"node", impl_->options.node},    {"server", agent.connected_server()},
+                     {"connected", agent.connected()}, {"converged", agent.converged()},
+                     {"applied", stats.applied},       {"refused", stats.refused},
+                     {"retries", stats.retries},       {"last_result", nullptr},
+                     {"problem", agent.last_problem()}};
   if (const auto last = agent.last_result())
     out["last_result"] = nlohmann::json::parse(cubridge::fleet::to_json(*last), nullptr, false);
   return out;
@@ -74,8 +88,7 @@ struct fleet_node::impl {
   fleet_node_options options;
 };
 
-fleet_node::fleet_node(cubridge::module_sink&, const cubridge::trusted_keys&,
-                       fleet_node_options options)
+fleet_node::fleet_node(std::shared_ptr<cubridge::update_gate>, fleet_node_options options)
     : impl_(std::make_unique<impl>(impl{std::move(options)})) {}
 
 fleet_node::~fleet_node() = default;

@@ -1,9 +1,9 @@
 #pragma once
 // online_service as a fleet node (docs/fleet.md): a cubridge::fleet_agent beside the update
-// endpoint, over the same hot_module_sink and the same trusted keys. Built only where the
-// cubridge_fleet target exists (libnats); elsewhere --fleet-server is refused at parse time.
-#include <cubridge/update/bundle.hpp>
-#include <cubridge/update/module_sink.hpp>
+// endpoint, over the same update_gate (one update authority: one lock per module, one replay
+// record, whichever door a bundle came through). Built only where the cubridge_fleet target
+// exists (libnats); elsewhere --fleet-server is refused at parse time.
+#include <cubridge/update/update_gate.hpp>
 
 #include <nlohmann/json.hpp>
 
@@ -14,21 +14,25 @@
 namespace online_service {
 
 struct fleet_node_options {
-  std::string server;  ///< the NATS server, nats://HOST:PORT
-  std::string node;    ///< this node's id (1 to 64 of [A-Za-z0-9_-])
+  std::string server;       ///< the NATS server(s), nats://HOST:PORT or tls://, comma-separated
+  std::string node;         ///< this node's id (1 to 64 of [A-Za-z0-9_-])
+  std::string node_key;     ///< the node's secret key file (signs its results and heartbeats)
+  std::string credentials;  ///< the node's credentials file (cubridge fleet init), if any
+  std::string ca;           ///< the fleet's CA certificate, if TLS
   std::chrono::milliseconds heartbeat_interval{5000};
 };
 
 /// Whether this build can be a fleet node (it was linked with cubridge_fleet).
 [[nodiscard]] bool fleet_supported() noexcept;
+/// The server list as it may be printed: credentials in a URL cut out.
+[[nodiscard]] std::string shown_servers(const fleet_node_options& options);
 /// What is wrong with `options` (the node id, a missing server), or an empty string.
 [[nodiscard]] std::string check_fleet_node_options(const fleet_node_options& options);
 
-/// The agent, stopped when destroyed. `sink` must outlive it.
+/// The agent, stopped when destroyed.
 class fleet_node {
  public:
-  fleet_node(cubridge::module_sink& sink, const cubridge::trusted_keys& keys,
-             fleet_node_options options);
+  fleet_node(std::shared_ptr<cubridge::update_gate> gate, fleet_node_options options);
   fleet_node(const fleet_node&) = delete;
   fleet_node& operator=(const fleet_node&) = delete;
   ~fleet_node();
@@ -39,7 +43,8 @@ class fleet_node {
   void start();
   /// Stops the agent; the service keeps serving what it has. Never throws.
   void stop() noexcept;
-  /// {"node", "server", "connected", "applied", "refused", "rolled_back", "last_result"}.
+  /// {"node", "server", "connected", "converged", "applied", "refused", "retries",
+  /// "last_result", "problem"}.
   [[nodiscard]] nlohmann::json status() const;
 
  private:

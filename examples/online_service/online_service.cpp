@@ -28,7 +28,8 @@
 //   online_service --trusted-key release.pub [--port 8080] [--update-port 7070] [--duration S]
 //                  [--log requests.csv] [--module kernels_v1.cubin] [--threads 8]
 //                  [--state-file replay.json]
-//                  [--fleet-server nats://127.0.0.1:4222 --node node-1 [--fleet-heartbeat S]]
+//                  [--fleet-server nats://127.0.0.1:4222 --node node-1 --node-key node-1.key
+//                   [--fleet-credentials F --fleet-ca F] [--fleet-heartbeat S]]
 // Port 0 picks a free port; the "ready" line says which. Exit: 0 after --duration or
 // SIGINT/SIGTERM, 1 on failure, 64 bad command line, 77 no GPU (one line).
 #include <cubridge/core/context.hpp>
@@ -491,7 +492,8 @@ int run(const options& o) {
   }
   if (!failed) {
     const std::string fleet_part =
-        fleet ? ", fleet node " + o.fleet.node + " at " + o.fleet.server : "";
+        fleet ? ", fleet node " + o.fleet.node + " at " + online_service::shown_servers(o.fleet)
+              : "";
     char ready[768];
     std::snprintf(ready, sizeof ready,
                   "online_service: ready: requests on http://127.0.0.1:%d/v1/infer, updates on "
@@ -547,6 +549,13 @@ int main(int argc, char** argv) {
   app.add_option("--fleet-heartbeat", heartbeat_s, "Seconds between the fleet node's heartbeats")
       ->check(CLI::Range(0.05, 3600.0))
       ->needs(fleet_server);
+  app.add_option("--node-key", o.fleet.node_key,
+                 "The fleet node's secret key file: signs its results and heartbeats")
+      ->needs(fleet_server);
+  app.add_option("--fleet-credentials", o.fleet.credentials,
+                 "The fleet node's credentials file (cubridge fleet init)")
+      ->needs(fleet_server);
+  app.add_option("--fleet-ca", o.fleet.ca, "The fleet's CA certificate (TLS)")->needs(fleet_server);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

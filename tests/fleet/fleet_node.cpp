@@ -3,10 +3,12 @@
 // with an update_endpoint over the same sink (the HTTP comparison). No GPU: the sink records
 // versions and payload sizes and never loads a payload.
 //
-//   cubridge_test_fleet_node --server URL --node ID --trusted-key FILE --state-file F
-//       --module NAME [--apply-delay-ms N] [--stall-before-apply-ms N] [--fail-version V]
-//       [--http-port P]
-//       [--ack-wait-ms N] [--heartbeat-ms N] [--max-bundle-bytes N] [--output FILE]
+//   cubridge_test_fleet_node --server URL --node ID --trusted-key FILE --node-key FILE
+//       --state-file F --module NAME [--apply-delay-ms N] [--stall-before-apply-ms N]
+//       [--fail-version V] [--http-port P] [--credentials FILE] [--ca FILE]
+//       [--heartbeat-ms N] [--max-bundle-bytes N] [--output FILE]
+//
+// The agent and the endpoint share one update_gate: one lock per module, one replay record.
 //
 // The sink keeps its serving and previous versions in F.serving, written atomically at each
 // promote, as a service reloads what it promoted last: a node killed and restarted comes back
@@ -14,7 +16,7 @@
 // kill then lands between the promote and the record and ack); --stall-before-apply-ms waits
 // before the promote, after the gate recorded the version (a kill then lands between the
 // state write and the promote). One line per event, flushed:
-//   ready node=ID http=PORT             the agent is connected with its consumers set up
+//   ready node=ID http=PORT             the agent is connected and watching
 //   apply VERSION                       the sink was called
 //   promoted VERSION                    the sink serves it (F.serving written)
 //   failed VERSION                      the sink refused it (--fail-version)
@@ -23,6 +25,7 @@
 // (records are polled: when two come within one poll, only the second is printed, with its N).
 // Exits 0 on SIGTERM or SIGINT after stopping the agent and the endpoint.
 #include <cubridge/fleet/agent.hpp>
+#include <cubridge/fleet/connection.hpp>
 #include <cubridge/update/update_endpoint.hpp>
 
 #include <signal.h>
@@ -153,8 +156,8 @@ class recording_sink final : public cubridge::module_sink {
 };
 
 struct node_options {
-  std::string server, node, trusted_key, state_file, module, output;
-  long apply_delay_ms = 0, stall_before_apply_ms = 0, ack_wait_ms = 30000, heartbeat_ms = 5000;
+  std::string server, node, trusted_key, node_key, state_file, module, output, credentials, ca;
+  long apply_delay_ms = 0, stall_before_apply_ms = 0, heartbeat_ms = 5000;
   std::uint64_t fail_version = 0, max_bundle_bytes = std::uint64_t{16} << 20;
   long http_port = -1;  // -1: no endpoint; 0: any free port
 };
@@ -171,6 +174,12 @@ node_options parse(int argc, char** argv) {
       o.node = value;
     else if (flag == "--trusted-key")
       o.trusted_key = value;
+    else if (flag == "--node-key")
+      o.node_key = value;
+    else if (flag == "--credentials")
+      o.credentials = value;
+    else if (flag == "--ca")
+      o.ca = value;
     else if (flag == "--state-file")
       o.state_file = value;
     else if (flag == "--module")
@@ -181,8 +190,6 @@ node_options parse(int argc, char** argv) {
       o.apply_delay_ms = std::stol(value);
     else if (flag == "--stall-before-apply-ms")
       o.stall_before_apply_ms = std::stol(value);
-    else if (flag == "--ack-wait-ms")
-      o.ack_wait_ms = std::stol(value);
     else if (flag == "--heartbeat-ms")
       o.heartbeat_ms = std::stol(value);
     else if (flag == "--fail-version")
@@ -194,10 +201,10 @@ node_options parse(int argc, char** argv) {
     else
       throw std::invalid_argument("unknown option " + flag);
   }
-  if (o.server.empty() || o.node.empty() || o.trusted_key.empty() || o.state_file.empty() ||
-      o.module.empty())
+  if (o.server.empty() || o.node.empty() || o.trusted_key.empty() || o.node_key.empty() ||
+      o.state_file.empty() || o.module.empty())
     throw std::invalid_argument(
-        "--server, --node, --trusted-key, --state-file and --module are needed");
+        "--server, --node, --trusted-key, --node-key, --state-file and --module are needed");
   return o;
 }
 
@@ -215,25 +222,29 @@ int run(const node_options& o) {
                       std::chrono::milliseconds(o.stall_before_apply_ms), o.fail_version);
   const auto key = cubridge::read_public_key_file(o.trusted_key);
 
-  cubridge::fleet_agent_options agent_options;
-  agent_options.servers = o.server;
-  agent_options.node = o.node;
-  agent_options.modules = {o.module};
-  agent_options.gate.keys.add(key);
-  agent_options.gate.state_file = o.state_file;
-  agent_options.gate.max_bundle_bytes = o.max_bundle_bytes;
-  agent_options.heartbeat_interval = std::chrono::milliseconds(o.heartbeat_ms);
-  agent_options.ack_wait = std::chrono::milliseconds(o.ack_wait_ms);
-  cubridge::fleet_agent agent(sink, agent_options);
+  // One update authority for both doors.
+  cubridge::update_gate_options policy;
+  policy.keys.add(key);
+  policy.state_file = o.state_file;
+  policy.max_bundle_bytes = o.max_bundle_bytes;
+  const auto gate = cubridge::update_gate::create(sink, policy);
 
-  // The endpoint keeps its replay state in memory: the sink's current version is its floor.
+  cubridge::fleet_agent_options agent_options;
+  agent_options.bus.servers = o.server;
+  agent_options.bus.credentials = o.credentials;
+  agent_options.bus.ca_file = o.ca;
+  agent_options.node = o.node;
+  agent_options.node_key_file = o.node_key;
+  agent_options.modules = {o.module};
+  agent_options.heartbeat_interval = std::chrono::milliseconds(o.heartbeat_ms);
+  cubridge::fleet_agent agent(gate, agent_options);
+
   std::optional<cubridge::update_endpoint> endpoint;
   if (o.http_port >= 0) {
     cubridge::update_endpoint_options http;
     http.port = static_cast<std::uint16_t>(o.http_port);
-    http.keys.add(key);
     http.threads = 1;
-    endpoint.emplace(sink, http);
+    endpoint.emplace(gate, http);
     endpoint->start();
   }
   agent.start();

@@ -7,6 +7,7 @@
 #include "eventually.hpp"
 
 #include <cubridge/core/detail/child_process.hpp>
+#include <cubridge/update/bundle.hpp>
 
 #include <fcntl.h>
 #include <signal.h>
@@ -27,11 +28,20 @@ namespace cubridge::testing {
 
 class fleet_node_process {
  public:
-  /// A node `id` whose files (state, event lines) live under `dir`.
+  /// A node `id` whose files (state, event lines, its own key) live under `dir`.
   fleet_node_process(std::string id, const std::filesystem::path& dir)
-      : id_(std::move(id)), state_file_(dir / (id_ + ".state")), output_(dir / (id_ + ".out")) {}
+      : id_(std::move(id)),
+        state_file_(dir / (id_ + ".state")),
+        output_(dir / (id_ + ".out")),
+        key_file_(dir / (id_ + ".key")) {
+    auto keys = generate_keypair();
+    public_key_ = keys.public_key;
+    write_key_file(key_file_, keys.secret_key);
+  }
 
   [[nodiscard]] const std::string& id() const noexcept { return id_; }
+  /// The public half of the node's key, to enrol it.
+  [[nodiscard]] const cubridge::public_key& public_key() const noexcept { return public_key_; }
 
   /// Starts the node (again: its event lines go on in the same file, after a "start" line).
   void start(const std::string& server_url, const std::filesystem::path& key_file,
@@ -39,13 +49,10 @@ class fleet_node_process {
     { std::ofstream(output_, std::ios::app) << "start\n"; }
     detail::child_spec spec;
     spec.program = CUBRIDGE_FLEET_NODE;
-    spec.args = {"--server",       server_url,
-                 "--node",         id_,
-                 "--trusted-key",  key_file.string(),
-                 "--state-file",   state_file_.string(),
-                 "--module",       module,
-                 "--output",       output_.string(),
-                 "--heartbeat-ms", "1000"};
+    spec.args = {"--server",      server_url,           "--node",         id_,
+                 "--trusted-key", key_file.string(),    "--node-key",     key_file_.string(),
+                 "--state-file",  state_file_.string(), "--module",       module,
+                 "--output",      output_.string(),     "--heartbeat-ms", "1000"};
     spec.args.insert(spec.args.end(), extra.begin(), extra.end());
     spec.environment = detail::current_environment();
     process_ = detail::child_process::spawn(spec);
@@ -113,6 +120,8 @@ class fleet_node_process {
   std::string id_;
   std::filesystem::path state_file_;
   std::filesystem::path output_;
+  std::filesystem::path key_file_;
+  cubridge::public_key public_key_;
   detail::child_process process_;
   std::string exit_;
 };

@@ -1,13 +1,14 @@
-// `cubridge fleet publish | status | rollback | watch`, the real binary run as a child against a
-// real nats-server (tests/nats_server.hpp); the test plays the nodes' heartbeats.
-#include "nats_server.hpp"
+// `cubridge fleet publish | status | rollback | watch | enroll`, the real binary run as a child
+// against a real nats-server (tests/nats_server.hpp); the test plays the nodes' heartbeats,
+// signed with their enrolled keys.
 #include "fleet/nats.hpp"
+#include "nats_server.hpp"
 
 #include <cubridge/core/detail/child_process.hpp>
-#include <cubridge/update/bundle.hpp>
 #include <cubridge/fleet/controller.hpp>
+#include <cubridge/fleet/signed_record.hpp>
 #include <cubridge/fleet/subjects.hpp>
-#include <cubridge/update/rollback_request.hpp>
+#include <cubridge/update/bundle.hpp>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -70,139 +71,175 @@ struct FleetCli : ::testing::Test {
   nats_server server;
   temp_dir dir;
   cubridge::keypair keys = cubridge::generate_keypair();
-  controller control{controller_options{server.url()}};
-  detail::connection_ptr connection = detail::connect({server.url(), "nodes", false, false});
-  detail::jetstream_ptr js = detail::jetstream(connection.get());
+  cubridge::keypair node_keys = cubridge::generate_keypair();
+  std::unique_ptr<controller> control;
+  detail::connection_ptr connection;
+  detail::jetstream_ptr js;
 
   void SetUp() override {
     cubridge::write_key_file(dir.path / "k.key", keys.secret_key);
+    cubridge::write_key_file(dir.path / "n1.pub", node_keys.public_key);
     std::filesystem::copy_file(CUBRIDGE_TEST_CUBIN, dir.path / "filters.cubin");
+    controller_options o;
+    o.bus.servers = server.url();
+    o.operator_keys.add(keys.public_key);
+    control = std::make_unique<controller>(std::move(o));
+    detail::connect_options c;
+    c.bus.servers = server.url();
+    c.name = "nodes";
+    c.reconnect = false;
+    connection = detail::connect(c);
+    js = detail::jetstream(connection.get());
   }
+  // A heartbeat of `node`, signed with `key` (the enrolled one unless a test forges).
   void heartbeat(const std::string& node, std::map<std::string, std::uint64_t, std::less<>> v,
-                 std::chrono::sys_seconds time = now_seconds(), std::string gpu = "sm_90") {
+                 const cubridge::secret_key& key, std::chrono::sys_seconds time = now_seconds(),
+                 std::string gpu = "sm_90") {
     cubridge::fleet::heartbeat beat;
     beat.node = node;
     beat.gpu = std::move(gpu);
     beat.interval = 5s;
     beat.time = time;
     beat.versions = std::move(v);
-    const auto text = to_json(beat);
+    const auto text = sign_record(record_kind::heartbeat, to_json(beat), key);
     detail::publish(js.get(), connection.get(), heartbeat_subject(node),
                     {reinterpret_cast<const std::byte*>(text.data()), text.size()}, "heartbeat");
   }
-  std::string last(const std::string& stream, const std::string& subject) {
-    const auto message = detail::last_message(js.get(), stream, subject);
-    return message ? std::string(detail::message_text(message.get())) : std::string();
+  std::vector<std::string> tool(std::vector<std::string> args) const {
+    args.insert(args.end(), {"--server", server.url()});
+    return args;
   }
 };
 
-TEST_F(FleetCli, PublishSignsAndReachesEveryNode) {
-  const auto r = run_tool({"fleet", "publish", "filters.cubin", "--server", server.url(), "--key",
-                           "k.key", "--version", "3"},
-                          dir);
+TEST_F(FleetCli, PublishStoresTheBundleAndMakesItDesired) {
+  ASSERT_EQ(run_tool({"sign", "filters.cubin", "--key", "k.key", "--version", "3", "--out",
+                      "filters.bundle"},
+                     dir)
+                .exit_code,
+            0);
+  const auto r = run_tool(tool({"fleet", "publish", "filters.bundle", "--key", "k.key"}), dir);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("published 'filters' v3"), std::string::npos) << r.out;
-  const auto bundle = last(bundle_stream("filters"), bundle_subject_all("filters"));
-  const auto verified =
-      cubridge::verify_bundle({reinterpret_cast<const std::byte*>(bundle.data()), bundle.size()},
-                              cubridge::trusted_keys{keys.public_key});
-  EXPECT_EQ(verified.manifest.name, "filters");
+  const auto desired = control->desired("filters");
+  ASSERT_TRUE(desired);
+  ASSERT_TRUE(desired->state.stable);
+  EXPECT_EQ(desired->state.stable->version, 3u);
+  const auto& ref = *desired->state.stable;
+  const auto message = detail::last_message(js.get(), bundle_stream("filters"),
+                                            bundle_subject("filters", 3, ref.digest));
+  ASSERT_TRUE(message);
+  const auto verified = cubridge::verify_bundle(detail::message_bytes(message.get()),
+                                                cubridge::trusted_keys{keys.public_key});
   EXPECT_EQ(verified.version(), 3u);
-  EXPECT_EQ(control.desired("filters", "all"), 3u);
+  // A retry of the same bundle writes nothing new; the same version signed again (another
+  // bundle) and a lower version are refused without a rollback.
+  const auto again = run_tool(tool({"fleet", "publish", "filters.bundle", "--key", "k.key"}), dir);
+  EXPECT_EQ(again.exit_code, 0) << again.err;
+  EXPECT_NE(again.out.find("(already)"), std::string::npos) << again.out;
+  EXPECT_EQ(control->desired("filters")->state.revision, desired->state.revision);
+  ASSERT_EQ(run_tool({"sign", "filters.cubin", "--key", "k.key", "--version", "3", "--expires",
+                      "7d", "--out", "other.bundle"},
+                     dir)
+                .exit_code,
+            0);  // the same version, another bundle (it carries an expiry)
+  const auto resigned = run_tool(tool({"fleet", "publish", "other.bundle", "--key", "k.key"}), dir);
+  EXPECT_EQ(resigned.exit_code, 1);
+  EXPECT_NE(resigned.err.find("desired already with another bundle"), std::string::npos)
+      << resigned.err;
+  const auto lower = run_tool(
+      tool({"fleet", "publish", "filters.cubin", "--key", "k.key", "--version", "2"}), dir);
+  EXPECT_EQ(lower.exit_code, 1);
+  EXPECT_NE(lower.err.find("CUBRIDGE_FLEET_OLDER_VERSION"), std::string::npos) << lower.err;
+  EXPECT_EQ(control->desired("filters")->state.stable->version, 3u);
 }
 
 TEST_F(FleetCli, CudaSourceIsCompiledForTheNodesGpu) {
-  heartbeat("n1", {}, now_seconds(), "sm_80");  // the fleet's GPU, not the default sm_90
+  control->enroll("n1", node_keys.public_key, {}, keys.secret_key);
+  heartbeat("n1", {}, node_keys.secret_key, now_seconds(), "sm_80");  // not the default sm_90
   std::filesystem::copy_file(CUBRIDGE_TEST_HOT_KERNELS, dir.path / "hot.cu");
-  const auto r = run_tool({"fleet", "publish", "hot.cu", "--server", server.url(), "--key", "k.key",
-                           "--version", "2", "--name", "hot"},
-                          dir);
+  const auto r = run_tool(
+      tool({"fleet", "publish", "hot.cu", "--key", "k.key", "--version", "2", "--name", "hot"}),
+      dir);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("compiled hot.cu for sm_80"), std::string::npos) << r.out;
-  const auto bundle = last(bundle_stream("hot"), bundle_subject_all("hot"));
-  const auto verified =
-      cubridge::verify_bundle({reinterpret_cast<const std::byte*>(bundle.data()), bundle.size()},
-                              cubridge::trusted_keys{keys.public_key});
-  EXPECT_EQ(verified.manifest.target, "sm_80");
-  EXPECT_EQ(verified.manifest.kind, cubridge::payload_kind::cubin);
+  EXPECT_EQ(control->desired("hot")->state.stable->target, "sm_80");
 }
 
-TEST_F(FleetCli, NodesGetTheirOwnSubjectsAndWaitReportsSilence) {
-  heartbeat("n1", {});
-  const auto nodes = run_tool({"fleet", "publish", "filters.cubin", "--server", server.url(),
-                               "--key", "k.key", "--version", "3", "--nodes", "a,b"},
-                              dir);
-  ASSERT_EQ(nodes.exit_code, 0) << nodes.err;
-  EXPECT_NE(last(bundle_stream("filters"), bundle_subject_node("filters", "a")), "");
-  EXPECT_NE(last(bundle_stream("filters"), bundle_subject_node("filters", "b")), "");
-  EXPECT_EQ(last(bundle_stream("filters"), bundle_subject_all("filters")), "");
-  EXPECT_EQ(control.desired("filters", "all"), std::nullopt);
-  // n1 is live but runs no agent: --wait says so and fails.
-  const auto wait = run_tool({"fleet", "publish", "filters.cubin", "--server", server.url(),
-                              "--key", "k.key", "--version", "4", "--wait", "--window", "0.2"},
-                             dir);
-  EXPECT_EQ(wait.exit_code, 1) << wait.out;
-  EXPECT_NE(wait.err.find("1 of 1 node(s) gave no result within 0.2 s"), std::string::npos)
-      << wait.err;
-}
-
-TEST_F(FleetCli, StatusShowsNodesVersionsAndLag) {
-  control.set_desired("filters", "all", 3);
-  heartbeat("n1", {{"filters", 3}});
-  heartbeat("n2", {{"filters", 2}}, now_seconds() - 120s);
-  const auto r = run_tool({"fleet", "status", "--json", "--server", server.url()}, dir);
+TEST_F(FleetCli, EnrollThenStatusShowsVerifiedNodesOnly) {
+  const auto e = run_tool(tool({"fleet", "enroll", "n1", "--node-key", "n1.pub", "--key", "k.key",
+                                "--label", "cohort=a"}),
+                          dir);
+  ASSERT_EQ(e.exit_code, 0) << e.err;
+  ASSERT_EQ(
+      run_tool(tool({"fleet", "publish", "filters.cubin", "--key", "k.key", "--version", "3"}), dir)
+          .exit_code,
+      0);
+  heartbeat("n1", {{"filters", 2}}, node_keys.secret_key);
+  const auto stranger = cubridge::generate_keypair();
+  heartbeat("ghost", {{"filters", 3}}, stranger.secret_key);  // not enrolled: never shown
+  const auto r = run_tool(tool({"fleet", "status", "--json", "--key", "k.key"}), dir);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto status = json::parse(r.out);
-  ASSERT_EQ(status["nodes"].size(), 2u);
+  ASSERT_EQ(status["nodes"].size(), 1u) << status.dump();
   EXPECT_EQ(status["nodes"][0]["node"], "n1");
   EXPECT_EQ(status["nodes"][0]["live"], true);
-  EXPECT_EQ(status["nodes"][0]["lag"]["filters"], 0);
-  EXPECT_EQ(status["nodes"][1]["live"], false);
-  EXPECT_EQ(status["nodes"][1]["versions"]["filters"], 2);
-  EXPECT_EQ(status["nodes"][1]["lag"]["filters"], 1);
-  EXPECT_GE(status["nodes"][1]["age_s"].get<int>(), 120);
-  EXPECT_EQ(status["modules"][0]["desired_all"], 3);
-
-  const auto table = run_tool({"fleet", "status", "--server", server.url()}, dir);
-  ASSERT_EQ(table.exit_code, 0) << table.err;
-  EXPECT_NE(table.out.find("module filters: desired all v3"), std::string::npos) << table.out;
-  const auto once = run_tool({"fleet", "watch", "--once", "--server", server.url()}, dir);
+  EXPECT_EQ(status["nodes"][0]["labels"]["cohort"], "a");
+  EXPECT_EQ(status["nodes"][0]["lag"]["filters"], 1);
+  EXPECT_EQ(status["modules"][0]["stable"]["version"], 3);
+  EXPECT_EQ(status["open_bus"], true);
+  // n1's heartbeat forged with another key: refused, counted, n1 not live.
+  heartbeat("n1", {{"filters", 3}}, stranger.secret_key);
+  const auto forged = run_tool(tool({"fleet", "status", "--key", "k.key"}), dir);
+  ASSERT_EQ(forged.exit_code, 0) << forged.err;
+  EXPECT_NE(forged.out.find("a laptop demo only"), std::string::npos) << forged.out;
+  EXPECT_NE(forged.out.find("refused: 1 x heartbeat not signed by its node"), std::string::npos)
+      << forged.out;
+  const auto once = run_tool(tool({"fleet", "watch", "--once", "--key", "k.key"}), dir);
   ASSERT_EQ(once.exit_code, 0) << once.err;
-  EXPECT_NE(once.out.find("n2"), std::string::npos) << once.out;
+  EXPECT_NE(once.out.find("module filters: complete, stable v3"), std::string::npos) << once.out;
 }
 
-TEST_F(FleetCli, RollbackPublishesASignedRequest) {
-  control.set_desired("filters", "all", 4);
-  const auto r =
-      run_tool({"fleet", "rollback", "filters", "--key", "k.key", "--server", server.url()}, dir);
+TEST_F(FleetCli, RollbackMakesTheEarlierVersionDesired) {
+  for (const char* v : {"3", "4"})
+    ASSERT_EQ(
+        run_tool(tool({"fleet", "publish", "filters.cubin", "--key", "k.key", "--version", v}), dir)
+            .exit_code,
+        0);
+  const auto r = run_tool(tool({"fleet", "rollback", "filters", "--key", "k.key"}), dir);
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  const auto request =
-      cubridge::verify_rollback_request(last(bundle_stream("filters"), rollback_subject("filters")),
-                                        cubridge::trusted_keys{keys.public_key});
-  EXPECT_EQ(request.from_version, 4u);
-  EXPECT_EQ(control.desired("filters", "all"), std::nullopt);
+  const auto desired = control->desired("filters");
+  EXPECT_EQ(desired->state.phase, rollout_phase::rolled_back);
+  EXPECT_EQ(desired->state.stable->version, 3u);
+  EXPECT_NE(desired->state.reason.find("from v4 to v3"), std::string::npos);
+  const auto nothing = run_tool(tool({"fleet", "rollback", "filters", "--key", "k.key"}), dir);
+  EXPECT_EQ(nothing.exit_code, 1) << nothing.out;
 }
 
 TEST_F(FleetCli, CanaryWithoutAnswerHalts) {
-  heartbeat("n1", {});
-  heartbeat("n2", {});
-  const auto r = run_tool({"fleet", "publish", "filters.cubin", "--server", server.url(), "--key",
-                           "k.key", "--version", "5", "--canary", "1", "--window", "0.2"},
+  control->enroll("n1", node_keys.public_key, {}, keys.secret_key);
+  heartbeat("n1", {{"filters", 0}}, node_keys.secret_key);
+  const auto r = run_tool(tool({"fleet", "publish", "filters.cubin", "--key", "k.key", "--version",
+                                "5", "--canary", "1", "--window", "0.2"}),
                           dir);
   EXPECT_EQ(r.exit_code, 1) << r.out;
   EXPECT_NE(r.err.find("halted: 0 of 1 canary results `applied` within 200 ms"), std::string::npos)
       << r.err;
-  EXPECT_EQ(last(bundle_stream("filters"), bundle_subject_all("filters")), "");
-  const auto status = run_tool({"fleet", "status", "--server", server.url()}, dir);
-  EXPECT_NE(status.out.find("rollout of v5 HALTED"), std::string::npos) << status.out;
+  const auto desired = control->desired("filters");
+  EXPECT_EQ(desired->state.phase, rollout_phase::halted);
+  EXPECT_FALSE(desired->state.stable);  // never desired for everyone
+  const auto status = run_tool(tool({"fleet", "status", "--key", "k.key"}), dir);
+  EXPECT_NE(status.out.find("HALTED"), std::string::npos) << status.out;
 }
 
-TEST_F(FleetCli, CanaryNeedsLiveNodes) {
-  const auto r = run_tool({"fleet", "publish", "filters.cubin", "--server", server.url(), "--key",
-                           "k.key", "--version", "5", "--canary", "2"},
+TEST_F(FleetCli, CanaryNeedsNodesThatFollowTheModule) {
+  control->enroll("n1", node_keys.public_key, {}, keys.secret_key);
+  heartbeat("n1", {{"other", 1}}, node_keys.secret_key);  // live, but follows another module
+  const auto r = run_tool(tool({"fleet", "publish", "filters.cubin", "--key", "k.key", "--version",
+                                "5", "--canary", "1"}),
                           dir);
   EXPECT_EQ(r.exit_code, 1);
-  EXPECT_NE(r.err.find("0 live node(s) for 2 canaries"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("0 node(s) qualify for 1 canaries"), std::string::npos) << r.err;
+  EXPECT_FALSE(control->desired("filters"));
 }
 
 TEST_F(FleetCli, UnreachableServerIsOneLineAndExit75) {
@@ -221,14 +258,35 @@ TEST_F(FleetCli, UnreachableServerIsOneLineAndExit75) {
   }
 }
 
-TEST_F(FleetCli, UsageErrors) {
-  const auto both = run_tool({"fleet", "publish", "filters.cubin", "--server", server.url(),
-                              "--canary", "1", "--nodes", "a"},
-                             dir);
-  EXPECT_EQ(both.exit_code, 64) << both.err;
-  const auto no_key = run_tool(
-      {"fleet", "publish", "filters.cubin", "--server", server.url(), "--canary", "1"}, dir);
+TEST_F(FleetCli, UsageErrorsAreExit64AndCredentialsAreNeverPrinted) {
+  const auto no_key = run_tool(tool({"fleet", "publish", "filters.cubin", "--canary", "1"}), dir);
   EXPECT_EQ(no_key.exit_code, 64) << no_key.err;
+  for (const char* window : {"nan", "-1", "0", "inf"}) {
+    const auto r = run_tool(tool({"fleet", "publish", "filters.cubin", "--key", "k.key",
+                                  "--version", "3", "--window", window}),
+                            dir);
+    EXPECT_EQ(r.exit_code, 64) << window << ": " << r.err;
+  }
+  for (const char* url :
+       {"not a url", "http://127.0.0.1:4222", "nats://127.0.0.1:99999", "nats://a,,nats://b"}) {
+    const auto r = run_tool({"fleet", "status", "--server", url}, dir);
+    EXPECT_EQ(r.exit_code, 64) << url << ": " << r.err;
+  }
+  const auto secret =
+      run_tool({"fleet", "status", "--server", "nats://operator:hunter2@127.0.0.1:1"}, dir);
+  EXPECT_EQ(secret.exit_code, 75) << secret.err;
+  EXPECT_EQ(secret.err.find("hunter2"), std::string::npos) << secret.err;
+  const auto bad =
+      run_tool({"fleet", "status", "--server", "nats://operator:hunter2@127.0.0.1:0"}, dir);
+  EXPECT_EQ(bad.exit_code, 64) << bad.err;
+  EXPECT_EQ(bad.err.find("hunter2"), std::string::npos) << bad.err;
+}
+
+TEST_F(FleetCli, AServerListWithOneHealthyUrlConnects) {
+  const std::string dead = "nats://127.0.0.1:1";
+  const auto r = run_tool(
+      {"fleet", "status", "--server", dead + "," + server.url() + "," + server.url()}, dir);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
 }
 
 }  // namespace
