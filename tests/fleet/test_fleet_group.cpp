@@ -1,20 +1,20 @@
 // Tests of the fleet agent (cubridge/fleet/agent.hpp) over a hot_module_sink holding a
-// hot_module_group, on a GPU and a real nats-server (tests/nats_server.hpp): a bundle published
-// for the module serves on every member, one that a member refuses switches none, a rollback
-// returns every member (issue 16). Three contexts of one GPU stand for the devices of a node.
+// hot_module_group, on a GPU and a real nats-server (tests/nats_server.hpp), driven by the
+// control side (controller.hpp): a bundle made desired serves on every member, one that a member
+// refuses switches none, a rollback of the desired state returns every member (issues 16, 22).
+// Three contexts of one GPU stand for the devices of a node.
 #include <cubridge/core/context.hpp>
 #include <cubridge/core/device_buffer.hpp>
 #include <cubridge/core/scoped_current.hpp>
-#include <cubridge/swap/hot_module_group.hpp>
 #include <cubridge/fleet/agent.hpp>
-#include <cubridge/fleet/subjects.hpp>
+#include <cubridge/fleet/controller.hpp>
+#include <cubridge/swap/hot_module_group.hpp>
 #include <cubridge/update/hot_module_sink.hpp>
-#include <cubridge/update/rollback_request.hpp>
 
 #include "eventually.hpp"
 #include "hot_module_fixture.hpp"
 #include "nats_server.hpp"
-#include "fleet/nats.hpp"
+#include "temp_dir.hpp"
 
 #include <gtest/gtest.h>
 
@@ -35,7 +35,6 @@ using cubridge::gate_outcome;
 using cubridge::fleet::result_record;
 using cubridge::testing::eventually;
 using cubridge::testing::hot_image;
-namespace nats = cubridge::fleet::detail;
 
 constexpr std::size_t refusing_member = 2;
 
@@ -65,48 +64,45 @@ class FleetGroup : public ::testing::Test {
     sink->add(*group, std::move(stage));
 
     server.emplace();
-    publisher = nats::connect({server->url(), "test-publisher", true, false});
-    js = nats::jetstream(publisher.get());
-    nats::ensure_bundle_stream(js.get(), module);  // as `cubridge fleet publish` does
-    agent = std::make_unique<cubridge::fleet_agent>(*sink, options());
+    cubridge::fleet::controller_options c;
+    c.bus.servers = server->url();
+    c.operator_keys.add(keys.public_key);
+    control = std::make_unique<cubridge::fleet::controller>(std::move(c));
+    const auto node_keys = cubridge::generate_keypair();
+    cubridge::write_key_file(dir.path / "node.key", node_keys.secret_key);
+    control->enroll(node, node_keys.public_key, {}, keys.secret_key);
+    cubridge::update_gate_options policy;
+    policy.keys.add(keys.public_key);
+    policy.persist_state = false;
+    gate = cubridge::update_gate::create(*sink, policy);
+    cubridge::fleet_agent_options o;
+    o.bus.servers = server->url();
+    o.node = node;
+    o.node_key_file = dir.path / "node.key";
+    o.modules = {module};
+    o.heartbeat_interval = 200ms;
+    agent = std::make_unique<cubridge::fleet_agent>(gate, o);
     agent->start();
     ASSERT_TRUE(eventually([&] { return agent->connected(); })) << "agent never connected";
-  }
-
-  cubridge::fleet_agent_options options() const {
-    cubridge::fleet_agent_options o;
-    o.servers = server->url();
-    o.node = node;
-    o.modules = {module};
-    o.gate.keys.add(keys.public_key);
-    o.heartbeat_interval = 200ms;
-    o.ack_wait = 10s;
-    return o;
   }
 
   std::vector<std::byte> bundle(std::uint64_t version, const char* image) const {
     cubridge::bundle_manifest_input in{module, version, "sm_90", cubridge::payload_kind::cubin};
     return cubridge::sign_bundle(in, hot_image(image), keys.secret_key);
   }
-  // Publishes on `subject` (default: the module's subject for every node) and returns the
-  // agent's next result record, as the control side reads it.
-  result_record deliver(std::span<const std::byte> data, std::string subject = {}) {
-    const auto before = agent->stats().records_published;
-    nats::publish(js.get(), publisher.get(),
-                  subject.empty() ? cubridge::fleet::bundle_subject_all(module) : subject, data,
-                  "test message");
-    EXPECT_TRUE(eventually([&] { return agent->stats().records_published > before; }))
-        << "no result record";
-    auto message = nats::last_message(js.get(), cubridge::fleet::result_stream,
-                                      cubridge::fleet::result_subject(module, node));
-    if (!message) return {};
-    return cubridge::fleet::parse_result_record(nats::message_text(message.get()))
-        .value_or(result_record{});
+  // The node's result for the desired state `report` wrote, as the control side reads it.
+  result_record result_of(const cubridge::fleet::desired_state& desired) {
+    const auto* target = desired.target_for(node);
+    EXPECT_NE(target, nullptr);
+    if (!target) return {};
+    const std::vector<std::string> nodes{node};
+    const auto results =
+        control->wait_for_results(module, desired.revision, target->digest, nodes, 30s);
+    EXPECT_EQ(results.size(), 1u) << "no result for revision " << desired.revision;
+    return results.empty() ? result_record{} : results.front();
   }
-  result_record deliver_rollback(std::uint64_t from_version) {
-    const auto request = cubridge::sign_rollback_request(module, from_version, keys.secret_key);
-    return deliver(std::as_bytes(std::span(request.data(), request.size())),
-                   cubridge::fleet::rollback_subject(module));
+  result_record publish(std::uint64_t version, const char* image) {
+    return result_of(control->publish(bundle(version, image), keys.secret_key).desired);
   }
 
   // What write_version, launched through the group on each member's context, writes there.
@@ -124,7 +120,7 @@ class FleetGroup : public ::testing::Test {
     return written;
   }
   void expect_applied_v2() {
-    const auto r = deliver(bundle(2, "v2"));
+    const auto r = publish(2, "v2");
     EXPECT_EQ(r.outcome, gate_outcome::applied) << r.reason << ": " << r.detail;
     EXPECT_EQ(r.node, node);
     EXPECT_EQ(r.module, module);
@@ -134,17 +130,18 @@ class FleetGroup : public ::testing::Test {
 
   cubridge::keypair keys = cubridge::generate_keypair();
   std::atomic<bool> refuse_on_one_member{false};
+  cubridge::testing::temp_dir dir;
   // Declared in the order they depend on each other: the agent goes first, the contexts last.
   std::vector<cubridge::context> contexts;
   std::optional<cubridge::hot_module_group> group;
   std::optional<cubridge::hot_module_sink> sink;
   std::optional<cubridge::testing::nats_server> server;
-  nats::connection_ptr publisher;
-  nats::jetstream_ptr js;
+  std::unique_ptr<cubridge::fleet::controller> control;
+  std::shared_ptr<cubridge::update_gate> gate;
   std::unique_ptr<cubridge::fleet_agent> agent;
 };
 
-TEST_F(FleetGroup, APublishedBundleServesOnEveryMember) {
+TEST_F(FleetGroup, ADesiredBundleServesOnEveryMember) {
   EXPECT_EQ(written_by_every_member(), (std::vector<unsigned>{1, 1, 1}));
   expect_applied_v2();
   EXPECT_EQ(written_by_every_member(), (std::vector<unsigned>{2, 2, 2}));
@@ -152,14 +149,14 @@ TEST_F(FleetGroup, APublishedBundleServesOnEveryMember) {
   for (std::size_t i = 0; i < group->size(); ++i)
     EXPECT_EQ(group->member(i).versions().serving.origin.bundle_version, 2u) << "member " << i;
   EXPECT_EQ(group->stats().promotions, 1u);
-  EXPECT_TRUE(eventually([&] { return agent->stats().acked == 1; }));
+  EXPECT_TRUE(agent->converged());
 }
 
 TEST_F(FleetGroup, ABundleOneMemberRefusesSwitchesNone) {
   expect_applied_v2();
   const auto serving = group->serving().id;
   refuse_on_one_member = true;
-  const auto r = deliver(bundle(3, "v1"));  // would write 1 wherever it served
+  const auto r = publish(3, "v1");  // would write 1 wherever it served
   EXPECT_EQ(r.outcome, gate_outcome::refused) << r.reason << ": " << r.detail;
   EXPECT_EQ(r.reason, "stage_refused") << r.detail;
   EXPECT_NE(r.detail.find("member " + std::to_string(refusing_member)), std::string::npos)
@@ -175,23 +172,24 @@ TEST_F(FleetGroup, ABundleOneMemberRefusesSwitchesNone) {
   EXPECT_EQ(stats.rejected, 1u);
   for (std::size_t i = 0; i < group->size(); ++i)
     EXPECT_EQ(group->member(i).versions().serving.origin.bundle_version, 2u) << "member " << i;
-  EXPECT_EQ(agent->stats().refused, 1u);
+  EXPECT_EQ(agent->stats().refused, 1u);  // recorded once, not retried
 }
 
-TEST_F(FleetGroup, ASignedRollbackReturnsEveryMember) {
+TEST_F(FleetGroup, ARollbackOfTheDesiredStateReturnsEveryMember) {
+  const auto first =
+      publish(1, "v1");  // v1 serves already: desired, so that it can be gone back to
+  EXPECT_EQ(first.outcome, gate_outcome::duplicate) << first.reason << ": " << first.detail;
   expect_applied_v2();
-  const auto r = deliver_rollback(2);
-  EXPECT_EQ(r.outcome, gate_outcome::rolled_back) << r.reason << ": " << r.detail;
-  EXPECT_EQ(r.version, 1u);
+  const auto back = control->rollback(module, 0, keys.secret_key);
+  ASSERT_EQ(back.stable->version, 1u);
+  const auto r = result_of(back);
+  EXPECT_EQ(r.outcome, gate_outcome::applied) << r.reason << ": " << r.detail;
   EXPECT_EQ(r.serving_version, 1u);
   EXPECT_EQ(written_by_every_member(), (std::vector<unsigned>{1, 1, 1}));
   EXPECT_EQ(sink->current_version(module), 1u);
   for (std::size_t i = 0; i < group->size(); ++i)
     EXPECT_EQ(group->member(i).versions().serving.origin.bundle_version, 1u) << "member " << i;
-  const auto stats = group->stats();
-  EXPECT_EQ(stats.promotions, 2u) << "v2 and the rollback";
-  EXPECT_EQ(stats.rollbacks, 1u);
-  EXPECT_EQ(agent->stats().rolled_back, 1u);
+  EXPECT_EQ(group->stats().promotions, 2u) << "v2 and v1 again";
 }
 
 }  // namespace
