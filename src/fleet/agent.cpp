@@ -74,6 +74,8 @@ struct fleet_agent::impl {
     steady::time_point next_attempt{};
     steady::time_point next_resync{};
     std::optional<fleet::result_record> unpublished;  // a result still to go out
+    int publish_failures = 0;                         // in a row, for its backoff
+    steady::time_point next_publish{};
   };
 
   std::shared_ptr<update_gate> gate;
@@ -274,7 +276,9 @@ void fleet_agent::impl::run_worker() {
 
 // Brings the module to its desired state for this node, or records why it cannot.
 void fleet_agent::impl::reconcile(module_follow& f) {
-  if (f.unpublished && !publish_record(f)) return;  // the last result first
+  // The last result goes out when it can; a result stream that refuses it (gone, configured
+  // otherwise) never holds back the apply of a newer revision.
+  if (f.unpublished && steady::now() >= f.next_publish) (void)publish_record(f);
   if (!f.desired) return;
   const auto& desired = *f.desired;
   const fleet::bundle_ref* target = desired.target_for(options.node);
@@ -332,6 +336,7 @@ void fleet_agent::impl::reconcile(module_follow& f) {
     converged_now[f.module] = gate->sink().current_version(f.module) == target->version;
   }
   f.unpublished = record_of(f, *target, d);
+  f.next_publish = {};
   {
     std::lock_guard lock(state_mutex);
     last = f.unpublished;
@@ -412,9 +417,11 @@ bool fleet_agent::impl::publish_record(module_follow& f) {
                   api_wait);
     ++records_published;
     f.unpublished.reset();
+    f.publish_failures = 0;
     return true;
   } catch (const std::exception& e) {
     ++publish_failures;
+    f.next_publish = steady::now() + backoff(++f.publish_failures);
     note_problem(std::string("result record not published yet: ") + e.what());
     return false;
   }
