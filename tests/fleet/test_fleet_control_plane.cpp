@@ -6,6 +6,13 @@
 // bundles, stored results of an earlier revision, a server killed mid-rollout, and the HTTP door
 // racing the fleet on one gate. An attacker who can connect writes through raw libnats
 // (src/fleet/nats.hpp).
+//
+// Four cases fail on bugs found in src/fleet/ (reported, not fixed here), and one intermittently:
+// ThePublishAfterAnOldRecordWrittenBackStillReachesTheNodes (a revision reused),
+// PublishingAgainRepairsAnOverwrittenBundleSubject (store_bundle trusts a size, JetStream drops
+// the retry as a duplicate), ANodeBeatingEvery200msStaysLive (heartbeat times are whole
+// seconds), PublishingTheFirstVersionsOfANewModuleAtOnce (two operators making one bundle
+// stream at once: error 10065, no responders, and a nats-server 2.9.10 panic).
 #include "fleet/nats.hpp"
 
 #include <cubridge/fleet/agent.hpp>
@@ -32,8 +39,8 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
+#include <cstdio>
 #include <filesystem>
 #include <functional>
 #include <latch>
@@ -251,6 +258,13 @@ class FleetControlPlane : public ::testing::Test {
   std::vector<std::unique_ptr<fleet_node>> nodes;
 
   void SetUp() override { control = make_controller(); }
+  // What the server said, when a test failed.
+  void TearDown() override {
+    if (!HasFailure()) return;
+    const auto log = server.log_text();
+    std::fprintf(stderr, "--- nats-server log (last 16 KiB) ---\n%s\n",
+                 log.substr(log.size() > 16384 ? log.size() - 16384 : 0).c_str());
+  }
 
   std::unique_ptr<controller> make_controller() const {
     fleet::controller_options o;
@@ -419,78 +433,103 @@ TEST_F(FleetControlPlane, APublishReachesEveryNodeAndEachAnswersItsRevisionAndDi
 
 // --- 2: two operators publishing at once ----------------------------------------------------
 
-TEST_F(FleetControlPlane, TwoOperatorsPublishingAtOnceNeverTakeTheDesiredVersionDown) {
-  const auto second = cubridge::generate_keypair();
-  more_operators.push_back(second.public_key);
-  control = make_controller();
-  auto other_control = make_controller();
-  raw_bus reader(server.url());
-  constexpr int trials = 100, block = 10;
-  auto& n1 = add_node({"n1", {"race-placeholder"}});
-  auto& n2 = add_node({"n2", {"race-placeholder"}});
-  const std::vector<fleet_node*> pair{&n1, &n2};
-  int lower_refused = 0;
-  for (int first = 0; first < trials; first += block) {
-    std::vector<std::string> modules;
-    for (int i = first; i < first + block; ++i) modules.push_back("race-" + std::to_string(i));
-    for (auto* n : pair) {  // the agents follow this block's modules
-      n->options.modules = modules;
-      start_agent(*n);
-    }
-    for (const auto& m : modules) {
-      const auto v5 = bundle(m, 5);
-      const auto v6 = cubridge::testing::source_bundle(m, 6, second.secret_key);
-      std::latch go(2);
-      std::optional<cubridge::error> failed5, failed6;
-      std::thread five([&] {
-        go.arrive_and_wait();
-        try {
-          (void)control->publish(v5, operator_keys.secret_key);
-        } catch (const cubridge::error& e) {
-          failed5 = e;
-        }
-      });
-      std::thread six([&] {
-        go.arrive_and_wait();
-        try {
-          (void)other_control->publish(v6, second.secret_key);
-        } catch (const cubridge::error& e) {
-          failed6 = e;
-        }
-      });
-      five.join();
-      six.join();
-      EXPECT_FALSE(failed6) << m << ": v6 refused: " << failed6->what();
-      if (failed5) {
-        ++lower_refused;
-        EXPECT_TRUE(failed5->is(fleet_errc::older_version) || failed5->is(fleet_errc::conflict))
-            << m << ": " << failed5->what();
+class FleetTwoOperators : public FleetControlPlane {
+ protected:
+  // 100 trials, each on a module of its own: a second operator publishes v6 while the first
+  // publishes v5, both released at once. With `first_version`, the module has a v1 (its bundle
+  // stream made) before the race. After each trial the desired state is v6, written by the
+  // winner (the loser refused older_version or conflict), and the key's history never goes
+  // down; every 10 trials, both nodes serve v6 of each module, never having gone down.
+  void race(const std::string& prefix, bool first_version) {
+    const auto second = cubridge::generate_keypair();
+    more_operators.push_back(second.public_key);
+    control = make_controller();
+    auto other_control = make_controller();
+    raw_bus reader(server.url());
+    constexpr int trials = 100, block = 10;
+    auto& n1 = add_node({"n1", {prefix + "placeholder"}});
+    auto& n2 = add_node({"n2", {prefix + "placeholder"}});
+    const std::vector<fleet_node*> pair{&n1, &n2};
+    int lower_refused = 0;
+    for (int first = 0; first < trials; first += block) {
+      std::vector<std::string> modules;
+      for (int i = first; i < first + block; ++i) modules.push_back(prefix + std::to_string(i));
+      for (auto* n : pair) {  // the agents follow this block's modules
+        n->options.modules = modules;
+        start_agent(*n);
       }
-      const auto desired = control->desired(m);
-      ASSERT_TRUE(desired && desired->state.stable) << m;
-      EXPECT_EQ(desired->state.stable->version, 6u) << m;
-      EXPECT_EQ(desired->state.stable->digest, digest_of(v6)) << m;
-      EXPECT_EQ(desired->state.phase, rollout_phase::complete) << m;
-      // Every value the key ever held: revisions one by one, the stable version never down.
-      const auto history = desired_history(reader, m);
-      ASSERT_FALSE(history.empty()) << m;
-      EXPECT_EQ(history.size(), failed5 ? 1u : 2u) << m;
-      for (std::size_t i = 0; i < history.size(); ++i) {
-        EXPECT_EQ(history[i].revision, i + 1) << m;
-        EXPECT_NE(history[i].phase, rollout_phase::rolled_back) << m;
-        if (i > 0) {
-          EXPECT_GT(history[i].stable->version, history[i - 1].stable->version) << m;
+      for (const auto& m : modules) {
+        if (first_version) (void)control->publish(bundle(m, 1), operator_keys.secret_key);
+        const auto v5 = bundle(m, 5);
+        const auto v6 = cubridge::testing::source_bundle(m, 6, second.secret_key);
+        std::latch go(2);
+        std::optional<cubridge::error> failed5, failed6;
+        std::thread five([&] {
+          go.arrive_and_wait();
+          try {
+            (void)control->publish(v5, operator_keys.secret_key);
+          } catch (const cubridge::error& e) {
+            failed5 = e;
+          }
+        });
+        std::thread six([&] {
+          go.arrive_and_wait();
+          try {
+            (void)other_control->publish(v6, second.secret_key);
+          } catch (const cubridge::error& e) {
+            failed6 = e;
+          }
+        });
+        five.join();
+        six.join();
+        EXPECT_FALSE(failed6) << m << ": v6 refused: " << failed6->what();
+        if (failed5) {
+          ++lower_refused;
+          EXPECT_TRUE(failed5->is(fleet_errc::older_version) || failed5->is(fleet_errc::conflict))
+              << m << ": v5 refused otherwise: " << failed5->what();
+        }
+        const auto desired = control->desired(m);
+        ASSERT_TRUE(desired && desired->state.stable) << m;
+        EXPECT_EQ(desired->state.stable->version, 6u) << m;
+        EXPECT_EQ(desired->state.stable->digest, digest_of(v6)) << m;
+        EXPECT_EQ(desired->state.phase, rollout_phase::complete) << m;
+        // Every value the key ever held: revisions one by one, the stable version never down.
+        const auto history = desired_history(reader, m);
+        const std::size_t before = first_version ? 1 : 0;
+        EXPECT_EQ(history.size(), before + (failed5 ? 1 : 2)) << m;
+        for (std::size_t i = 0; i < history.size(); ++i) {
+          EXPECT_EQ(history[i].revision, i + 1) << m;
+          EXPECT_NE(history[i].phase, rollout_phase::rolled_back) << m;
+          if (i > 0 && history[i].stable && history[i - 1].stable) {
+            EXPECT_GT(history[i].stable->version, history[i - 1].stable->version) << m;
+          }
         }
       }
+      // Both nodes on v6 of every module of the block, never having gone down.
+      const bool converged = eventually(
+          [&] {
+            return std::all_of(modules.begin(), modules.end(),
+                               [&](const std::string& m) { return serve(pair, m, 6); });
+          },
+          10s);
+      for (const auto& m : modules) {
+        EXPECT_TRUE(converged || serve(pair, m, 6)) << m << ": " << serving_text(pair, m);
+        for (const auto* n : pair)
+          EXPECT_TRUE(never_goes_down(n->sink->served(m))) << m << " on " << n->id;
+      }
+      if (HasFailure()) return;  // the rest would only repeat it
     }
-    // Convergence once per block: both nodes on v6 of every module, never having gone down.
-    for (const auto& m : modules) {
-      EXPECT_TRUE(converge(pair, m, 6)) << m << ": " << serving_text(pair, m);
-      for (const auto* n : pair)
-        EXPECT_TRUE(never_goes_down(n->sink->served(m))) << m << " on " << n->id;
-    }
+    RecordProperty("trials_where_v5_was_refused", lower_refused);
   }
-  RecordProperty("trials_where_v5_was_refused", lower_refused);
+};
+
+TEST_F(FleetTwoOperators, PublishingAtOnceNeverTakesTheDesiredVersionDown) {
+  race("race-", true);
+}
+
+// The same race on modules that have no bundle stream yet: both operators make it at once.
+TEST_F(FleetTwoOperators, PublishingTheFirstVersionsOfANewModuleAtOnce) {
+  race("new-", false);
 }
 
 // --- 3: a lower version, and rollback --------------------------------------------------------
