@@ -66,6 +66,7 @@ struct fleet_agent::impl {
     nats::kv_watcher_ptr watcher;
     std::optional<fleet::desired_state> desired;  // the newest verified record
     std::uint64_t highest_revision = 0;           // never acts on one below
+    std::string desired_body;                     // what that revision said
     // The revision whose outcome is settled (converged, applied, or refused for good): nothing
     // more to do until a newer one, unless the node stops serving its target.
     std::uint64_t settled_revision = 0;
@@ -209,8 +210,15 @@ void fleet_agent::impl::take(module_follow& f, std::string_view value) {
                  " is older than revision " + std::to_string(f.highest_revision) + " seen");
     return;
   }
-  if (state->revision == f.highest_revision && f.desired) return;  // seen
+  if (state->revision == f.highest_revision && f.desired) {
+    if (opened->body == f.desired_body) return;  // seen
+    ++desired_refused;                           // one revision, two contents: the first one stands
+    note_problem("desired state of '" + f.module + "' revision " + std::to_string(state->revision) +
+                 " came again with other content");
+    return;
+  }
   f.highest_revision = state->revision;
+  f.desired_body = opened->body;
   f.desired = std::move(*state);
   f.failures = 0;
   f.next_attempt = {};

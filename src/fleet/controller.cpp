@@ -9,6 +9,9 @@
 #include <cubridge/fleet/subjects.hpp>
 
 #include <algorithm>
+#include <thread>
+
+#include <cubridge/update/detail/signing.hpp>
 
 namespace cubridge::fleet {
 namespace {
@@ -74,23 +77,35 @@ void controller::impl::store_bundle(std::string_view module, const bundle_ref& r
     warnings.push_back(std::move(w));
   const auto subject = bundle_subject(module, ref.version, ref.digest);
   const auto stream = bundle_stream(module);
-  // Stored already (a retry, another operator): nothing to send.
-  if (const auto there = detail::last_message(js.get(), stream, subject))
-    if (detail::message_bytes(there.get()).size() == bundle.size()) return;
   const auto wait = options.publish_timeout.count() > 0
                         ? options.publish_timeout
                         : options.request_timeout + std::chrono::milliseconds(bundle.size() >> 10);
+  // What the subject holds is this bundle: the check that counts, whatever the acks said.
+  const auto stored = [&] {
+    const auto there = detail::last_message(js.get(), stream, subject);
+    return there && cubridge::detail::sha256_hex(detail::message_bytes(there.get())) == ref.digest;
+  };
+  // The first tries carry a message id (a retry within the duplicate window stores nothing
+  // twice); the last goes without, for a subject another writer overwrote meanwhile (its id
+  // would be dropped as a duplicate). A stream another operator made a moment ago may not
+  // answer yet: tried again after a pause.
   const auto id = std::string(module) + "." + std::to_string(ref.version) + "." + ref.digest;
   for (int attempt = 1;; ++attempt) {
     try {
-      detail::publish(js.get(), connection.get(), subject, bundle, "bundle", id, wait);
-      return;
+      detail::publish(js.get(), connection.get(), subject, bundle, "bundle",
+                      attempt < 3 ? std::string_view(id) : std::string_view(), wait);
+      if (stored()) return;
     } catch (const error& e) {
+      if (e.is(fleet_errc::oversized) || e.is(fleet_errc::unreachable)) throw;
       // The ack may be lost while the server stored it: what is stored counts, not the ack.
-      if (const auto there = detail::last_message(js.get(), stream, subject))
-        if (detail::message_bytes(there.get()).size() == bundle.size()) return;
-      if (attempt == 3 || e.is(fleet_errc::oversized)) throw;
+      if (attempt > 1 && stored()) return;
+      if (attempt == 4) throw;
     }
+    if (attempt == 4)
+      detail::fail(fleet_errc::nats_failed,
+                   "holds another bundle after four publishes (another writer overwrites it)",
+                   "publish", "subject " + subject + " of stream " + stream);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100 << attempt));
   }
 }
 
@@ -243,7 +258,9 @@ std::vector<node_state> controller::nodes(std::chrono::system_clock::time_point 
     }
     const auto age = std::chrono::duration_cast<std::chrono::seconds>(now - beat->time);
     state.age = std::max(age, std::chrono::seconds(0));
-    state.live = now - beat->time < 3 * beat->interval;
+    // Heartbeat times are whole seconds: a second of allowance, or a node beating faster than
+    // once a second would flicker between live and not.
+    state.live = now - beat->time < 3 * beat->interval + std::chrono::seconds(1);
     state.beat = std::move(*beat);
     out.push_back(std::move(state));
   }

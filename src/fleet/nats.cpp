@@ -143,7 +143,7 @@ std::string ensure_stream(jsCtx* js, const stream_spec& spec) {
   stream_info_ptr owned(made);
   if (status == NATS_OK) return mismatch_of(spec, *owned);
   // Made by someone else meanwhile (another operator command): check theirs.
-  if (js_code == JSStreamNameExistErr)
+  if (js_code == JSStreamNameExistErr || js_code == JSStreamSubjectOverlapErr)
     if (auto info = find_stream(js, spec.name)) return mismatch_of(spec, *info);
   check(status, "js_AddStream", "stream " + spec.name, js_code);
   return {};

@@ -8,6 +8,8 @@
 #include <cubridge/fleet/subjects.hpp>
 #include <cubridge/update/detail/signing.hpp>
 
+#include <nats/nats.h>
+
 #include <algorithm>
 #include <set>
 
@@ -97,6 +99,26 @@ void make_stable(desired_state& s, const bundle_ref& ref) {
   s.reason_version = 0;
 }
 
+// The highest revision any record of `module`'s key still in the bucket's history names
+// (verified with `keys`; others do not count).
+std::uint64_t highest_revision_held(kvStore* bucket, std::string_view module,
+                                    const trusted_keys& keys) {
+  kvEntryList list{};
+  const auto key = desired_key(module);
+  if (kvStore_History(&list, bucket, key.c_str(), nullptr) != NATS_OK) return 0;
+  std::uint64_t highest = 0;
+  for (int i = 0; i < list.Count; ++i) {
+    const auto* data = static_cast<const char*>(kvEntry_Value(list.Entries[i]));
+    const std::string_view value(data ? data : "",
+                                 static_cast<std::size_t>(kvEntry_ValueLen(list.Entries[i])));
+    if (const auto opened = open_record(value, record_kind::desired_state, keys))
+      if (const auto s = parse_desired_state(opened->body))
+        highest = std::max(highest, s->revision);
+  }
+  kvEntryList_Destroy(&list);
+  return highest;
+}
+
 desired_state parse_current(const std::optional<detail::kv_value>& current, std::string_view module,
                             const trusted_keys& keys) {
   desired_state s;
@@ -134,7 +156,7 @@ rollout_report controller::publish(std::span<const std::byte> bytes,
     }
     if (!(s.phase == rollout_phase::canary && s.candidate == p.ref)) require_newer(s, p.ref);
     make_stable(s, p.ref);
-    ++s.revision;
+    s.revision = std::max(s.revision, highest_revision_held(d.bucket.get(), module, keys)) + 1;
     s.time = now_text();
     report.desired = s;
     return sign_record(record_kind::desired_state, to_json(s), operator_key);
@@ -208,7 +230,7 @@ rollout_report controller::rollout(std::span<const std::byte> bytes, const canar
     std::sort(s.canaries.begin(), s.canaries.end());
     s.reason.clear();
     s.reason_version = 0;
-    ++s.revision;
+    s.revision = std::max(s.revision, highest_revision_held(d.bucket.get(), module, keys)) + 1;
     s.time = now_text();
     report.desired = s;
     return sign_record(record_kind::desired_state, to_json(s), operator_key);
@@ -273,7 +295,7 @@ rollout_report controller::rollout(std::span<const std::byte> bytes, const canar
       s.reason = report.halt_reason;
       s.reason_version = p.ref.version;
     }
-    ++s.revision;
+    s.revision = std::max(s.revision, highest_revision_held(d.bucket.get(), module, keys)) + 1;
     s.time = now_text();
     report.desired = s;
     return sign_record(record_kind::desired_state, to_json(s), operator_key);
@@ -312,7 +334,7 @@ desired_state controller::rollback(std::string_view module, std::uint64_t to_ver
     s.reason =
         "operator rollback from v" + std::to_string(from) + " to v" + std::to_string(back.version);
     s.reason_version = from;
-    ++s.revision;
+    s.revision = std::max(s.revision, highest_revision_held(d.bucket.get(), module, keys)) + 1;
     s.time = now_text();
     written = s;
     return sign_record(record_kind::desired_state, to_json(s), operator_key);

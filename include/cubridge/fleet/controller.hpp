@@ -68,8 +68,9 @@ struct desired_entry {
 struct read_report {
   /// Streams or buckets configured otherwise than docs/fleet.md's (used as they are).
   std::vector<std::string> warnings;
-  /// Heartbeats, results or records refused (not signed by the enrolled key, malformed,
-  /// a node not enrolled, a subject that is not its own), with a count per reason.
+  /// Heartbeats and desired-state records refused (not signed by the enrolled or operator key,
+  /// malformed, naming another node), with a count per reason. Subjects of nodes not enrolled
+  /// are never read, so nothing of theirs is counted here.
   std::map<std::string, std::uint64_t, std::less<>> refused;
   /// Whether everything was read before read_deadline.
   bool complete = true;

@@ -48,9 +48,10 @@ inline constexpr std::size_t max_desired_canaries = 10000;
 /// A module's desired state.
 struct desired_state {
   std::string module;
-  /// 1 for the first record, one more for each write: a node acts on a record only if its
-  /// revision is above every revision it saw (an old signed record written back changes
-  /// nothing), and a result counts only for the revision it answers.
+  /// 1 for the first record, then one more than the highest revision the key's history holds
+  /// (so an old record written back is never outnumbered by the next write): a node acts on a
+  /// record only if its revision is above every revision it saw, and a result counts only for
+  /// the revision it answers.
   std::uint64_t revision = 0;
   rollout_phase phase = rollout_phase::complete;
   /// What every node runs (none: no version desired yet, e.g. during the first canary rollout).
