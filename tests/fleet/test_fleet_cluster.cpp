@@ -1,0 +1,164 @@
+// The fleet's bus on a real 3-server JetStream cluster on loopback (tests/nats_server.hpp's
+// nats_cluster): the servers elect a meta leader, an R3 stream and an R3 bucket are made; the
+// stream's leader is killed and a client given the comma-separated list (parse_server_list,
+// fleet/connection.hpp) goes on publishing and reading and updating the bucket through the
+// other two; the killed server comes back and catches up. Raw libnats, every wait bounded.
+#include "fleet/raw_nats.hpp"
+#include "nats_server.hpp"
+
+#include "eventually.hpp"
+
+#include <cubridge/fleet/connection.hpp>
+#include <cubridge/fleet/subjects.hpp>
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace {
+
+using namespace cubridge;
+using namespace cubridge::testing;
+using namespace std::chrono_literals;
+
+// The stream's info, or null (during an election).
+nats_owned<jsStreamInfo> stream_info(jsCtx* js, const std::string& stream) {
+  jsStreamInfo* raw = nullptr;
+  jsErrCode code = static_cast<jsErrCode>(0);
+  if (js_GetStreamInfo(&raw, js, stream.c_str(), nullptr, &code) != NATS_OK) return nullptr;
+  return nats_owned<jsStreamInfo>(raw);
+}
+
+// Which of the fixture's servers ("cubridge-test-N") leads `stream`; -1 when none does.
+int leader_of(jsCtx* js, const std::string& stream) {
+  const auto info = stream_info(js, stream);
+  if (!info || !info->Cluster || !info->Cluster->Leader) return -1;
+  const std::string name = info->Cluster->Leader;
+  const std::string prefix = "cubridge-test-";
+  if (!name.starts_with(prefix)) return -1;
+  return std::stoi(name.substr(prefix.size())) - 1;
+}
+
+// Whether every replica of `stream` is current and holds `messages` (its leader says so).
+bool caught_up(jsCtx* js, const std::string& stream, std::uint64_t messages) {
+  const auto info = stream_info(js, stream);
+  if (!info || !info->Cluster || !info->Cluster->Leader || info->State.Msgs != messages)
+    return false;
+  if (info->Cluster->ReplicasLen != nats_cluster::size - 1) return false;
+  for (int i = 0; i < info->Cluster->ReplicasLen; ++i) {
+    const auto* peer = info->Cluster->Replicas[i];
+    if (!peer->Current || peer->Offline || peer->Lag != 0) return false;
+  }
+  return true;
+}
+
+bool publish(jsCtx* js, const std::string& subject, const std::string& data) {
+  jsPubAck* ack = nullptr;
+  jsErrCode code = static_cast<jsErrCode>(0);
+  const auto s = js_Publish(&ack, js, subject.c_str(), data.data(), static_cast<int>(data.size()),
+                            nullptr, &code);
+  jsPubAck_Destroy(ack);
+  return s == NATS_OK;
+}
+
+// A client of every server of the cluster, as the fleet's sides connect: the list parsed.
+nats_client cluster_client(const nats_cluster& cluster) {
+  connect_request request;
+  request.urls = fleet::parse_server_list(cluster.urls());
+  request.max_reconnect = 600;  // 100 ms apart: a minute of reconnecting
+  return connect_to(request);
+}
+
+TEST(fleet_cluster, three_servers_make_r3_streams_and_an_r3_bucket) {
+  nats_cluster cluster;
+  EXPECT_EQ(fleet::parse_server_list(cluster.urls()).size(), 3u);
+  auto client = cluster_client(cluster);
+  ASSERT_TRUE(client.connected()) << client.error;
+  const auto js = jetstream(client.get());
+  const std::string stream(fleet::result_stream);
+  // The meta leader answered; peers may still be registering: an R3 stream is made once they
+  // are (bounded).
+  ASSERT_TRUE(eventually(
+      [&] { return add_stream(js.get(), stream, "cubridge.result.>", 16, 3) == NATS_OK; }, 30s))
+      << cluster.log_text();
+  ASSERT_EQ(add_bucket(js.get(), 3), NATS_OK);
+  const auto info = stream_info(js.get(), stream);
+  ASSERT_TRUE(info && info->Cluster);
+  EXPECT_EQ(info->Config->Replicas, 3);
+  EXPECT_EQ(info->Cluster->ReplicasLen, 2);
+  EXPECT_GE(leader_of(js.get(), stream), 0);
+  const auto bucket = stream_info(js.get(), std::string(fleet::control_bucket_stream));
+  ASSERT_TRUE(bucket);
+  EXPECT_EQ(bucket->Config->Replicas, 3);
+  EXPECT_TRUE(eventually([&] { return caught_up(js.get(), stream, 0); }, 30s));
+}
+
+TEST(fleet_cluster, the_stream_leader_killed_publish_and_the_bucket_go_on_and_it_catches_up) {
+  nats_cluster cluster;
+  auto client = cluster_client(cluster);
+  ASSERT_TRUE(client.connected()) << client.error;
+  const auto js = jetstream(client.get(), 1000);  // short waits: an election is retried
+  const std::string stream(fleet::result_stream);
+  ASSERT_TRUE(eventually(
+      [&] { return add_stream(js.get(), stream, "cubridge.result.>", 16, 3) == NATS_OK; }, 30s))
+      << cluster.log_text();
+  nats_owned<kvStore> kv;
+  ASSERT_EQ(add_bucket(js.get(), 3, &kv), NATS_OK);
+  const auto key = fleet::desired_key("m");
+  std::uint64_t revision = 0;
+  ASSERT_EQ(kvStore_PutString(&revision, kv.get(), key.c_str(), "v1"), NATS_OK);
+  std::uint64_t published = 0;
+  for (int i = 0; i < 5; ++i, ++published)
+    ASSERT_TRUE(publish(js.get(), fleet::result_subject("m", "node-" + std::to_string(i)), "r"));
+  ASSERT_TRUE(eventually([&] { return caught_up(js.get(), stream, published); }, 30s));
+
+  const int leader = leader_of(js.get(), stream);
+  ASSERT_GE(leader, 0);
+  cluster.kill(leader);
+
+  // Publishing goes on once the other two elected a leader (each attempt waits 1 s).
+  ASSERT_TRUE(
+      eventually([&] { return publish(js.get(), fleet::result_subject("m", "after"), "r"); }, 30s))
+      << cluster.log_text();
+  ++published;
+  const int new_leader = leader_of(js.get(), stream);
+  EXPECT_GE(new_leader, 0);
+  EXPECT_NE(new_leader, leader);
+  for (int i = 0; i < 3; ++i, ++published)
+    ASSERT_TRUE(publish(js.get(), fleet::result_subject("m", "more-" + std::to_string(i)), "r"));
+  // The bucket: read, and updated by compare-and-set, through the two servers left.
+  ASSERT_TRUE(eventually([&] { return kv_text(kv.get(), key) == "v1"; }, 30s));
+  std::uint64_t updated = 0;
+  ASSERT_TRUE(eventually(
+      [&] {
+        return kvStore_UpdateString(&updated, kv.get(), key.c_str(), "v2", revision) == NATS_OK;
+      },
+      30s));
+  EXPECT_GT(updated, revision);
+  EXPECT_EQ(kv_text(kv.get(), key), "v2");
+  // A stale revision is still refused: compare-and-set holds across the failover.
+  std::uint64_t stale = 0;
+  EXPECT_NE(kvStore_UpdateString(&stale, kv.get(), key.c_str(), "v3", revision), NATS_OK);
+
+  // The killed server comes back on its ports and store and catches up.
+  cluster.start(leader);
+  EXPECT_TRUE(eventually([&] { return caught_up(js.get(), stream, published); }, 30s))
+      << cluster.log_text();
+  EXPECT_TRUE(eventually(
+      [&] { return caught_up(js.get(), std::string(fleet::control_bucket_stream), 2); }, 30s));
+}
+
+TEST(fleet_cluster, a_client_of_one_server_is_refused_when_it_is_gone) {
+  // The comma-separated list is what survives a server: a client that knows only the killed
+  // one has nowhere to go.
+  nats_cluster cluster;
+  cluster.stop(0);
+  auto alone = connect_to({{cluster.url(0)}, "", "", {}});
+  EXPECT_FALSE(alone.connected());
+  auto listed = cluster_client(cluster);
+  EXPECT_TRUE(listed.connected()) << listed.error;
+  cluster.start(0);
+  cluster.wait_for_meta_leader();
+}
+
+}  // namespace
