@@ -154,6 +154,8 @@ fleet_commands::fleet_commands(CLI::App& app) {
   enroll_->add_option("--key", e.key, "The operator's secret key: signs the registry")->required();
   enroll_->add_option("--label", e.labels, "A label NAME=VALUE (repeatable), e.g. cohort=a");
   enroll_->add_flag("--allow-readable-key", e.allow_readable_key, readable_key_help);
+
+  init_ = add_fleet_init_command(*fleet_, init_options_);
 }
 
 bool fleet_commands::parsed() const {
@@ -185,6 +187,7 @@ int fleet_commands::run() const noexcept {
     if (rollback_->parsed()) return rollback();
     if (watch_->parsed()) return watch();
     if (enroll_->parsed()) return enroll();
+    if (init_->parsed()) return run_fleet_init(init_options_);
   } catch (const usage_error& e) {
     std::cerr << "cubridge: " << fleet::redact_url(e.what()) << "\n";
     return exit_usage;

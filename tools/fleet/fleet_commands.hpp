@@ -1,6 +1,8 @@
 #pragma once
-// `cubridge fleet publish | status | rollback | watch | enroll`: the control side of the fleet's
+// `cubridge fleet publish | status | rollback | watch | enroll | init`: the control side of the fleet's
 // control plane over NATS JetStream (docs/fleet.md, "The control side").
+#include "fleet/fleet_init.hpp"
+
 #include <CLI/CLI.hpp>
 
 #include <cstddef>
@@ -14,7 +16,8 @@ struct controller_options;
 
 namespace cubridge::tool {
 
-/// Registers `fleet` and its subcommands on `app`; run() runs whichever was parsed.
+/// Registers `fleet` and its subcommands on `app` (`init`: fleet_init.hpp); run() runs whichever
+/// was parsed.
 class fleet_commands {
  public:
   explicit fleet_commands(CLI::App& app);
@@ -38,6 +41,8 @@ class fleet_commands {
   CLI::App* rollback_;
   CLI::App* watch_;
   CLI::App* enroll_;
+  CLI::App* init_;
+  fleet_init_options init_options_;
   struct {
     std::string server = "nats://127.0.0.1:4222";
     std::string credentials, ca;
