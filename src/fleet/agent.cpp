@@ -357,7 +357,8 @@ std::optional<std::vector<std::byte>> fleet_agent::impl::fetch(const std::string
                                                                const fleet::bundle_ref& ref,
                                                                std::string& why) {
   const auto subject = fleet::bundle_subject(module, ref.version, ref.digest);
-  const auto js_fetch = nats::jetstream(connection.get(), fetch_wait(ref.size));
+  const auto js_fetch =
+      nats::jetstream(connection.get(), fetch_wait(ref.size), options.bus.api_prefix);
   nats::message_ptr message;
   try {
     message = nats::last_message(js_fetch.get(), fleet::bundle_stream(module), subject);
@@ -512,7 +513,7 @@ void fleet_agent::start() {
   c.name = "cubridge-agent-" + d.options.node;
   c.retry_on_failed_connect = true;  // a service starts while the server is down
   d.connection = nats::connect(c);
-  d.js = nats::jetstream(d.connection.get(), api_wait);
+  d.js = nats::jetstream(d.connection.get(), api_wait, d.options.bus.api_prefix);
   {
     std::lock_guard lock(d.wake_mutex);
     d.stopping = false;

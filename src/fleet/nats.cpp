@@ -251,10 +251,13 @@ std::string connected_url(natsConnection* connection) {
   return redact_url(buffer);
 }
 
-jetstream_ptr jetstream(natsConnection* connection, std::chrono::milliseconds wait) {
+jetstream_ptr jetstream(natsConnection* connection, std::chrono::milliseconds wait,
+                        const std::string& api_prefix) {
   jsOptions options;
   check(jsOptions_Init(&options), "jsOptions_Init", "JetStream");
   options.Wait = wait.count();
+  // libnats keeps the pointer until the context is made (it copies the prefix then).
+  if (!api_prefix.empty()) options.Prefix = api_prefix.c_str();
   jsCtx* raw = nullptr;
   check(natsConnection_JetStream(&raw, connection, &options), "natsConnection_JetStream",
         "JetStream");

@@ -91,9 +91,12 @@ struct connect_options {
 /// The URL of the server `connection` uses now, redacted; empty when not connected.
 [[nodiscard]] std::string connected_url(natsConnection* connection);
 
-/// The JetStream context of `connection`; its API requests wait at most `wait`.
+/// The JetStream context of `connection`; its API requests wait at most `wait` and go to
+/// `api_prefix` (empty: "$JS.API"; a node in an account of its own reaches the fleet's
+/// JetStream through the prefix its account imports, bus_options::api_prefix).
 [[nodiscard]] jetstream_ptr jetstream(natsConnection* connection,
-                                      std::chrono::milliseconds wait = std::chrono::seconds(5));
+                                      std::chrono::milliseconds wait = std::chrono::seconds(5),
+                                      const std::string& api_prefix = {});
 
 /// The streams and bucket of docs/fleet.md, made when missing with `replicas` replicas. One that
 /// exists with another configuration is used as it is: the returned text names each field that

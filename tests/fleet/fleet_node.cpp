@@ -5,7 +5,7 @@
 //
 //   cubridge_test_fleet_node --server URL --node ID --trusted-key FILE --node-key FILE
 //       --state-file F --module NAME [--apply-delay-ms N] [--stall-before-apply-ms N]
-//       [--fail-version V] [--http-port P] [--credentials FILE] [--ca FILE]
+//       [--fail-version V] [--http-port P] [--credentials FILE] [--ca FILE] [--api-prefix P]
 //       [--heartbeat-ms N] [--max-bundle-bytes N] [--output FILE]
 //
 // The agent and the endpoint share one update_gate: one lock per module, one replay record.
@@ -156,7 +156,8 @@ class recording_sink final : public cubridge::module_sink {
 };
 
 struct node_options {
-  std::string server, node, trusted_key, node_key, state_file, module, output, credentials, ca;
+  std::string server, node, trusted_key, node_key, state_file, module, output, credentials, ca,
+      api_prefix;
   long apply_delay_ms = 0, stall_before_apply_ms = 0, heartbeat_ms = 5000;
   std::uint64_t fail_version = 0, max_bundle_bytes = std::uint64_t{16} << 20;
   long http_port = -1;  // -1: no endpoint; 0: any free port
@@ -180,6 +181,8 @@ node_options parse(int argc, char** argv) {
       o.credentials = value;
     else if (flag == "--ca")
       o.ca = value;
+    else if (flag == "--api-prefix")
+      o.api_prefix = value;
     else if (flag == "--state-file")
       o.state_file = value;
     else if (flag == "--module")
@@ -233,6 +236,7 @@ int run(const node_options& o) {
   agent_options.bus.servers = o.server;
   agent_options.bus.credentials = o.credentials;
   agent_options.bus.ca_file = o.ca;
+  agent_options.bus.api_prefix = o.api_prefix;
   agent_options.node = o.node;
   agent_options.node_key_file = o.node_key;
   agent_options.modules = {o.module};

@@ -26,6 +26,10 @@ struct bus_options {
   std::filesystem::path ca_file;
   /// Replicas of the streams and the bucket this side creates (1; 3 in a 3-server cluster).
   int replicas = 1;
+  /// The JetStream API prefix; empty: "$JS.API". A node of `cubridge fleet init --node-account`
+  /// (an account of its own, which reaches the fleet's streams only through exports) uses
+  /// "cubridge.api" (docs/fleet-security.md).
+  std::string api_prefix;
 };
 
 /// The URLs of a server list, each checked: a scheme of nats:// or tls://, a host, a port
