@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <sstream>
+#include <vector>
 
 namespace cubridge::bench {
 namespace {
@@ -30,20 +31,33 @@ double nice_ceiling(double v) {
 }  // namespace
 
 std::string render_plot(const std::string& title, const std::string& subtitle,
-                        const std::vector<plot_series>& series) {
-  double x_min = 1, x_max = 1, y_max = 0;
+                        const std::vector<plot_series>& series, const plot_axes& axes) {
+  double x_min = 1, x_max = 1, y_max = 0, y_min = 0;
+  bool any = false;
   for (const auto& s : series)
     for (const auto& [x, y] : s.points) {
       x_max = std::max(x_max, x);
       y_max = std::max(y_max, y);
+      y_min = any ? std::min(y_min, y) : y;
+      any = true;
     }
-  y_max = nice_ceiling(y_max);
+  // Linear: 0 to a round maximum. Log: the decades that hold the points.
+  double y_low = 0, y_high = nice_ceiling(y_max);
+  if (axes.log_y) {
+    y_low = std::pow(10, std::floor(std::log10(std::max(y_min, 1e-3))));
+    y_high = std::pow(10, std::ceil(std::log10(std::max(y_max, y_low * 10))));
+    if (y_high <= y_low) y_high = y_low * 10;
+  }
   const double plot_w = width - left - right, plot_h = height - top - bottom;
   const double log_span = std::max(std::log10(x_max) - std::log10(x_min), 1e-9);
   const auto px = [&](double x) {
     return left + plot_w * (std::log10(x) - std::log10(x_min)) / log_span;
   };
-  const auto py = [&](double y) { return top + plot_h * (1 - y / y_max); };
+  const auto py = [&](double y) {
+    if (!axes.log_y) return top + plot_h * (1 - y / y_high);
+    const double span = std::log10(y_high) - std::log10(y_low);
+    return top + plot_h * (1 - (std::log10(std::max(y, y_low)) - std::log10(y_low)) / span);
+  };
 
   std::ostringstream svg;
   svg << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << width << "\" height=\"" << height
@@ -52,13 +66,21 @@ std::string render_plot(const std::string& title, const std::string& subtitle,
       << "<text x=\"" << left << "\" y=\"28\" font-size=\"17\" font-weight=\"bold\">" << title
       << "</text>\n<text x=\"" << left << "\" y=\"48\" font-size=\"12\" fill=\"#555\">" << subtitle
       << "</text>\n";
-  // Grid and axes: five y steps; x ticks at the node counts measured.
-  for (int i = 0; i <= 5; ++i) {
-    const double y = y_max * i / 5;
+  // Grid and axes: five y steps (log: 1, 2 and 5 of each decade); x ticks at the node counts.
+  std::vector<double> y_ticks;
+  if (axes.log_y) {
+    for (double decade = y_low; decade < y_high * 1.001; decade *= 10)
+      for (double step : {1.0, 2.0, 5.0})
+        if (decade * step <= y_high * 1.001) y_ticks.push_back(decade * step);
+  } else {
+    for (int i = 0; i <= 5; ++i) y_ticks.push_back(y_high * i / 5);
+  }
+  for (double y : y_ticks) {
+    const char* format = y >= 50 || (axes.log_y && y >= 1) ? "%.0f" : y >= 1 ? "%.1f" : "%.2f";
     svg << "<line x1=\"" << left << "\" x2=\"" << left + plot_w << "\" y1=\"" << num(py(y))
         << "\" y2=\"" << num(py(y)) << "\" stroke=\"#e4e4e4\"/>\n<text x=\"" << left - 8
         << "\" y=\"" << num(py(y) + 4) << "\" font-size=\"11\" text-anchor=\"end\">"
-        << num(y, y_max >= 50 ? "%.0f" : "%.1f") << "</text>\n";
+        << num(y, format) << "</text>\n";
   }
   std::vector<double> ticks;
   for (const auto& s : series)
@@ -72,10 +94,9 @@ std::string render_plot(const std::string& title, const std::string& subtitle,
       << top + plot_h << "\" stroke=\"#333\"/>\n<line x1=\"" << left << "\" x2=\"" << left + plot_w
       << "\" y1=\"" << top + plot_h << "\" y2=\"" << top + plot_h
       << "\" stroke=\"#333\"/>\n<text x=\"" << left + plot_w / 2 << "\" y=\"" << height - 14
-      << "\" font-size=\"12\" text-anchor=\"middle\">node processes (log scale)</text>\n"
+      << "\" font-size=\"12\" text-anchor=\"middle\">" << axes.x_label << "</text>\n"
       << "<text transform=\"translate(18," << top + plot_h / 2
-      << ") rotate(-90)\" font-size=\"12\" text-anchor=\"middle\">ms from publish to all "
-         "acknowledged (median)</text>\n";
+      << ") rotate(-90)\" font-size=\"12\" text-anchor=\"middle\">" << axes.y_label << "</text>\n";
   // The lines, then the legend at the right.
   double legend_y = top + 6;
   for (const auto& s : series) {
