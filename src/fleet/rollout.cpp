@@ -355,15 +355,23 @@ std::vector<result_record> controller::wait_for_results(std::string_view module,
     if (record.revision == revision && record.digest == digest && waiting.erase(record.node) > 0)
       seen.push_back(std::move(record));
   };
+  // Stored results first, within the same deadline: one read that times out (a server busy
+  // sending bundles) loses only that node's stored result, which the watch may still bring.
+  const auto deadline = steady::now() + timeout;
   for (const auto& node : nodes) {
+    if (steady::now() >= deadline) break;
     const auto subject = result_subject(module, node);
-    if (const auto m = detail::last_message(impl_->js.get(), std::string(result_stream), subject)) {
-      std::string why;
-      if (auto r = verified_result(subject, detail::message_text(m.get()), module, registry, why))
-        take(std::move(*r));
+    try {
+      if (const auto m =
+              detail::last_message(impl_->js.get(), std::string(result_stream), subject)) {
+        std::string why;
+        if (auto r = verified_result(subject, detail::message_text(m.get()), module, registry, why))
+          take(std::move(*r));
+      }
+    } catch (const error& e) {
+      if (e.is(fleet_errc::unreachable)) throw;
     }
   }
-  const auto deadline = steady::now() + timeout;
   while (!waiting.empty())
     if (auto record = watch.next(deadline))
       take(std::move(*record));
