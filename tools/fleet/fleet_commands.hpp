@@ -1,6 +1,6 @@
 #pragma once
-// `cubridge fleet publish | status | rollback | watch | enroll | init`: the control side of the fleet's
-// control plane over NATS JetStream (docs/fleet.md, "The control side").
+// `cubridge fleet publish | status | rollback | watch | enroll | init`: the control side of the
+// fleet's control plane over NATS JetStream (docs/fleet.md, "The control side").
 #include "fleet/fleet_init.hpp"
 
 #include <CLI/CLI.hpp>

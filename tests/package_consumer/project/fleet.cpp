@@ -15,11 +15,11 @@ int main() {
   beat.time = std::chrono::floor<std::chrono::seconds>(std::chrono::system_clock::now());
   beat.versions["filters"] = 3;
   const auto keys = cubridge::generate_keypair();
-  const auto signed_beat = cubridge::fleet::sign_record(cubridge::fleet::record_kind::heartbeat,
-                                                        cubridge::fleet::to_json(beat),
-                                                        keys.secret_key);
-  const auto opened = cubridge::fleet::open_record(
-      signed_beat, cubridge::fleet::record_kind::heartbeat, cubridge::trusted_keys{keys.public_key});
+  const auto signed_beat = cubridge::fleet::sign_record(
+      cubridge::fleet::record_kind::heartbeat, cubridge::fleet::to_json(beat), keys.secret_key);
+  const auto opened =
+      cubridge::fleet::open_record(signed_beat, cubridge::fleet::record_kind::heartbeat,
+                                   cubridge::trusted_keys{keys.public_key});
   const auto parsed = opened ? cubridge::fleet::parse_heartbeat(opened->body) : std::nullopt;
   if (!parsed || parsed->versions.at("filters") != 3) {
     std::printf("cubridge consumer fleet: heartbeat did not survive signing and JSON\n");
