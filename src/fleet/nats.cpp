@@ -44,6 +44,7 @@ void on_late_connect(natsConnection*, void*) {}
 
 // What docs/fleet.md says one stream is. The limits bound what any one identity can make the
 // server hold: messages per subject, messages and bytes in all, the largest message, an age.
+// JetStream reserves max_bytes on every replica's store up front: kept modest.
 struct stream_spec {
   std::string name;
   std::vector<std::string> subjects;
@@ -276,7 +277,7 @@ std::string ensure_bundle_stream(jsCtx* js, std::string_view module, int replica
 std::string ensure_result_stream(jsCtx* js, int replicas) {
   stream_spec spec{std::string(result_stream), {"cubridge.result.>"}, 16, 7 * day_ns};
   spec.max_msg_size = max_record_message;
-  spec.max_bytes = int64_t{1} << 30;
+  spec.max_bytes = int64_t{256} << 20;
   spec.replicas = replicas;
   return ensure_stream(js, spec);
 }
@@ -285,7 +286,7 @@ std::string ensure_heartbeat_stream(jsCtx* js, int replicas) {
   constexpr int64_t hour_ns = int64_t{3600} * 1000 * 1000 * 1000;
   stream_spec spec{std::string(heartbeat_stream), {"cubridge.heartbeat.>"}, 1, hour_ns};
   spec.max_msg_size = max_record_message;
-  spec.max_bytes = int64_t{1} << 30;
+  spec.max_bytes = int64_t{64} << 20;
   spec.replicas = replicas;
   return ensure_stream(js, spec);
 }

@@ -162,3 +162,124 @@ TEST(fleet_cluster, a_client_of_one_server_is_refused_when_it_is_gone) {
 }
 
 }  // namespace
+
+// --- the control plane on the cluster ---------------------------------------------------------
+
+#include <cubridge/fleet/agent.hpp>
+#include <cubridge/fleet/controller.hpp>
+
+#include "temp_dir.hpp"
+#include "update/source_bundles.hpp"
+
+#include <map>
+#include <mutex>
+
+namespace {
+
+// Counts each version's applies: a double apply shows as a count of 2.
+class counting_sink final : public module_sink {
+ public:
+  std::optional<compute_capability> device_capability() const override {
+    return compute_capability{9, 0};
+  }
+  std::uint64_t current_version(std::string_view) const override {
+    std::lock_guard lock(mutex_);
+    return serving_;
+  }
+  sink_result apply(const verified_bundle& bundle) override {
+    std::lock_guard lock(mutex_);
+    serving_ = bundle.version();
+    ++applies_[serving_];
+    return {sink_outcome::done, serving_, {}};
+  }
+  sink_result rollback(std::string_view) override {
+    return {sink_outcome::no_previous_version, current_version({}), "none"};
+  }
+  std::vector<module_report> status() const override { return {{"filters", current_version({})}}; }
+  std::map<std::uint64_t, int> applies() const {
+    std::lock_guard lock(mutex_);
+    return applies_;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::uint64_t serving_ = 0;
+  std::map<std::uint64_t, int> applies_;
+};
+
+TEST(fleet_cluster, the_bundle_streams_leader_killed_mid_rollout_every_node_converges_once) {
+  nats_cluster cluster;
+  temp_dir dir;
+  const auto operator_keys = generate_keypair();
+  fleet::controller_options c;
+  c.bus.servers = cluster.urls();
+  c.bus.replicas = 3;
+  c.operator_keys.add(operator_keys.public_key);
+  // The meta leader answered; the peers may still be registering for an R3 stream.
+  std::unique_ptr<fleet::controller> control;
+  std::string why;
+  ASSERT_TRUE(eventually(
+      [&] {
+        try {
+          control = std::make_unique<fleet::controller>(c);
+          return true;
+        } catch (const std::exception& e) {
+          why = e.what();
+          return false;
+        }
+      },
+      30s))
+      << why;
+  std::vector<std::unique_ptr<counting_sink>> sinks;
+  std::vector<std::unique_ptr<fleet_agent>> agents;
+  for (const char* node : {"n1", "n2"}) {
+    const auto keys = generate_keypair();
+    const auto key_file = dir.path / (std::string(node) + ".key");
+    write_key_file(key_file, keys.secret_key);
+    control->enroll(node, keys.public_key, {}, operator_keys.secret_key);
+    sinks.push_back(std::make_unique<counting_sink>());
+    update_gate_options policy;
+    policy.keys.add(operator_keys.public_key);
+    policy.persist_state = false;
+    fleet_agent_options o;
+    o.bus.servers = cluster.urls();
+    o.node = node;
+    o.node_key_file = key_file;
+    o.modules = {"filters"};
+    agents.push_back(std::make_unique<fleet_agent>(update_gate::create(*sinks.back(), policy), o));
+    agents.back()->start();
+  }
+  const auto serve = [&](std::uint64_t v, std::chrono::milliseconds within) {
+    return eventually(
+        [&] {
+          for (const auto& s : sinks)
+            if (s->current_version({}) != v) return false;
+          return true;
+        },
+        within);
+  };
+  (void)control->publish(cubridge::testing::source_bundle("filters", 1, operator_keys.secret_key),
+                         operator_keys.secret_key);
+  ASSERT_TRUE(serve(1, 30s));
+  (void)control->publish(cubridge::testing::source_bundle("filters", 2, operator_keys.secret_key),
+                         operator_keys.secret_key);
+  // The bundle stream's leader dies at once, before the nodes fetched (or while they do).
+  auto client = cluster_client(cluster);
+  ASSERT_TRUE(client.connected()) << client.error;
+  const auto js = jetstream(client.get(), 1000);
+  const int leader = leader_of(js.get(), fleet::bundle_stream("filters"));
+  ASSERT_GE(leader, 0);
+  cluster.kill(leader);
+  const auto killed = std::chrono::steady_clock::now();
+  EXPECT_TRUE(serve(2, 10s)) << "not converged within 10 s of the leader's death";
+  const auto took = std::chrono::steady_clock::now() - killed;
+  EXPECT_LT(took, 10s);
+  for (const auto& s : sinks) {
+    const auto applies = s->applies();
+    EXPECT_EQ(applies.at(1), 1);
+    EXPECT_EQ(applies.at(2), 1) << "v2 applied twice";
+  }
+  for (auto& a : agents) a->stop();
+}
+
+}  // namespace
