@@ -4,6 +4,7 @@
 // compile_cache.hpp documents the behaviour, docs/compile-cache.md the trust model.
 #include <cubridge/compile/compile_cache.hpp>
 #include <cubridge/core/detail/hex.hpp>
+#include <cubridge/core/detail/user_directory.hpp>
 #include <cubridge/core/error.hpp>
 #include <cubridge/core/unique_fd.hpp>
 
@@ -176,14 +177,8 @@ compile_cache& compile_cache::operator=(compile_cache&&) noexcept = default;
 compile_cache::~compile_cache() = default;
 
 fs::path compile_cache::default_directory() {
-  auto variable = [](const char* name) -> std::string {
-    const char* value = std::getenv(name);
-    return value ? std::string(value) : std::string();
-  };
-  if (auto dir = variable("CUBRIDGE_CACHE_DIR"); !dir.empty()) return dir;
-  if (auto xdg = variable("XDG_CACHE_HOME"); !xdg.empty() && fs::path(xdg).is_absolute())
-    return fs::path(xdg) / "cubridge";
-  if (auto home = variable("HOME"); !home.empty()) return fs::path(home) / ".cache" / "cubridge";
+  if (auto dir = detail::user_directory("CUBRIDGE_CACHE_DIR", "XDG_CACHE_HOME", ".cache"))
+    return *dir;
   detail::throw_errc(errc::io, "compile_cache::default_directory",
                      "no cache directory: set CUBRIDGE_CACHE_DIR, XDG_CACHE_HOME or HOME");
 }

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include "scoped_env.hpp"
 #include "temp_dir.hpp"
 
 #include <sodium.h>
@@ -664,29 +665,7 @@ TEST(CompileCache, OpenChecksItsArguments) {
   EXPECT_EQ(moved.max_bytes(), 12345u);
 }
 
-/// Sets or unsets an environment variable for one scope.
-class scoped_env {
- public:
-  scoped_env(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    if (value)
-      ::setenv(name, value, 1);
-    else
-      ::unsetenv(name);
-  }
-  ~scoped_env() {
-    if (old_)
-      ::setenv(name_, old_->c_str(), 1);
-    else
-      ::unsetenv(name_);
-  }
-  scoped_env(const scoped_env&) = delete;
-  scoped_env& operator=(const scoped_env&) = delete;
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
+using cubridge::testing::scoped_env;
 
 TEST(CompileCache, DefaultDirectoryFollowsTheEnvironment) {
   {
