@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <set>
+#include <span>
 
 namespace cubridge::fleet {
 namespace {
@@ -136,6 +137,27 @@ desired_state parse_current(const std::optional<detail::kv_value>& current, std:
   return std::move(*parsed);
 }
 
+// Hands each of `nodes`' stored last result for `module` that verifies to `take`, within
+// `deadline`: one read that times out (a server busy sending bundles) loses only that node's
+// stored result, which a watch may still bring.
+template <class Take>
+void take_stored_results(jsCtx* js, std::string_view module, std::span<const std::string> nodes,
+                         const node_registry& registry, steady::time_point deadline, Take& take) {
+  for (const auto& node : nodes) {
+    if (steady::now() >= deadline) return;
+    const auto subject = result_subject(module, node);
+    try {
+      if (const auto m = detail::last_message(js, std::string(result_stream), subject)) {
+        std::string why;
+        if (auto r = verified_result(subject, detail::message_text(m.get()), module, registry, why))
+          take(std::move(*r));
+      }
+    } catch (const error& e) {
+      if (e.is(fleet_errc::unreachable)) throw;
+    }
+  }
+}
+
 }  // namespace
 
 rollout_report controller::publish(std::span<const std::byte> bytes,
@@ -258,15 +280,8 @@ rollout_report controller::rollout(std::span<const std::byte> bytes, const canar
     }
     report.results.push_back(std::move(record));
   };
-  for (const auto& node : report.canaries) {
-    const auto subject = result_subject(module, node);
-    if (const auto m = detail::last_message(d.js.get(), std::string(result_stream), subject)) {
-      std::string why;
-      if (auto r = verified_result(subject, detail::message_text(m.get()), module, registry, why))
-        take(std::move(*r));
-    }
-  }
   const auto deadline = steady::now() + policy.window;
+  take_stored_results(d.js.get(), module, report.canaries, registry, deadline, take);
   while (applied.size() < wanted && report.halt_reason.empty())
     if (auto record = watch.next(deadline))
       take(std::move(*record));
@@ -355,23 +370,8 @@ std::vector<result_record> controller::wait_for_results(std::string_view module,
     if (record.revision == revision && record.digest == digest && waiting.erase(record.node) > 0)
       seen.push_back(std::move(record));
   };
-  // Stored results first, within the same deadline: one read that times out (a server busy
-  // sending bundles) loses only that node's stored result, which the watch may still bring.
   const auto deadline = steady::now() + timeout;
-  for (const auto& node : nodes) {
-    if (steady::now() >= deadline) break;
-    const auto subject = result_subject(module, node);
-    try {
-      if (const auto m =
-              detail::last_message(impl_->js.get(), std::string(result_stream), subject)) {
-        std::string why;
-        if (auto r = verified_result(subject, detail::message_text(m.get()), module, registry, why))
-          take(std::move(*r));
-      }
-    } catch (const error& e) {
-      if (e.is(fleet_errc::unreachable)) throw;
-    }
-  }
+  take_stored_results(impl_->js.get(), module, nodes, registry, deadline, take);
   while (!waiting.empty())
     if (auto record = watch.next(deadline))
       take(std::move(*record));
