@@ -115,8 +115,8 @@ std::vector<std::string> node_publish_allow(std::string_view node, std::string_v
                    "$JS.API.CONSUMER.CREATE." + kv,
                    "$JS.API.CONSUMER.DELETE." + kv + ".*",
                    "$JS.FC." + kv + ".>",
-                   // js_GetLastMsg of the module's bundle.
-                   "$JS.API.STREAM.MSG.GET." + fleet::bundle_stream(m),
+                   // js_DirectGetMsg of the module's bundles.
+                   "$JS.API.DIRECT.GET." + fleet::bundle_stream(m) + ".cubridge.bundle.>",
                });
   return allow;
 }

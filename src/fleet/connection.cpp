@@ -22,6 +22,20 @@ std::string_view trim(std::string_view s) {
   return s;
 }
 
+// A JetStream API prefix: dot-separated tokens of letters, digits, '_' and '-', at most 64.
+bool is_subject_prefix(std::string_view prefix) {
+  if (prefix.empty() || prefix.size() > 64 || prefix.front() == '.' || prefix.back() == '.')
+    return false;
+  char previous = 0;
+  for (const char c : prefix) {
+    const bool word = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                      c == '_' || c == '-';
+    if (!word && !(c == '.' && previous != '.')) return false;
+    previous = c;
+  }
+  return true;
+}
+
 // Checks one URL; throws naming it (redacted) and what is wrong.
 void check_url(std::string_view url, std::size_t position, bool hide) {
   // In a list with credentials a password may hold a ',' and split an entry: then an entry is
@@ -147,11 +161,18 @@ bus_credentials read_credentials_file(const std::filesystem::path& path, bool al
       out.user = value;
     else if (field == "password")
       out.password = value;
+    else if (field == "api_prefix" && is_subject_prefix(value))
+      out.api_prefix = value;
+    else if (field == "api_prefix")
+      cubridge::detail::throw_errc(errc::precondition, "read credentials file",
+                                   where +
+                                       ": api_prefix is dot-separated tokens of letters, "
+                                       "digits, '_' and '-'");
     else
       cubridge::detail::throw_errc(errc::precondition, "read credentials file",
                                    where + ": unknown field '" +
                                        cubridge::detail::printable(field, {.quoted = false}) +
-                                       "' (user, password)");
+                                       "' (user, password, api_prefix)");
   }
   if (out.user.empty() || out.password.empty())
     cubridge::detail::throw_errc(errc::precondition, "read credentials file",
@@ -164,8 +185,14 @@ void write_credentials_file(const std::filesystem::path& path, const bus_credent
   std::string text;
   if (!comment.empty()) text += "# " + std::string(comment) + "\n";
   text += "user " + credentials.user + "\npassword " + credentials.password + "\n";
+  if (!credentials.api_prefix.empty()) text += "api_prefix " + credentials.api_prefix + "\n";
   cubridge::detail::write_file_atomically(path, std::as_bytes(std::span(text.data(), text.size())),
                                           0600, false, "credentials file");
+}
+
+std::string api_prefix_of(const bus_options& bus) {
+  if (!bus.api_prefix.empty() || bus.credentials.empty()) return bus.api_prefix;
+  return read_credentials_file(bus.credentials).api_prefix;
 }
 
 }  // namespace cubridge::fleet

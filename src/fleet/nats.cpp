@@ -364,6 +364,19 @@ message_ptr last_message(jsCtx* js, std::string_view stream, std::string_view su
   return owned;
 }
 
+message_ptr direct_last_message(jsCtx* js, std::string_view stream, std::string_view subject) {
+  const std::string stream_name(stream), subject_name(subject);
+  jsDirectGetMsgOptions by_subject;
+  check(jsDirectGetMsgOptions_Init(&by_subject), "jsDirectGetMsgOptions_Init", "direct get");
+  by_subject.LastBySubject = subject_name.c_str();
+  natsMsg* raw = nullptr;
+  const auto status = js_DirectGetMsg(&raw, js, stream_name.c_str(), nullptr, &by_subject);
+  message_ptr owned(raw);
+  if (status == NATS_NOT_FOUND) return nullptr;
+  check(status, "js_DirectGetMsg", "subject " + subject_name + " of stream " + stream_name);
+  return owned;
+}
+
 std::vector<std::string> stream_subjects(jsCtx* js, std::string_view stream,
                                          std::string_view filter) {
   jsOptions options;

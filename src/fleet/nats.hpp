@@ -125,6 +125,12 @@ struct kv_value {
 [[nodiscard]] message_ptr last_message(jsCtx* js, std::string_view stream,
                                        std::string_view subject);
 
+/// The last message on `subject` of `stream` by a direct get (JetStream's DIRECT.GET: the
+/// payload as stored, no base64 in JSON; answered by any replica: the fleet's streams allow
+/// direct gets), or null when there is none.
+[[nodiscard]] message_ptr direct_last_message(jsCtx* js, std::string_view stream,
+                                              std::string_view subject);
+
 /// The subjects of `stream` that match `filter` ("cubridge.heartbeat.>"), each holding at least
 /// one message; empty when the stream does not exist.
 [[nodiscard]] std::vector<std::string> stream_subjects(jsCtx* js, std::string_view stream,

@@ -219,6 +219,19 @@ inline void set_up_fleet(jsCtx* js, int replicas = 1) {
   return std::string(natsMsg_GetData(raw), static_cast<std::size_t>(natsMsg_GetDataLength(raw)));
 }
 
+/// The last message on `subject` of `stream` as text, by a direct get (as the agent fetches a
+/// bundle); empty when there is none or the get was refused.
+[[nodiscard]] inline std::string direct_text(jsCtx* js, const std::string& stream,
+                                             const std::string& subject) {
+  jsDirectGetMsgOptions by_subject;
+  jsDirectGetMsgOptions_Init(&by_subject);
+  by_subject.LastBySubject = subject.c_str();
+  natsMsg* raw = nullptr;
+  if (js_DirectGetMsg(&raw, js, stream.c_str(), nullptr, &by_subject) != NATS_OK) return {};
+  const nats_owned<natsMsg> message(raw);
+  return std::string(natsMsg_GetData(raw), static_cast<std::size_t>(natsMsg_GetDataLength(raw)));
+}
+
 /// The value of `key` in the control bucket as text; empty when there is none.
 [[nodiscard]] inline std::string kv_text(kvStore* kv, const std::string& key) {
   kvEntry* raw = nullptr;

@@ -15,9 +15,16 @@
 #include "fleet/fleet_init.hpp"
 #include "update/arguments.hpp"
 
+#include <cubridge/fleet/agent.hpp>
 #include <cubridge/fleet/connection.hpp>
+#include <cubridge/fleet/controller.hpp>
 #include <cubridge/fleet/subjects.hpp>
 #include <cubridge/update/bundle.hpp>
+#include <cubridge/update/detail/signing.hpp>
+#include <cubridge/update/module_sink.hpp>
+#include <cubridge/update/update_gate.hpp>
+
+#include "update/source_bundles.hpp"
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
@@ -30,6 +37,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <atomic>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -365,7 +373,18 @@ TEST(fleet_init, command_line_options) {
   EXPECT_EQ(d.hosts, (std::vector<std::string>{"127.0.0.1", "localhost"}));
   EXPECT_EQ(d.servers, 1);
   EXPECT_EQ(d.port, 4222);
-  EXPECT_FALSE(d.node_account);
+  EXPECT_TRUE(d.node_account) << "the nodes' own account is the default layout";
+
+  CLI::App one_app;
+  fleet_init_options one;
+  (void)tool::add_fleet_init_command(*one_app.add_subcommand("fleet"), one);
+  one_app.parse("fleet init --dir y --node a --one-account", false);
+  EXPECT_FALSE(one.node_account);
+  CLI::App both_app;
+  fleet_init_options both;
+  (void)tool::add_fleet_init_command(*both_app.add_subcommand("fleet"), both);
+  EXPECT_THROW(both_app.parse("fleet init --dir y --node a --one-account --node-account", false),
+               CLI::ExcludesError);
 
   CLI::App missing;
   fleet_init_options m;
@@ -387,13 +406,19 @@ class bus : public ::testing::TestWithParam<bool> {
     operator_ = fleet::read_credentials_file(d_ / "operator.creds");
     node1_ = fleet::read_credentials_file(d_ / "nodes/node-1.creds");
     node2_ = fleet::read_credentials_file(d_ / "nodes/node-2.creds");
+    // A node's credentials name the prefix its account reaches JetStream through; the
+    // operator's none.
+    EXPECT_EQ(node1_.api_prefix, node_account() ? tool::node_api_prefix : "");
+    EXPECT_EQ(node2_.api_prefix, node1_.api_prefix);
+    EXPECT_EQ(operator_.api_prefix, "");
     server_ = std::make_unique<nats_server>(nats_config::from_file(d_ / "server.conf"));
   }
 
   [[nodiscard]] bool node_account() const { return GetParam(); }
-  // The JetStream API prefix of a node: the default, or the NODES account's.
+  // The JetStream API prefix of a node, as its credentials file names it: none (the default),
+  // or the NODES account's.
   [[nodiscard]] const char* node_prefix() const {
-    return node_account() ? tool::node_api_prefix.data() : nullptr;
+    return node1_.api_prefix.empty() ? nullptr : node1_.api_prefix.c_str();
   }
   [[nodiscard]] std::string node_api() const {
     return node_account() ? std::string(tool::node_api_prefix) : "$JS.API";
@@ -554,9 +579,10 @@ TEST_P(bus, a_node_may_make_each_call_of_the_agent) {
   EXPECT_EQ(kvWatcher_Stop(watcher.get()), NATS_OK);  // deletes its consumer
   watcher.reset();
 
-  // The bundle by its subject; each stream's info.
-  EXPECT_EQ(last_text(js.get(), fleet::bundle_stream(test_module), test_bundle_subject()),
+  // The bundle by its subject (a direct get, held to bundle subjects); each stream's info.
+  EXPECT_EQ(direct_text(js.get(), fleet::bundle_stream(test_module), test_bundle_subject()),
             "bundle v1");
+
   for (const auto& stream :
        {std::string(fleet::control_bucket_stream), fleet::bundle_stream(test_module),
         std::string(fleet::result_stream), std::string(fleet::heartbeat_stream)}) {
@@ -584,6 +610,70 @@ TEST_P(bus, a_node_may_make_each_call_of_the_agent) {
   }
   EXPECT_EQ(violations(), 0u) << server_->log_text();
   EXPECT_EQ(node.errors->all(), "");
+}
+
+// A sink that serves what it is given, for the agent below.
+class serving_sink final : public module_sink {
+ public:
+  std::optional<compute_capability> device_capability() const override {
+    return compute_capability{9, 0};
+  }
+  std::uint64_t current_version(std::string_view) const override { return version_; }
+  sink_result apply(const verified_bundle& bundle) override {
+    version_ = bundle.version();
+    return {sink_outcome::done, version_, {}};
+  }
+  sink_result rollback(std::string_view) override {
+    return {sink_outcome::no_previous_version, version_, "none"};
+  }
+  std::vector<module_report> status() const override { return {}; }
+
+ private:
+  std::atomic<std::uint64_t> version_{0};
+};
+
+// The operator's controller and a real agent, each given only what fleet init wrote for it (a
+// node: its credentials file, which names its account's JetStream prefix, and the CA): a
+// published bundle is applied and answered, and the server logs no violation.
+TEST_P(bus, an_agent_given_only_its_credentials_file_applies_a_publish) {
+  const std::string m(test_module);
+  fleet::controller_options co;
+  co.bus.servers = server_->tls_url();
+  co.bus.credentials = d_ / "operator.creds";
+  co.bus.ca_file = d_ / "ca.pem";
+  co.operator_keys.add(read_public_key_file(d_ / "operator.pub"));
+  fleet::controller control(co);
+  const auto operator_key = read_secret_key_file(d_ / "operator.key");
+  control.enroll("node-1", read_public_key_file(d_ / "nodes/node-1.pub"), {}, operator_key);
+
+  serving_sink sink;
+  update_gate_options gate_options;
+  gate_options.keys.add(read_public_key_file(d_ / "operator.pub"));
+  gate_options.persist_state = false;
+  const auto gate = update_gate::create(sink, gate_options);
+  fleet_agent_options ao;
+  ao.bus.servers = server_->tls_url();
+  ao.bus.credentials = d_ / "nodes/node-1.creds";
+  ao.bus.ca_file = d_ / "ca.pem";
+  ao.node = "node-1";
+  ao.node_key_file = d_ / "nodes/node-1.key";
+  ao.modules = {m};
+  fleet_agent agent(gate, ao);
+  agent.start();
+  ASSERT_TRUE(eventually([&] { return agent.connected(); }, std::chrono::seconds(20)))
+      << agent.last_problem();
+
+  const auto bundle = source_bundle(m, 1, operator_key);
+  const auto report = control.publish(bundle, operator_key);
+  const std::vector<std::string> node{"node-1"};
+  const auto results =
+      control.wait_for_results(m, report.desired.revision, cubridge::detail::sha256_hex(bundle),
+                               node, std::chrono::seconds(30));
+  ASSERT_EQ(results.size(), 1u) << agent.last_problem();
+  EXPECT_EQ(results.front().outcome, gate_outcome::applied) << results.front().detail;
+  EXPECT_EQ(sink.current_version(m), 1u);
+  agent.stop();
+  EXPECT_EQ(violations(), 0u) << server_->log_text();
 }
 
 TEST_P(bus, a_node_watch_gets_its_flow_control_through) {
@@ -735,6 +825,12 @@ TEST_P(refusals, a_node_cannot_administer_streams_or_durable_consumers) {
   EXPECT_NE(js_DeleteMsg(js.get(), fleet::bundle_stream(test_module).c_str(), 1, nullptr, &code),
             NATS_OK);
   expect_violation(api + ".STREAM.MSG.DELETE." + fleet::bundle_stream(test_module), node);
+  // Its direct gets are held to bundle subjects; the old message get is not allowed at all.
+  const auto others = fleet::result_subject(test_module, "node-2");
+  EXPECT_EQ(direct_text(js.get(), std::string(fleet::result_stream), others), "");
+  expect_violation(api + ".DIRECT.GET." + std::string(fleet::result_stream) + "." + others, node);
+  EXPECT_EQ(last_text(js.get(), fleet::bundle_stream(test_module), test_bundle_subject()), "");
+  expect_violation(api + ".STREAM.MSG.GET." + fleet::bundle_stream(test_module), node);
   EXPECT_NE(js_DeleteKeyValue(js.get(), std::string(fleet::control_bucket).c_str()), NATS_OK);
   EXPECT_NE(add_bucket(js.get(), 1), NATS_OK);
   // A durable consumer (it would outlive the node's session) on the bucket's stream.
@@ -901,13 +997,21 @@ TEST(fleet_init_cluster, its_three_configurations_form_a_tls_cluster_with_its_us
                           o.dir / "ca.pem"};
   auto node_client = connect_to(as_node);
   ASSERT_TRUE(node_client.connected()) << node_client.error;
-  const auto node_js = jetstream(node_client.get());
+  // The node reaches JetStream through the prefix of its credentials (the NODES account).
+  ASSERT_EQ(node.api_prefix, tool::node_api_prefix);
+  const auto node_js = jetstream(node_client.get(), 5000, node.api_prefix.c_str());
   kvStore* raw_kv = nullptr;
   ASSERT_EQ(js_KeyValue(&raw_kv, node_js.get(), std::string(fleet::control_bucket).c_str()),
             NATS_OK);
   const nats_owned<kvStore> kv(raw_kv);
   EXPECT_EQ(kv_text(kv.get(), fleet::desired_key(m)), "desired v1");
-  EXPECT_EQ(last_text(node_js.get(), fleet::bundle_stream(m), test_bundle_subject()), "bundle v1");
+  // A direct get is answered by any replica, one that may not hold the bundle yet.
+  EXPECT_TRUE(eventually(
+      [&] {
+        return direct_text(node_js.get(), fleet::bundle_stream(m), test_bundle_subject()) ==
+               "bundle v1";
+      },
+      std::chrono::seconds(10)));
   jsPubAck* ack = nullptr;
   jsErrCode code = static_cast<jsErrCode>(0);
   EXPECT_EQ(js_Publish(&ack, node_js.get(), fleet::heartbeat_subject("node-1").c_str(), "beat", 4,

@@ -1386,7 +1386,8 @@ TEST(ServerList, RefusalsQuoteAValueOnce) {
     (void)fleet::read_credentials_file(path);
     ADD_FAILURE() << "did not throw";
   } catch (const cubridge::error& e) {
-    EXPECT_TRUE(contains(e.what(), "line 3: unknown field 'name' (user, password)")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "line 3: unknown field 'name' (user, password, api_prefix)"))
+        << e.what();
   }
 }
 
@@ -1433,6 +1434,29 @@ TEST(CredentialsFile, RoundTrip) {
   fleet::write_credentials_file(bare, {"op", "pw"});
   EXPECT_EQ(read_text(bare), "user op\npassword pw\n");
   EXPECT_EQ(fleet::read_credentials_file(bare).password, "pw");
+}
+
+TEST(CredentialsFile, AnApiPrefixIsKeptAndTakenByTheBusOptions) {
+  const temp_dir dir;
+  const auto path = dir.path / "node-1.creds";
+  fleet::write_credentials_file(path, {"node-1", "pw", "cubridge.api"});
+  EXPECT_EQ(read_text(path), "user node-1\npassword pw\napi_prefix cubridge.api\n");
+  EXPECT_EQ(fleet::read_credentials_file(path).api_prefix, "cubridge.api");
+  fleet::bus_options bus;
+  bus.credentials = path;
+  EXPECT_EQ(fleet::api_prefix_of(bus), "cubridge.api");
+  bus.api_prefix = "other.api";  // given: it wins
+  EXPECT_EQ(fleet::api_prefix_of(bus), "other.api");
+  bus = {};  // no credentials file: none
+  EXPECT_EQ(fleet::api_prefix_of(bus), "");
+  // Only subject tokens: no wildcard, no empty token, no space.
+  for (const char* bad : {"cubridge.*", "a..b", ".a", "a.", "a.>", "a$b", "x\x01"}) {
+    const auto file =
+        private_file(dir.path / "bad", std::string("user a\npassword b\napi_prefix ") + bad + "\n");
+    const auto message =
+        error_of([&] { (void)fleet::read_credentials_file(file); }, errc::precondition);
+    EXPECT_TRUE(contains(message, "line 3")) << bad << ": " << message;
+  }
 }
 
 TEST(CredentialsFile, CommentsBlankLinesAndLineEndings) {

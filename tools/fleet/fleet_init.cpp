@@ -387,9 +387,9 @@ std::string user_block(const user_entry& user, const std::vector<std::string>& p
 std::vector<std::string> node_api_subjects() {
   const std::string kv(fleet::control_bucket_stream);
   return {
-      "STREAM.INFO.*",     // js_KeyValue (binds the bucket), js_GetStreamInfo on a stream
-      "STREAM.NAMES",      // kvStore_Watch looks the stream of its subject up
-      "STREAM.MSG.GET.*",  // js_GetLastMsg of a bundle's subject (per module stream)
+      "STREAM.INFO.*",  // js_KeyValue (binds the bucket), js_GetStreamInfo on a stream
+      "STREAM.NAMES",   // kvStore_Watch looks the stream of its subject up
+      "DIRECT.GET.*.cubridge.bundle.>",  // js_DirectGetMsg of a bundle's subject
       "DIRECT.GET." + kv + ".$KV." + std::string(fleet::control_bucket) + ".>",  // kvStore_Get
       "CONSUMER.CREATE." + kv,         // kvStore_Watch: its ephemeral ordered consumer
       "CONSUMER.DELETE." + kv + ".*",  // kvWatcher_Stop / _Destroy deletes it
@@ -533,7 +533,7 @@ std::string readme(const checked_options& c) {
       << "/ca.pem --trusted-key " << d << "/operator.pub\n";
   if (c.node_account)
     out << "  The nodes are in an account of their own: their JetStream API prefix is "
-        << node_api_prefix << ".\n";
+        << node_api_prefix << ",\n  named in each node's credentials file.\n";
   out << "\nFiles (secrets are mode 0600, this directory 0700):\n"
       << "  ca.pem, ca.key            the fleet's CA (keep ca.key offline once the servers run)\n"
       << "  server" << (c.servers == 1 ? "" : "-N") << ".pem/.key, server"
@@ -627,13 +627,14 @@ void write_fleet_init(const fleet_init_options& options) {
   }
 
   // Identities: a password each (only its hash goes into the configuration) and a key pair.
-  const auto identity = [&](const std::string& user, const fs::path& creds) {
+  const auto identity = [&](const std::string& user, const fs::path& creds,
+                            std::string api_prefix) {
     const auto password = random_password();
-    fleet::write_credentials_file(creds, {user, password.text},
+    fleet::write_credentials_file(creds, {user, password.text, std::move(api_prefix)},
                                   "the bus identity of " + user + " (cubridge fleet init)");
     return user_entry{user, bcrypt_hash(password)};
   };
-  const auto op = identity(std::string(operator_user), c.dir / "operator.creds");
+  const auto op = identity(std::string(operator_user), c.dir / "operator.creds", {});
   if (c.operator_public) {
     write_key_file(c.dir / "operator.pub", *c.operator_public);
   } else {
@@ -644,7 +645,8 @@ void write_fleet_init(const fleet_init_options& options) {
   std::vector<user_entry> nodes;
   for (const auto& node : c.nodes) {
     const auto base = c.dir / "nodes" / node;
-    nodes.push_back(identity(node, base.string() + ".creds"));
+    nodes.push_back(identity(node, base.string() + ".creds",
+                             c.node_account ? std::string(node_api_prefix) : std::string()));
     const auto pair = generate_keypair();
     write_key_file(base.string() + ".key", pair.secret_key);
     write_key_file(base.string() + ".pub", pair.public_key);
@@ -676,9 +678,14 @@ CLI::App* add_fleet_init_command(CLI::App& fleet, fleet_init_options& options) {
       ->capture_default_str();
   init->add_option("--operator-key", options.operator_key,
                    "An existing operator key file (public or secret): no operator.key is made");
-  init->add_flag("--node-account", options.node_account,
-                 "Put the nodes in an account of their own (JetStream API prefix " +
-                     std::string(node_api_prefix) + ")");
+  auto* node_account = init->add_flag(
+      "--node-account", options.node_account,
+      "The nodes in an account of their own, reaching JetStream through the prefix " +
+          std::string(node_api_prefix) + " their credentials files name (the default)");
+  init->add_flag("--one-account{false}", options.node_account,
+                 "The nodes and the operator in one account, permissions the only boundary "
+                 "(a node's JetStream request may name any reply subject)")
+      ->excludes(node_account);
   return init;
 }
 

@@ -36,8 +36,10 @@ struct fleet_init_options {
   /// The nodes in an account of their own (NODES) that reaches the fleet's account (FLEET,
   /// where the streams and the bucket live) only through the exports of what a node needs.
   /// Closes what permissions in one account cannot (a JetStream reply sent to any subject,
-  /// docs/fleet-security.md); the nodes then use the JetStream API prefix node_api_prefix.
-  bool node_account = false;
+  /// docs/fleet-security.md); the nodes then use the JetStream API prefix node_api_prefix,
+  /// written into their credentials files. The default; false (`--one-account`): one account
+  /// whose users' permissions are the only boundary.
+  bool node_account = true;
 };
 
 /// The operator's user on the servers.

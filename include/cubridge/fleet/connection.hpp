@@ -26,9 +26,10 @@ struct bus_options {
   std::filesystem::path ca_file;
   /// Replicas of the streams and the bucket this side creates (1; 3 in a 3-server cluster).
   int replicas = 1;
-  /// The JetStream API prefix; empty: "$JS.API". A node of `cubridge fleet init --node-account`
-  /// (an account of its own, which reaches the fleet's streams only through exports) uses
-  /// "cubridge.api" (docs/fleet-security.md).
+  /// The JetStream API prefix; empty: the credentials file's `api_prefix`, else "$JS.API". A node
+  /// of `cubridge fleet init` (an account of its own, which reaches the fleet's streams only
+  /// through exports) uses "cubridge.api", written into its credentials file
+  /// (docs/fleet-security.md).
   std::string api_prefix;
 };
 
@@ -42,24 +43,31 @@ struct bus_options {
 /// Every URL of a comma-separated list redacted, joined with ",".
 [[nodiscard]] std::string redact_server_list(std::string_view servers);
 
-/// A user and password of the bus (users of the server's own configuration).
+/// A user and password of the bus (users of the server's own configuration), and the JetStream
+/// API prefix that identity reaches JetStream through (empty: "$JS.API").
 struct bus_credentials {
   std::string user;
   std::string password;
+  std::string api_prefix;
 };
 
 /// Largest credentials file read, in bytes.
 inline constexpr std::size_t max_credentials_bytes = 4096;
 
-/// Reads a credentials file: lines "user NAME" and "password SECRET" (printable, no spaces),
+/// Reads a credentials file: lines "user NAME" and "password SECRET" (printable, no spaces), an
+/// optional "api_prefix PREFIX" (subject tokens of letters, digits, '_' and '-', dot-separated),
 /// '#' comments and blank lines allowed. Refuses a file others may read unless
 /// `allow_readable`. Throws cubridge::error (errc::io) when unreadable, too large, not a regular
 /// file, or readable by others; (errc::precondition) when malformed, naming the line.
 [[nodiscard]] bus_credentials read_credentials_file(const std::filesystem::path& path,
                                                     bool allow_readable = false);
-/// Writes one (mode 0600, a new file: an existing one is refused). Throws cubridge::error
-/// (errc::io).
+/// Writes one (mode 0600, a new file: an existing one is refused); the api_prefix line only when
+/// one is given. Throws cubridge::error (errc::io).
 void write_credentials_file(const std::filesystem::path& path, const bus_credentials& credentials,
                             std::string_view comment = {});
+
+/// The JetStream API prefix `bus` reaches JetStream through: bus.api_prefix when given, else
+/// the credentials file's, else empty ("$JS.API"). Throws as read_credentials_file.
+[[nodiscard]] std::string api_prefix_of(const bus_options& bus);
 
 }  // namespace cubridge::fleet
