@@ -38,6 +38,8 @@ constexpr std::chrono::milliseconds api_wait{2000};
 // How long one pass waits on a module's watch: bounds how soon the loop sees stop() and the
 // next module.
 constexpr std::chrono::milliseconds watch_wait{50};
+// How often a loop waiting for a lost connection looks whether it is back.
+constexpr std::chrono::milliseconds link_poll{50};
 
 double ms_of(std::chrono::microseconds t) {
   return static_cast<double>(t.count()) / 1000.0;
@@ -115,6 +117,22 @@ struct fleet_agent::impl {
     std::unique_lock lock(wake_mutex);
     return wake.wait_for(lock, delay, [&] { return stopping; });
   }
+  // Waits up to `delay` for stop(); while the connection is down, returns as soon as it is up
+  // again (looked at every link_poll) with `failures` reset, so that a set-up after a server
+  // restart is not held back by the backoff its downtime built up. True when stopping.
+  bool pause_for_link(std::chrono::milliseconds delay, int& failures) {
+    if (link_up()) return pause(delay);
+    const auto until = steady::now() + delay;
+    for (auto left = delay; left.count() > 0;
+         left = std::chrono::duration_cast<std::chrono::milliseconds>(until - steady::now())) {
+      if (pause(std::min(left, link_poll))) return true;
+      if (link_up()) {
+        failures = 0;
+        return false;
+      }
+    }
+    return false;
+  }
   bool stop_requested() {
     std::lock_guard lock(wake_mutex);
     return stopping;
@@ -184,6 +202,9 @@ void fleet_agent::impl::set_up() {
   for (auto& f : follows) {
     f.watcher.reset();
     f.next_resync = {};  // read at once: the watch's first value may take a moment
+    // A fetch that failed with the lost connection is tried again at once on the new one.
+    f.failures = 0;
+    f.next_attempt = {};
     watch(f);
   }
   ++connects;
@@ -258,7 +279,7 @@ void fleet_agent::impl::run_worker() {
         note_problem({});
       } catch (const std::exception& e) {
         note_problem(e.what());
-        if (pause(nats::reconnect_delay(++set_up_failures))) return;
+        if (pause_for_link(nats::reconnect_delay(++set_up_failures), set_up_failures)) return;
         continue;
       }
     }
@@ -290,7 +311,7 @@ void fleet_agent::impl::run_worker() {
     }
     if (!healthy && !link_up()) {
       ready = false;  // set up again once the connection is back
-      if (pause(nats::reconnect_delay(++set_up_failures))) return;
+      if (pause_for_link(nats::reconnect_delay(++set_up_failures), set_up_failures)) return;
     }
   }
 }
@@ -370,11 +391,11 @@ std::optional<std::vector<std::byte>> fleet_agent::impl::fetch(const std::string
                                                                const fleet::bundle_ref& ref,
                                                                std::string& why) {
   const auto subject = fleet::bundle_subject(module, ref.version, ref.digest);
-  const auto js_fetch =
-      nats::jetstream(connection.get(), fetch_wait(ref.size), options.bus.api_prefix);
   nats::message_ptr message;
   try {
-    message = nats::direct_last_message(js_fetch.get(), fleet::bundle_stream(module), subject);
+    message =
+        nats::direct_last_message(connection.get(), options.bus.api_prefix,
+                                  fleet::bundle_stream(module), subject, fetch_wait(ref.size));
   } catch (const std::exception& e) {
     why = e.what();
     return std::nullopt;

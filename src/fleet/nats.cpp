@@ -364,17 +364,76 @@ message_ptr last_message(jsCtx* js, std::string_view stream, std::string_view su
   return owned;
 }
 
-message_ptr direct_last_message(jsCtx* js, std::string_view stream, std::string_view subject) {
-  const std::string stream_name(stream), subject_name(subject);
-  jsDirectGetMsgOptions by_subject;
-  check(jsDirectGetMsgOptions_Init(&by_subject), "jsDirectGetMsgOptions_Init", "direct get");
-  by_subject.LastBySubject = subject_name.c_str();
+namespace {
+
+std::uint64_t reconnects_of(natsConnection* connection) {
+  natsStatistics* raw = nullptr;
+  if (natsStatistics_Create(&raw) != NATS_OK) return 0;
+  const statistics_ptr stats(raw);
+  std::uint64_t reconnects = 0;
+  if (natsConnection_GetStats(connection, raw) != NATS_OK ||
+      natsStatistics_GetCounts(raw, nullptr, nullptr, nullptr, nullptr, &reconnects) != NATS_OK)
+    return 0;
+  return reconnects;
+}
+
+}  // namespace
+
+message_ptr direct_last_message(natsConnection* connection, std::string_view api_prefix,
+                                std::string_view stream, std::string_view subject,
+                                std::chrono::milliseconds wait) {
+  const std::string involved =
+      "subject " + std::string(subject) + " of stream " + std::string(stream);
+  const auto lost = [&] {
+    fail(fleet_errc::unreachable, "the connection was lost during the direct get", "direct get",
+         involved);
+  };
+  if (natsConnection_Status(connection) != NATS_CONN_STATUS_CONNECTED) lost();
+  const std::string api = (api_prefix.empty() ? std::string("$JS.API") : std::string(api_prefix)) +
+                          ".DIRECT.GET." + std::string(stream) + "." + std::string(subject);
+  natsInbox* raw_inbox = nullptr;
+  check(natsInbox_Create(&raw_inbox), "natsInbox_Create", involved);
+  const inbox_ptr inbox(raw_inbox);
+  natsSubscription* raw_sub = nullptr;
+  check(natsConnection_SubscribeSync(&raw_sub, connection, raw_inbox),
+        "natsConnection_SubscribeSync", involved);
+  const subscription_ptr sub(raw_sub);
+  check(natsSubscription_AutoUnsubscribe(raw_sub, 1), "natsSubscription_AutoUnsubscribe", involved);
+  const auto reconnects = reconnects_of(connection);
+  check(natsConnection_PublishRequest(connection, api.c_str(), raw_inbox, nullptr, 0),
+        "natsConnection_PublishRequest", involved);
+  // The answer in slices, so that a lost connection (the request with it) is seen at once.
+  constexpr std::chrono::milliseconds slice{100};
+  const auto until = std::chrono::steady_clock::now() + wait;
   natsMsg* raw = nullptr;
-  const auto status = js_DirectGetMsg(&raw, js, stream_name.c_str(), nullptr, &by_subject);
-  message_ptr owned(raw);
-  if (status == NATS_NOT_FOUND) return nullptr;
-  check(status, "js_DirectGetMsg", "subject " + subject_name + " of stream " + stream_name);
-  return owned;
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        until - std::chrono::steady_clock::now());
+    if (left.count() <= 0)
+      fail(fleet_errc::nats_failed,
+           "no answer within " + std::to_string(wait.count()) + " ms (Timeout)", "direct get",
+           involved);
+    const auto status = natsSubscription_NextMsg(&raw, raw_sub, std::min(left, slice).count());
+    if (status == NATS_OK) break;
+    if (status != NATS_TIMEOUT) check(status, "natsSubscription_NextMsg", involved);
+    if (natsConnection_Status(connection) != NATS_CONN_STATUS_CONNECTED ||
+        reconnects_of(connection) != reconnects)
+      lost();
+  }
+  message_ptr message(raw);
+  if (natsMsg_IsNoResponders(raw))
+    fail(fleet_errc::nats_failed, "no responders (no such stream, or it takes no direct gets)",
+         "direct get", involved);
+  const char* status = nullptr;
+  if (natsMsg_GetDataLength(raw) == 0 && natsMsgHeader_Get(raw, "Status", &status) == NATS_OK) {
+    if (std::string_view(status) == "404") return nullptr;
+    const char* description = nullptr;
+    (void)natsMsgHeader_Get(raw, "Description", &description);
+    fail(fleet_errc::nats_failed,
+         "refused: " + std::string(status) + " " + std::string(description ? description : ""),
+         "direct get", involved);
+  }
+  return message;
 }
 
 std::vector<std::string> stream_subjects(jsCtx* js, std::string_view stream,

@@ -40,6 +40,8 @@ using kv_entry_ptr = nats_ptr<kvEntry, kvEntry_Destroy>;
 using kv_watcher_ptr = nats_ptr<kvWatcher, kvWatcher_Destroy>;
 using stream_info_ptr = nats_ptr<jsStreamInfo, jsStreamInfo_Destroy>;
 using pub_ack_ptr = nats_ptr<jsPubAck, jsPubAck_Destroy>;
+using inbox_ptr = nats_ptr<natsInbox, natsInbox_Destroy>;
+using statistics_ptr = nats_ptr<natsStatistics, natsStatistics_Destroy>;
 
 /// Throws cubridge::error (domain "fleet") unless `status` is NATS_OK: fleet_errc::unreachable
 /// for a connection that is closed, lost or was never made, else fleet_errc::nats_failed. The
@@ -125,11 +127,19 @@ struct kv_value {
 [[nodiscard]] message_ptr last_message(jsCtx* js, std::string_view stream,
                                        std::string_view subject);
 
-/// The last message on `subject` of `stream` by a direct get (JetStream's DIRECT.GET: the
-/// payload as stored, no base64 in JSON; answered by any replica: the fleet's streams allow
-/// direct gets), or null when there is none.
-[[nodiscard]] message_ptr direct_last_message(jsCtx* js, std::string_view stream,
-                                              std::string_view subject);
+/// The last message on `subject` of `stream` by a direct get (JetStream's DIRECT.GET under
+/// `api_prefix`, empty: "$JS.API": the payload as stored, no base64 in JSON; answered by any
+/// replica, the fleet's streams allow direct gets), or null when there is none. Waits at most
+/// `wait`, and gives up at once when the connection is lost meanwhile: the request is lost with
+/// it, and waiting out a timeout scaled for a large bundle would hold the node back long after
+/// the server is back.
+/// @throws cubridge::error: fleet_errc::unreachable when not connected or the connection was
+///         lost during the get; fleet_errc::nats_failed on a timeout, no responders or a
+///         refusal (its status and description).
+[[nodiscard]] message_ptr direct_last_message(natsConnection* connection,
+                                              std::string_view api_prefix, std::string_view stream,
+                                              std::string_view subject,
+                                              std::chrono::milliseconds wait);
 
 /// The subjects of `stream` that match `filter` ("cubridge.heartbeat.>"), each holding at least
 /// one message; empty when the stream does not exist.
