@@ -13,8 +13,8 @@
 //      100-node rollouts;
 //   3. where the time goes: the results' verify_ms and apply_ms, the server's CPU time
 //      (/proc/<pid>/stat), the node processes' and this process's CPU time, a gate's state
-//      writes, and the two ways of fetching a bundle (the agent's STREAM.MSG.GET against a direct
-//      get);
+//      writes, and the two ways of fetching a bundle (STREAM.MSG.GET, which the agent used,
+//      against the direct get it uses now);
 //   4. recovery under the agents' defaults: a node killed -9 mid-apply (and after its promote)
 //      and restarted, the server killed -9 right after a publish and restarted.
 //
@@ -344,7 +344,7 @@ struct fetch_sample {
   std::size_t size = 0, response_bytes = 0;
   std::string error;
   double msg_get_request_ms = 0;  // STREAM.MSG.GET as a bare request: server and transfer
-  double msg_get_ms = 0;          // js_GetLastMsg, as the agent fetches (+ JSON and base64)
+  double msg_get_ms = 0;          // js_GetLastMsg, as the agent fetched (+ JSON and base64)
   double direct_get_ms = 0;       // js_DirectGetMsg with LastBySubject: the bytes as stored
 };
 
@@ -515,8 +515,8 @@ class bench {
     return cells;
   }
 
-  // Part 3: the agent's way of fetching a bundle against a direct get, from this process, the
-  // bundles stored under a module no node follows.
+  // Part 3: the old way of fetching a bundle (STREAM.MSG.GET) against the agent's direct get,
+  // from this process, the bundles stored under a module no node follows.
   std::vector<fetch_sample> compare_fetches() {
     const std::string module = "bench_fetch";
     std::vector<fetch_sample> out;
@@ -913,6 +913,13 @@ class bench {
     }
     s.retries -= retries_before;
     s.publish_failures -= failures_before;
+    if (s.retries > 0) {  // what the agents that retried last saw, cut to its first 160 chars
+      std::map<std::string, int> problems;
+      for (const auto& a : agents)
+        if (const auto p = a->last_problem(); !p.empty()) ++problems[p.substr(0, 160)];
+      for (const auto& [problem, n] : problems)
+        std::cout << "    the last problem of " << n << " agents: " << problem << std::endl;
+    }
     return s;
   }
 
@@ -1199,7 +1206,8 @@ int run(int argc, char** argv) {
     groups.push_back(summary);
   }
   (void)b.settle();
-  std::cout << "# fetch: STREAM.MSG.GET against a direct get" << std::endl;
+  std::cout << "# fetch: STREAM.MSG.GET (the old fetch) against a direct get (the agent's)"
+            << std::endl;
   const auto fetches = b.compare_fetches();
   std::optional<recovery_report> recovery;
   for (const auto& g : b.plans())
@@ -1357,7 +1365,7 @@ int run(int argc, char** argv) {
   // Part 3.
   text << "\n## 3. Where the time goes\n"
        << "Per cell, medians of the runs: what the server sent (its /varz out_bytes) against one "
-          "bundle\nper node as STREAM.MSG.GET sends it (base64 in JSON, 4/3 of the bytes) plus the "
+          "bundle\nper node as the agent's direct get sends it (the bytes as stored) plus the "
           "bundle once into\nits stream; the messages it took\n(requests, publishes); CPU seconds "
           "of the server, the node processes "
           "and this process, against\nthe 2 cores' wall time; the agents' transient retries "
@@ -1373,9 +1381,9 @@ int run(int argc, char** argv) {
       if (c.runs.empty()) continue;
       const auto m = [&c](auto field) { return cell_median(c, field); };
       const double sent = m([](const run_sample& r) { return r.server_out_mib; });
-      // One base64 copy per node, and the bundle once into its stream (counted as sent).
+      // One copy per node (a direct get), and the bundle once into its stream (counted as sent).
       const double ideal =
-          static_cast<double>(c.nodes * c.bundle_bytes * 4 / 3 + c.bundle_bytes) / (1 << 20);
+          static_cast<double>(c.nodes * c.bundle_bytes + c.bundle_bytes) / (1 << 20);
       const double cpu =
           m([](const run_sample& r) { return r.server_cpu_s + r.nodes_cpu_s + r.bench_cpu_s; });
       const double wall = m([](const run_sample& r) { return r.converged_ms; }) / 1000;

@@ -94,8 +94,9 @@ struct fleet_agent::impl {
   nats::connection_ptr connection;
   nats::jetstream_ptr js;
   nats::kv_store_ptr bucket;
-  std::vector<module_follow> follows;  // the loop's only
-  std::atomic<bool> ready{false};      // bucket bound, watches made
+  std::optional<nats::direct_getter> getter;  // the loop's only: bundle fetches
+  std::vector<module_follow> follows;         // the loop's only
+  std::atomic<bool> ready{false};             // bucket bound, watches made
 
   std::thread worker, heartbeater;
   std::atomic<bool> is_running{false};
@@ -393,9 +394,9 @@ std::optional<std::vector<std::byte>> fleet_agent::impl::fetch(const std::string
   const auto subject = fleet::bundle_subject(module, ref.version, ref.digest);
   nats::message_ptr message;
   try {
-    message =
-        nats::direct_last_message(connection.get(), options.bus.api_prefix,
-                                  fleet::bundle_stream(module), subject, fetch_wait(ref.size));
+    if (!getter) getter.emplace(connection.get());
+    message = getter->last_message(options.bus.api_prefix, fleet::bundle_stream(module), subject,
+                                   fetch_wait(ref.size));
   } catch (const std::exception& e) {
     why = e.what();
     return std::nullopt;
@@ -572,6 +573,7 @@ void fleet_agent::stop() noexcept {
   d.heartbeater.join();
   d.follows.clear();
   d.ready = false;
+  d.getter.reset();
   d.bucket.reset();
   d.js.reset();
   d.connection.reset();

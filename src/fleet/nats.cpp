@@ -364,76 +364,92 @@ message_ptr last_message(jsCtx* js, std::string_view stream, std::string_view su
   return owned;
 }
 
-namespace {
-
-std::uint64_t reconnects_of(natsConnection* connection) {
-  natsStatistics* raw = nullptr;
-  if (natsStatistics_Create(&raw) != NATS_OK) return 0;
-  const statistics_ptr stats(raw);
-  std::uint64_t reconnects = 0;
-  if (natsConnection_GetStats(connection, raw) != NATS_OK ||
-      natsStatistics_GetCounts(raw, nullptr, nullptr, nullptr, nullptr, &reconnects) != NATS_OK)
-    return 0;
-  return reconnects;
+direct_getter::direct_getter(natsConnection* connection) : connection_(connection) {
+  natsInbox* raw_inbox = nullptr;
+  check(natsInbox_Create(&raw_inbox), "natsInbox_Create", "direct gets");
+  inbox_ = raw_inbox;
+  natsInbox_Destroy(raw_inbox);
+  natsSubscription* raw = nullptr;
+  check(natsConnection_SubscribeSync(&raw, connection, (inbox_ + ".*").c_str()),
+        "natsConnection_SubscribeSync", "direct gets");
+  subscription_.reset(raw);
+  natsStatistics* stats = nullptr;
+  check(natsStatistics_Create(&stats), "natsStatistics_Create", "direct gets");
+  statistics_.reset(stats);
 }
 
-}  // namespace
+std::uint64_t direct_getter::reconnects() const {
+  std::uint64_t count = 0;
+  if (natsConnection_GetStats(connection_, statistics_.get()) != NATS_OK ||
+      natsStatistics_GetCounts(statistics_.get(), nullptr, nullptr, nullptr, nullptr, &count) !=
+          NATS_OK)
+    return 0;
+  return count;
+}
 
-message_ptr direct_last_message(natsConnection* connection, std::string_view api_prefix,
-                                std::string_view stream, std::string_view subject,
-                                std::chrono::milliseconds wait) {
+message_ptr direct_getter::last_message(std::string_view api_prefix, std::string_view stream,
+                                        std::string_view subject, std::chrono::milliseconds wait) {
+  using clock = std::chrono::steady_clock;
+  // An answer that never came in this long is taken as lost, and asked for again.
+  constexpr std::chrono::minutes longest_outstanding{2};
   const std::string involved =
       "subject " + std::string(subject) + " of stream " + std::string(stream);
   const auto lost = [&] {
+    pending_.reset();
     fail(fleet_errc::unreachable, "the connection was lost during the direct get", "direct get",
          involved);
   };
-  if (natsConnection_Status(connection) != NATS_CONN_STATUS_CONNECTED) lost();
+  if (natsConnection_Status(connection_) != NATS_CONN_STATUS_CONNECTED) lost();
   const std::string api = (api_prefix.empty() ? std::string("$JS.API") : std::string(api_prefix)) +
                           ".DIRECT.GET." + std::string(stream) + "." + std::string(subject);
-  natsInbox* raw_inbox = nullptr;
-  check(natsInbox_Create(&raw_inbox), "natsInbox_Create", involved);
-  const inbox_ptr inbox(raw_inbox);
-  natsSubscription* raw_sub = nullptr;
-  check(natsConnection_SubscribeSync(&raw_sub, connection, raw_inbox),
-        "natsConnection_SubscribeSync", involved);
-  const subscription_ptr sub(raw_sub);
-  check(natsSubscription_AutoUnsubscribe(raw_sub, 1), "natsSubscription_AutoUnsubscribe", involved);
-  const auto reconnects = reconnects_of(connection);
-  check(natsConnection_PublishRequest(connection, api.c_str(), raw_inbox, nullptr, 0),
+  const auto now = clock::now();
+  if (pending_ && (pending_->api_subject != api || pending_->reconnects != reconnects() ||
+                   now - pending_->sent > longest_outstanding))
+    pending_.reset();
+  if (!pending_) {
+    outstanding request{api, inbox_ + "." + std::to_string(++serial_), reconnects(), now};
+    check(
+        natsConnection_PublishRequest(connection_, api.c_str(), request.reply.c_str(), nullptr, 0),
         "natsConnection_PublishRequest", involved);
+    pending_ = std::move(request);
+  }
   // The answer in slices, so that a lost connection (the request with it) is seen at once.
   constexpr std::chrono::milliseconds slice{100};
-  const auto until = std::chrono::steady_clock::now() + wait;
-  natsMsg* raw = nullptr;
+  const auto until = now + wait;
   for (;;) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        until - std::chrono::steady_clock::now());
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - clock::now());
     if (left.count() <= 0)
       fail(fleet_errc::nats_failed,
-           "no answer within " + std::to_string(wait.count()) + " ms (Timeout)", "direct get",
-           involved);
-    const auto status = natsSubscription_NextMsg(&raw, raw_sub, std::min(left, slice).count());
-    if (status == NATS_OK) break;
+           "no answer within " + std::to_string(wait.count()) +
+               " ms (Timeout; still awaited by the next get)",
+           "direct get", involved);
+    natsMsg* raw = nullptr;
+    const auto status =
+        natsSubscription_NextMsg(&raw, subscription_.get(), std::min(left, slice).count());
+    message_ptr message(raw);
+    if (status == NATS_OK) {
+      // A late answer to a request given up for another subject is dropped.
+      if (pending_->reply != natsMsg_GetSubject(raw)) continue;
+      pending_.reset();
+      if (natsMsg_IsNoResponders(raw))
+        fail(fleet_errc::nats_failed, "no responders (no such stream, or it takes no direct gets)",
+             "direct get", involved);
+      const char* code = nullptr;
+      if (natsMsg_GetDataLength(raw) == 0 && natsMsgHeader_Get(raw, "Status", &code) == NATS_OK) {
+        if (std::string_view(code) == "404") return nullptr;
+        const char* description = nullptr;
+        (void)natsMsgHeader_Get(raw, "Description", &description);
+        fail(fleet_errc::nats_failed,
+             "refused: " + std::string(code) + " " + std::string(description ? description : ""),
+             "direct get", involved);
+      }
+      return message;
+    }
     if (status != NATS_TIMEOUT) check(status, "natsSubscription_NextMsg", involved);
-    if (natsConnection_Status(connection) != NATS_CONN_STATUS_CONNECTED ||
-        reconnects_of(connection) != reconnects)
+    if (natsConnection_Status(connection_) != NATS_CONN_STATUS_CONNECTED ||
+        reconnects() != pending_->reconnects)
       lost();
   }
-  message_ptr message(raw);
-  if (natsMsg_IsNoResponders(raw))
-    fail(fleet_errc::nats_failed, "no responders (no such stream, or it takes no direct gets)",
-         "direct get", involved);
-  const char* status = nullptr;
-  if (natsMsg_GetDataLength(raw) == 0 && natsMsgHeader_Get(raw, "Status", &status) == NATS_OK) {
-    if (std::string_view(status) == "404") return nullptr;
-    const char* description = nullptr;
-    (void)natsMsgHeader_Get(raw, "Description", &description);
-    fail(fleet_errc::nats_failed,
-         "refused: " + std::string(status) + " " + std::string(description ? description : ""),
-         "direct get", involved);
-  }
-  return message;
 }
 
 std::vector<std::string> stream_subjects(jsCtx* js, std::string_view stream,

@@ -40,7 +40,6 @@ using kv_entry_ptr = nats_ptr<kvEntry, kvEntry_Destroy>;
 using kv_watcher_ptr = nats_ptr<kvWatcher, kvWatcher_Destroy>;
 using stream_info_ptr = nats_ptr<jsStreamInfo, jsStreamInfo_Destroy>;
 using pub_ack_ptr = nats_ptr<jsPubAck, jsPubAck_Destroy>;
-using inbox_ptr = nats_ptr<natsInbox, natsInbox_Destroy>;
 using statistics_ptr = nats_ptr<natsStatistics, natsStatistics_Destroy>;
 
 /// Throws cubridge::error (domain "fleet") unless `status` is NATS_OK: fleet_errc::unreachable
@@ -127,19 +126,41 @@ struct kv_value {
 [[nodiscard]] message_ptr last_message(jsCtx* js, std::string_view stream,
                                        std::string_view subject);
 
-/// The last message on `subject` of `stream` by a direct get (JetStream's DIRECT.GET under
-/// `api_prefix`, empty: "$JS.API": the payload as stored, no base64 in JSON; answered by any
-/// replica, the fleet's streams allow direct gets), or null when there is none. Waits at most
-/// `wait`, and gives up at once when the connection is lost meanwhile: the request is lost with
-/// it, and waiting out a timeout scaled for a large bundle would hold the node back long after
-/// the server is back.
-/// @throws cubridge::error: fleet_errc::unreachable when not connected or the connection was
-///         lost during the get; fleet_errc::nats_failed on a timeout, no responders or a
-///         refusal (its status and description).
-[[nodiscard]] message_ptr direct_last_message(natsConnection* connection,
-                                              std::string_view api_prefix, std::string_view stream,
-                                              std::string_view subject,
-                                              std::chrono::milliseconds wait);
+/// Direct gets (JetStream's DIRECT.GET: the payload as stored, no base64 in JSON; answered by
+/// any replica, the fleet's streams allow direct gets) over one subscription of its own, made
+/// once and kept across reconnects. A get gives up as soon as the connection is lost (its
+/// request is lost with it: waiting out a timeout scaled for a large bundle would hold a node
+/// back long after the server is back). A get that timed out stays outstanding: the next get of
+/// the same subject waits for its answer instead of asking again, since every request asked
+/// again queues one more whole copy on a server that is already late. One thread uses it.
+class direct_getter {
+ public:
+  explicit direct_getter(natsConnection* connection);
+
+  /// The last message on `subject` of `stream` (JetStream API under `api_prefix`; empty:
+  /// "$JS.API"), or null when there is none; waits at most `wait`.
+  /// @throws cubridge::error: fleet_errc::unreachable when not connected or the connection was
+  ///         lost during the get; fleet_errc::nats_failed on a timeout, no responders or a
+  ///         refusal (its status and description).
+  [[nodiscard]] message_ptr last_message(std::string_view api_prefix, std::string_view stream,
+                                         std::string_view subject, std::chrono::milliseconds wait);
+
+ private:
+  struct outstanding {
+    std::string api_subject;
+    std::string reply;
+    std::uint64_t reconnects = 0;
+    std::chrono::steady_clock::time_point sent;
+  };
+  [[nodiscard]] std::uint64_t reconnects() const;
+
+  natsConnection* connection_;
+  std::string inbox_;
+  subscription_ptr subscription_;
+  statistics_ptr statistics_;
+  std::uint64_t serial_ = 0;
+  std::optional<outstanding> pending_;
+};
 
 /// The subjects of `stream` that match `filter` ("cubridge.heartbeat.>"), each holding at least
 /// one message; empty when the stream does not exist.

@@ -1134,8 +1134,8 @@ TEST_F(FleetControlPlane, AFetchCutOffByALostConnectionGivesUpAtOnce) {
   std::string outcome;
   std::thread fetch([&] {
     try {
-      (void)nats::direct_last_message(node.get(), "silent", "CUBRIDGE_BUNDLES_m",
-                                      "cubridge.bundle.m.1.x", 30s);
+      nats::direct_getter getter(node.get());
+      (void)getter.last_message("silent", "CUBRIDGE_BUNDLES_m", "cubridge.bundle.m.1.x", 30s);
       outcome = "returned a message";
     } catch (const cubridge::error& e) {
       outcome = e.is(fleet_errc::unreachable) ? "unreachable" : e.what();
