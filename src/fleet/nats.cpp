@@ -390,8 +390,9 @@ std::uint64_t direct_getter::reconnects() const {
 message_ptr direct_getter::last_message(std::string_view api_prefix, std::string_view stream,
                                         std::string_view subject, std::chrono::milliseconds wait) {
   using clock = std::chrono::steady_clock;
-  // An answer that never came in this long is taken as lost, and asked for again.
-  constexpr std::chrono::minutes longest_outstanding{2};
+  // An answer that has not come in two of its waits is taken as lost (a replica that died
+  // with the request, the connection still up) and asked for again.
+  const auto longest_outstanding = 2 * wait;
   const std::string involved =
       "subject " + std::string(subject) + " of stream " + std::string(stream);
   const auto lost = [&] {

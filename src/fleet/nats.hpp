@@ -132,7 +132,8 @@ struct kv_value {
 /// request is lost with it: waiting out a timeout scaled for a large bundle would hold a node
 /// back long after the server is back). A get that timed out stays outstanding: the next get of
 /// the same subject waits for its answer instead of asking again, since every request asked
-/// again queues one more whole copy on a server that is already late. One thread uses it.
+/// again queues one more whole copy on a server that is already late; it is asked again once it
+/// is two of its waits old (a replica that died with it). One thread uses it.
 class direct_getter {
  public:
   explicit direct_getter(natsConnection* connection);
