@@ -87,7 +87,12 @@ int prepare(const child_spec& spec, const std::vector<unique_fd>& sources, spawn
   sigset_t none;
   sigemptyset(&none);
   if (rc == 0) rc = posix_spawnattr_setsigmask(&setup.attributes, &none);
-  if (rc == 0) rc = posix_spawnattr_setflags(&setup.attributes, POSIX_SPAWN_SETSIGMASK);
+  short flags = POSIX_SPAWN_SETSIGMASK;
+  if (spec.own_process_group) {
+    if (rc == 0) rc = posix_spawnattr_setpgroup(&setup.attributes, 0);
+    flags |= POSIX_SPAWN_SETPGROUP;
+  }
+  if (rc == 0) rc = posix_spawnattr_setflags(&setup.attributes, flags);
   return rc;
 }
 
@@ -176,10 +181,11 @@ child_process child_process::spawn(const child_spec& spec) {
                                    argv.data(), envp.data());
       rc != 0)
     spawn_failed(spec.program, std::strerror(rc));
-  return child_process(pid);
+  return child_process(pid, spec.own_process_group);
 }
 
-child_process::child_process(pid_t pid) noexcept : pid_(pid) {
+child_process::child_process(pid_t pid, bool own_group) noexcept
+    : pid_(pid), own_group_(own_group) {
   // No pidfd (a kernel before 5.3, a seccomp filter): wait_for polls the status instead.
 #ifdef SYS_pidfd_open
   pidfd_.reset(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
@@ -187,12 +193,15 @@ child_process::child_process(pid_t pid) noexcept : pid_(pid) {
 }
 
 child_process::child_process(child_process&& other) noexcept
-    : pid_(std::exchange(other.pid_, 0)), pidfd_(std::move(other.pidfd_)) {}
+    : pid_(std::exchange(other.pid_, 0)),
+      own_group_(std::exchange(other.own_group_, false)),
+      pidfd_(std::move(other.pidfd_)) {}
 
 child_process& child_process::operator=(child_process&& other) noexcept {
   if (this != &other) {
     if (running()) (void)kill();
     pid_ = std::exchange(other.pid_, 0);
+    own_group_ = std::exchange(other.own_group_, false);
     pidfd_ = std::move(other.pidfd_);
   }
   return *this;
@@ -204,11 +213,24 @@ child_process::~child_process() {
 
 void child_process::forget() noexcept {
   pid_ = 0;
+  own_group_ = false;
   pidfd_.reset();
 }
 
 std::optional<child_exit> child_process::reap(bool block) noexcept {
   if (!running()) return no_child();
+  if (own_group_) {
+    // Ended, not yet reaped: the group id is still the child's, so what is left of its group
+    // (and nothing else) is killed before the reap frees the id.
+    siginfo_t info{};
+    int r = 0;
+    do {
+      r = ::waitid(P_PID, static_cast<id_t>(pid_), &info,
+                   WEXITED | WNOWAIT | (block ? 0 : WNOHANG));
+    } while (r < 0 && errno == EINTR);
+    if (r == 0 && info.si_pid == 0) return std::nullopt;  // still running
+    if (r == 0) ::kill(-pid_, SIGKILL);
+  }
   for (;;) {
     int status = 0;
     const pid_t r = ::waitpid(pid_, &status, block ? 0 : WNOHANG);
@@ -253,7 +275,7 @@ child_exit child_process::wait() noexcept {
 
 child_exit child_process::kill() noexcept {
   if (!running()) return no_child();
-  ::kill(pid_, SIGKILL);
+  ::kill(own_group_ ? -pid_ : pid_, SIGKILL);
   return *reap(true);
 }
 

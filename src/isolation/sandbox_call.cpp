@@ -42,6 +42,7 @@ class call_in_slot {
   }
 
   sandbox_reply run(const sandbox_request& request) {
+    capacity_ = request.reply_capacity;
     const auto sent = send(request);
     const auto timeout = request.timeout.count() > 0 ? request.timeout : s_.options.call_timeout;
     const auto f = receive(timeout);
@@ -76,6 +77,7 @@ class call_in_slot {
   std::size_t index_;
   bool held_;
   clock_type::time_point seen_ = clock_type::now();  // when the failure was seen
+  std::size_t capacity_ = 0;                         // the reply room the call asked for
 };
 
 std::vector<std::uint64_t> call_in_slot::send(const sandbox_request& request) {
@@ -125,7 +127,8 @@ protocol::frame call_in_slot::receive(std::chrono::milliseconds timeout) {
   protocol::frame f;
   protocol::receive_status status{};
   try {
-    status = protocol::receive_frame(w().process.socket(), f, clock_type::now() + timeout);
+    status = protocol::receive_frame(w().process.socket(), f, clock_type::now() + timeout,
+                                     protocol::reply_payload_limit(capacity_));
     seen_ = clock_type::now();
   } catch (const protocol::protocol_violation& e) {
     seen_ = clock_type::now();
@@ -150,6 +153,12 @@ sandbox_reply call_in_slot::handle(const protocol::frame& f,
     switch (f.type) {
       case protocol::message_type::result: {
         auto result = protocol::decode_result(f.payload);
+        // The worker clamps what a library claims; a longer reply is a worker not to trust.
+        if (result.reply.size() > capacity_)
+          fail(sandbox_failure::protocol, "'" + entry_ + "' replied " +
+                                              std::to_string(result.reply.size()) +
+                                              " bytes, more than the " + std::to_string(capacity_) +
+                                              " bytes of room the call asked for; worker killed");
         for (auto id : sent_ids) w().mapped.insert(id);
         release();
         return {result.status, std::move(result.reply)};
@@ -177,7 +186,7 @@ sandbox_reply call_in_slot::handle(const protocol::frame& f,
                  "); the worker ended itself, the host's contexts are another process's");
       }
       case protocol::message_type::dying: {
-        const auto end = sandbox_internal::last_words(pid, protocol::decode_dying(f.payload));
+        const auto end = w().process.confirm_last_words(protocol::decode_dying(f.payload));
         fail(end.reason, end.text + " during '" + entry_ + "'");
       }
       default:
@@ -211,7 +220,7 @@ void call_in_slot::died() {
                                 clock_type::now() + std::chrono::milliseconds(1)) ==
             protocol::receive_status::ok &&
         f.type == protocol::message_type::dying)
-      end = sandbox_internal::last_words(process.pid(), protocol::decode_dying(f.payload));
+      end = process.confirm_last_words(protocol::decode_dying(f.payload));
   } catch (const std::exception&) {
     // Nothing readable: its exit status tells.
   }

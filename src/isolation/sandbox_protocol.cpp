@@ -133,7 +133,9 @@ void send_frame(int socket, message_type type, std::span<const std::byte> payloa
 }
 
 receive_status receive_frame(int socket, frame& out,
-                             std::optional<std::chrono::steady_clock::time_point> deadline) {
+                             std::optional<std::chrono::steady_clock::time_point> deadline,
+                             std::size_t max_payload) {
+  max_payload = std::min(max_payload, max_payload_bytes);
   out = frame{};
   header_bytes_type head{};
   std::size_t got = 0;
@@ -177,9 +179,11 @@ receive_status receive_frame(int socket, frame& out,
                              std::to_string(protocol_version));
   if (h.type == 0 || h.type > last_message_type)
     throw protocol_violation("unknown message type " + std::to_string(h.type));
-  if (h.payload_bytes > max_payload_bytes)
-    throw protocol_violation("payload of " + std::to_string(h.payload_bytes) +
-                             " bytes exceeds the limit of " + std::to_string(max_payload_bytes));
+  if (h.payload_bytes > max_payload)
+    throw protocol_violation(
+        "payload of " + std::to_string(h.payload_bytes) + " bytes exceeds the limit of " +
+        std::to_string(max_payload) +
+        (max_payload < max_payload_bytes ? " (the room the call asked for)" : ""));
   if (control_truncated || h.fd_count > max_fds || out.fds.size() != h.fd_count)
     throw protocol_violation("frame announced " + std::to_string(h.fd_count) +
                              " file descriptor(s), " + std::to_string(out.fds.size()) + " arrived" +

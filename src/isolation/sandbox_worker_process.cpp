@@ -1,5 +1,7 @@
 #include "sandbox_worker_process.hpp"
 
+#include <cubridge/core/detail/process_tree.hpp>
+
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -27,8 +29,8 @@ worker_end end_of(pid_t pid, const detail::child_exit& exit) {
 }
 }  // namespace
 
-/// The end a worker announced in its last words, read as the exit it is about to make.
-worker_end last_words(pid_t pid, const protocol::dying_message& m) {
+/// The exit a worker announced in its last words.
+detail::child_exit claimed_exit(const protocol::dying_message& m) {
   detail::child_exit exit;
   if (m.cause == protocol::dying_cause::signal) {
     exit.how = detail::child_exit::kind::signaled;
@@ -37,7 +39,27 @@ worker_end last_words(pid_t pid, const protocol::dying_message& m) {
     exit.how = detail::child_exit::kind::exited;
     exit.exit_code = m.value;
   }
-  return end_of(pid, exit);
+  return exit;
+}
+
+/// The end a worker announced in its last words, read as the exit it is about to make.
+worker_end last_words(pid_t pid, const protocol::dying_message& m) {
+  return end_of(pid, claimed_exit(m));
+}
+
+worker_end worker_process::confirm_last_words(const protocol::dying_message& words,
+                                              std::chrono::milliseconds grace) {
+  const pid_t pid = process_.pid();
+  const std::string claim = claimed_exit(words).describe();
+  if (auto end = wait_for_exit(grace)) {
+    if (end->text != last_words(pid, words).text) end->text += " (it had said: " + claim + ")";
+    return *end;
+  }
+  auto end = kill_and_reap();
+  end.reason = sandbox_failure::protocol;
+  end.text = "worker pid " + std::to_string(pid) + " said it " + claim + " but ran on for " +
+             std::to_string(grace.count()) + " ms; killed (SIGKILL)";
+  return end;
 }
 
 int wait_socket_or_cancel(int socket, int cancel_fd, clock_type::time_point deadline) noexcept {
@@ -69,6 +91,10 @@ std::string worker_process::start(const worker_launch& launch, std::string& cuda
                           launch.environment,
                           {{3, worker_socket.get()}},
                           {}};
+  // A group of its own: what its library starts and leaves in the group ends with the worker
+  // (child_process kills the group before reaping it); what leaves the group (setsid) stays the
+  // worker's descendant (it is a child subreaper) and is ended by end_descendants().
+  spec.own_process_group = true;
   try {
     process_ = detail::child_process::spawn(spec);
   } catch (const error& e) {
@@ -102,7 +128,7 @@ std::string worker_process::await_ready(const worker_launch& launch, std::string
     } else if (f.type == protocol::message_type::start_failed) {
       failure = protocol::decode_start_failed(f.payload).reason;
     } else if (f.type == protocol::message_type::dying) {
-      failure = last_words(pid(), protocol::decode_dying(f.payload)).text + " while starting";
+      failure = confirm_last_words(protocol::decode_dying(f.payload)).text + " while starting";
     } else {
       failure = "the worker sent message type " + std::to_string(static_cast<int>(f.type)) +
                 " instead of ready";
@@ -120,21 +146,30 @@ bool worker_process::idle_and_alive() const noexcept {
   return ::poll(&p, 1, 0) == 0;
 }
 
+void worker_process::end_descendants() noexcept {
+  if (running()) (void)detail::kill_descendants(process_.pid());
+}
+
 void worker_process::stop(std::chrono::milliseconds grace) noexcept {
   if (!running()) return;
+  // Before the socket closes: a worker that exits on it leaves its descendants to init.
+  end_descendants();
   socket_.reset();
   (void)wait_for_exit(grace);
   if (running()) (void)kill_and_reap();
 }
 
 void worker_process::signal_kill() noexcept {
-  // The pid is ours until reaped, so it cannot name another process yet.
-  if (running()) ::kill(process_.pid(), SIGKILL);
+  // The pid is ours until reaped, so it cannot name another process (or group) yet.
+  if (!running()) return;
+  end_descendants();
+  ::kill(-process_.pid(), SIGKILL);
 }
 
 worker_end worker_process::kill_and_reap() noexcept {
   if (!running()) return {sandbox_failure::crashed, "no worker", -1};
   const pid_t pid = process_.pid();
+  end_descendants();
   return ended(pid, process_.kill());
 }
 

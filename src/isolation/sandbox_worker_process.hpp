@@ -63,14 +63,26 @@ class worker_process {
   /// closed its socket: a spare about to take over is checked so.
   [[nodiscard]] bool idle_and_alive() const noexcept;
 
-  /// Graceful end: close the socket (the worker exits on EOF), give it `grace`, then SIGKILL.
+  /// Kills (SIGKILL) every living descendant of the worker: what its library started and left
+  /// running, orphans included (the worker is a child subreaper). The worker itself runs on.
+  void end_descendants() noexcept;
+  /// Graceful end: its descendants killed, then the socket closed (the worker exits on EOF),
+  /// `grace` given, then SIGKILL to its group.
   void stop(std::chrono::milliseconds grace = std::chrono::milliseconds(2000)) noexcept;
   /// The first half of stop(), so that several workers exit at once: closes the socket.
   void close_socket() noexcept { socket_.reset(); }
-  /// Sends SIGKILL without waiting (the pid stays owned until reaped).
+  /// Kills its descendants and sends SIGKILL to its group without waiting (the pid stays owned
+  /// until reaped).
   void signal_kill() noexcept;
-  /// SIGKILL and reap. Returns how it ended (killed, or whatever it did first).
+  /// Its descendants killed, SIGKILL to its group, and reap. Returns how it ended (killed, or
+  /// whatever it did first).
   worker_end kill_and_reap() noexcept;
+  /// Its last words held against how it really ends: waits up to `grace` for it to exit and
+  /// reports the reaped status (with what it had said, where the two differ); a worker that says
+  /// it is ending and runs on is killed (with its group) and reported as a protocol failure. A
+  /// worker's claim is never reported as its end unless the exit confirms it.
+  worker_end confirm_last_words(const detail::sandbox_protocol::dying_message& words,
+                                std::chrono::milliseconds grace = std::chrono::milliseconds(2000));
   /// Waits up to `timeout` for the worker to exit by itself; nullopt if it still runs.
   std::optional<worker_end> wait_for_exit(std::chrono::milliseconds timeout) noexcept;
 

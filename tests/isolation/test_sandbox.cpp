@@ -3,6 +3,7 @@
 // host's memory (GPU; each in its own process). The wire protocol: test_sandbox_protocol.cpp.
 #include <cubridge/core/shared_device_memory.hpp>
 #include <cubridge/core/unique_fd.hpp>
+#include <cubridge/isolation/detail/sandbox_protocol.hpp>
 #include <cubridge/isolation/sandbox.hpp>
 
 #include "eventually.hpp"
@@ -14,16 +15,21 @@
 #include <gtest/gtest.h>
 
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
+#include <span>
 #include <thread>
+#include <vector>
 
 namespace {
 
@@ -225,6 +231,113 @@ TEST(Sandbox, StartFailuresSayWhy) {
     EXPECT_NE(std::string(e.what()).find("is not an executable file"), std::string::npos)
         << e.what();
   }
+}
+
+// --- a worker that cannot be taken at its word, and what its library leaves behind -------------
+
+namespace proto = cubridge::detail::sandbox_protocol;
+
+/// The bytes of one frame of `type` carrying `payload`, as the worker would send it.
+std::vector<std::byte> frame_bytes(proto::message_type type, std::span<const std::byte> payload) {
+  int pair[2];
+  EXPECT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, pair), 0);
+  unique_fd writer(pair[0]), reader(pair[1]);
+  std::vector<std::byte> bytes;
+  std::thread drain([&] {
+    std::byte chunk[65536];
+    for (ssize_t n; (n = ::read(reader.get(), chunk, sizeof chunk)) > 0;)
+      bytes.insert(bytes.end(), chunk, chunk + n);
+  });
+  proto::send_frame(writer.get(), type, payload);
+  writer.reset();
+  drain.join();
+  return bytes;
+}
+
+/// Whether `pid` has ended: gone, or a zombie nobody reaped yet.
+bool ended(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return true;
+  const auto close = line.rfind(')');
+  return close != std::string::npos && close + 2 < line.size() && line[close + 2] == 'Z';
+}
+
+/// Calls `entry` with `bytes`, expecting a protocol failure that says `message`; the worker is
+/// replaced.
+void expect_protocol_failure(const char* entry, std::vector<std::byte> bytes,
+                             std::size_t reply_capacity, const std::string& message) {
+  auto box = sandbox::start(cpu_options(0));
+  const pid_t before = box.worker_pid();
+  try {
+    (void)box.call(entry, {.bytes = std::move(bytes), .reply_capacity = reply_capacity});
+    FAIL() << "no sandbox_error";
+  } catch (const sandbox_error& e) {
+    EXPECT_EQ(e.reason(), sandbox_failure::protocol) << e.what();
+    EXPECT_TRUE(e.restarted()) << e.what();
+    EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(gone(before)) << "the worker that broke the protocol was not reaped";
+  EXPECT_EQ(box.call("echo", {.bytes = as_bytes("fresh")}).status, 5);
+}
+
+TEST(Sandbox, AReplyLongerThanTheRoomAskedForIsAProtocolFailure) {
+  // A whole frame far over the room (16 bytes asked, 1 MiB sent): refused from its header.
+  const std::vector<std::byte> huge(std::size_t{1} << 20, std::byte{'x'});
+  expect_protocol_failure(
+      "write_to_host",
+      frame_bytes(proto::message_type::result, proto::encode(proto::result_message{0, huge})), 16,
+      "the room the call asked for");
+  // A small frame whose reply is still over the room.
+  const std::vector<std::byte> some(1000, std::byte{'y'});
+  expect_protocol_failure(
+      "write_to_host",
+      frame_bytes(proto::message_type::result, proto::encode(proto::result_message{0, some})), 16,
+      "replied 1000 bytes, more than the 16 bytes of room the call asked for");
+}
+
+TEST(Sandbox, LastWordsTheExitDoesNotConfirmAreReportedAsAClaim) {
+  // "Dying of signal 11", then the worker's own result, and it runs on: not a crash.
+  std::array<std::byte, proto::dying_frame_bytes> dying{};
+  proto::encode_dying_frame({proto::dying_cause::signal, 11}, dying);
+  expect_protocol_failure("write_to_host", {dying.begin(), dying.end()}, 0,
+                          "said it killed by signal 11 (Segmentation fault) but ran on");
+}
+
+TEST(Sandbox, WhatTheLibraryLeftRunningEndsWithItsWorker) {
+  // A child in the worker's group and a daemon of its own session, then a hang the host kills:
+  // neither outlives the worker.
+  {
+    auto box = sandbox::start(cpu_options(0));
+    const pid_t child = box.call("leave_child").status;
+    const pid_t daemon = box.call("leave_daemon").status;
+    ASSERT_GT(child, 0);
+    ASSERT_GT(daemon, 0);
+    ASSERT_FALSE(ended(child));
+    ASSERT_FALSE(ended(daemon));
+    EXPECT_THROW((void)box.call("hang", {.timeout = 300ms}), sandbox_error);
+    EXPECT_TRUE(cubridge::testing::eventually([&] { return ended(child) && ended(daemon); }))
+        << "left running after its worker was killed: " << (ended(child) ? "" : "the child ")
+        << (ended(daemon) ? "" : "the daemon");
+  }
+  // A worker that crashes by itself: what stayed in its group ends with it.
+  {
+    auto box = sandbox::start(cpu_options(0));
+    const pid_t child = box.call("leave_child").status;
+    ASSERT_GT(child, 0);
+    EXPECT_THROW((void)box.call("crash"), sandbox_error);
+    EXPECT_TRUE(cubridge::testing::eventually([&] { return ended(child); }))
+        << "the child outlived its crashed worker";
+  }
+  // Shutdown: the sandbox destroyed.
+  pid_t daemon = 0;
+  {
+    auto box = sandbox::start(cpu_options(1));
+    daemon = box.call("leave_daemon").status;
+    ASSERT_GT(daemon, 0);
+  }
+  EXPECT_TRUE(cubridge::testing::eventually([&] { return ended(daemon); }))
+      << "the daemon outlived its sandbox";
 }
 
 TEST(Sandbox, DestructionEndsAndReapsTheWorker) {

@@ -13,6 +13,7 @@
 // the socket, also while an entry still runs (a watchdog thread sees the hang-up).
 #include <cubridge/core/detail/check.hpp>
 #include <cubridge/core/detail/describe.hpp>
+#include <cubridge/core/detail/process_tree.hpp>
 #include <cubridge/core/driver.hpp>
 #include <cubridge/core/unique_fd.hpp>
 #include <cubridge/isolation/detail/sandbox_protocol.hpp>
@@ -23,6 +24,8 @@
 
 #include <dlfcn.h>
 #include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -301,13 +304,24 @@ class worker {
   cubridge_worker::buffer_mappings buffers_;
 };
 
+/// Kills (SIGKILL) what the library started and left running, before the worker goes: such a
+/// process may hold a CUDA context and GPU memory. As a child subreaper the worker is the parent
+/// of every orphan its library's processes left (a daemon forked twice, setsid()), so all of
+/// them are its descendants.
+void end_children() noexcept {
+  (void)cubridge::detail::kill_descendants(::getpid());
+}
+
 /// Ends the process when the host hangs up, also while an entry runs (a hung library would
 /// otherwise outlive its host).
 void watch_for_hangup(int socket) {
   std::thread([socket] {
     for (;;) {
       pollfd p{socket, POLLRDHUP, 0};
-      if (::poll(&p, 1, -1) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR))) _exit(0);
+      if (::poll(&p, 1, -1) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR))) {
+        end_children();
+        _exit(0);
+      }
     }
   }).detach();
 }
@@ -322,9 +336,13 @@ int main(int argc, char** argv) {
                  "[--cuda=0|1]\n(started by cubridge::sandbox, not by hand)\n");
     return 64;
   }
+  // Orphans of the library's processes become the worker's, not init's: the host (and the
+  // worker on its way out) can then find and end them.
+  (void)::prctl(PR_SET_CHILD_SUBREAPER, 1);
   cubridge_worker::report_fatal_signals(options->socket);
   watch_for_hangup(options->socket);
   const int status = worker(*options).run();
+  end_children();
   // No exit handlers: a third-party library's teardown (a static runtime's, after a fault) must
   // not run, hang or reset anything on the way out.
   std::fflush(nullptr);

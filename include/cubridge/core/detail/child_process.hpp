@@ -37,6 +37,10 @@ struct child_spec {
   std::vector<child_fd> fds;
   /// Where the child starts; empty: the parent's working directory.
   std::filesystem::path working_directory;
+  /// The child leads a process group of its own. Whatever is left in that group when the child
+  /// ends (processes it started that did not leave the group) is killed (SIGKILL) before the
+  /// child is reaped, and kill() ends the whole group.
+  bool own_process_group = false;
 };
 
 /// The highest descriptor number + 1 a child_fd may name.
@@ -99,18 +103,20 @@ class child_process {
   std::optional<child_exit> wait_for(std::chrono::nanoseconds timeout) noexcept;
   /// Waits for the child to end and reaps it.
   child_exit wait() noexcept;
-  /// Sends SIGKILL and reaps the child: how it ended (what it did first, if it had ended).
+  /// Sends SIGKILL (to its whole group with own_process_group) and reaps the child: how it
+  /// ended (what it did first, if it had ended).
   child_exit kill() noexcept;
   /// Gives the child up without waiting for it: the caller reaps the pid returned.
   [[nodiscard]] pid_t release() noexcept;
 
  private:
-  explicit child_process(pid_t pid) noexcept;
+  child_process(pid_t pid, bool own_group) noexcept;
   std::optional<child_exit> reap(bool block) noexcept;
   void forget() noexcept;
 
   pid_t pid_ = 0;
-  unique_fd pidfd_;  // readable once the child has ended; none where the kernel offers none
+  bool own_group_ = false;  // pid_ leads a process group of its own
+  unique_fd pidfd_;         // readable once the child has ended; none where the kernel offers none
 };
 
 }  // namespace cubridge::detail

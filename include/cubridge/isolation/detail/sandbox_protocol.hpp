@@ -80,8 +80,19 @@ enum class receive_status { ok, closed, timed_out };
 /// the peer is still there: a crash mid-frame reads as closed).
 /// @throws protocol_violation for a bad header (magic, version, type, sizes) or fds that do not
 ///         match the header; std::system_error if the socket fails.
+/// `max_payload`: a larger payload is a violation, found from the header before any of it is
+/// read (a reply is held to the room its call asked for: reply_payload_limit).
 receive_status receive_frame(int socket, frame& out,
-                             std::optional<std::chrono::steady_clock::time_point> deadline);
+                             std::optional<std::chrono::steady_clock::time_point> deadline,
+                             std::size_t max_payload = max_payload_bytes);
+
+/// The largest payload of a frame answering a call that asked for `reply_capacity` bytes of
+/// reply: the reply and 64 KiB for the rest (a result's status, a refusal's or a fault's text).
+[[nodiscard]] constexpr std::size_t reply_payload_limit(std::size_t reply_capacity) noexcept {
+  return reply_capacity + (std::size_t{64} << 10) < max_payload_bytes
+             ? reply_capacity + (std::size_t{64} << 10)
+             : max_payload_bytes;
+}
 
 // --- messages -----------------------------------------------------------------------------------
 
