@@ -160,8 +160,8 @@ gate_push_cost measure_gate_push(const std::filesystem::path& dir, int pushes) {
     const auto d = gate->push(bundle, "bench_gate");
     push.push_back(std::chrono::duration<double, std::milli>(steady::now() - start).count());
     if (d.outcome != gate_outcome::applied)
-      throw std::runtime_error("gate push of v" + std::to_string(v) + ": " + d.reason + " " +
-                               d.detail);
+      throw std::runtime_error("gate push of v" + std::to_string(v) + ": " +
+                               std::string(to_string(d.reason)) + " " + d.detail);
     verify.push_back(static_cast<double>(d.verify_time.count()) / 1000.0);
     apply.push_back(static_cast<double>(d.apply_time.count()) / 1000.0);
   }

@@ -53,13 +53,6 @@ std::chrono::milliseconds fetch_wait(std::uint64_t size) {
   return api_wait + std::chrono::milliseconds((size >> 10) * 4);
 }
 
-// Whether the gate's answer is worth retrying as it is: the state could not be written, or the
-// sink failed for a reason outside the bundle (the next try may succeed). Everything else is
-// the bundle's own fault and waits for the next desired revision.
-bool transient(const gate_decision& d) {
-  return d.reason == "state_failed" || d.reason == "busy";
-}
-
 }  // namespace
 
 struct fleet_agent::impl {
@@ -345,7 +338,7 @@ void fleet_agent::impl::reconcile(module_follow& f) {
   gate_decision d;
   if (serves) {
     d.outcome = gate_outcome::duplicate;
-    d.reason = "replayed_version";
+    d.reason = gate_reason::replayed_version;
     d.version = d.serving_version = d.previous_version = serving;
     d.detail = "v" + std::to_string(serving) + " serves already";
   } else {
@@ -361,10 +354,10 @@ void fleet_agent::impl::reconcile(module_follow& f) {
         target->version, below_serving,
         "the desired state of '" + f.module + "' revision " + std::to_string(desired.revision)};
     d = gate->push(*bytes, f.module, &authority);
-    if (transient(d)) {
+    if (transient(d.reason)) {  // else the bundle's own fault: wait for the next revision
       ++retries;
       note_problem("module '" + f.module + "' v" + std::to_string(target->version) + ": " +
-                   d.reason + ": " + d.detail);
+                   std::string(to_string(d.reason)) + ": " + d.detail);
       f.next_attempt = steady::now() + backoff(++f.failures);
       return;
     }
@@ -424,7 +417,7 @@ fleet::result_record fleet_agent::impl::record_of(const module_follow& f,
   r.version = target.version;
   r.serving_version = gate->sink().current_version(f.module);
   r.outcome = d.outcome;
-  r.reason = d.outcome == gate_outcome::applied ? "" : d.reason;
+  r.reason = to_string(d.reason);
   r.detail = d.detail;
   r.verify_ms = ms_of(d.verify_time);
   r.apply_ms = ms_of(d.apply_time);
@@ -447,7 +440,7 @@ void fleet_agent::impl::count(const gate_decision& d) {
   }
   ++refused;
   std::lock_guard lock(state_mutex);
-  if (rejects.size() < 64 || rejects.contains(d.reason)) ++rejects[d.reason];
+  ++rejects[std::string(to_string(d.reason))];
 }
 
 // The module's unpublished result, signed, stored in the result stream; false when it could not

@@ -33,24 +33,51 @@ std::size_t body_limit(std::string_view method, std::string_view path, std::size
 
 namespace endpoint_internal {
 
-int status_of(std::string_view reason) {
-  static const std::map<std::string_view, int, std::less<>> statuses{
-      {"unsigned_bundle", 401},  {"unknown_key", 403},
-      {"bad_signature", 403},    {"expired_bundle", 403},
-      {"payload_mismatch", 403}, {"expired_request", 403},
-      {"unknown_module", 404},   {"replayed_version", 409},
-      {"older_version", 409},    {"replayed_request", 409},
-      {"version_mismatch", 409}, {"no_previous_version", 409},
-      {"too_large", 413},        {"payload_kind_mismatch", 422},
-      {"target_mismatch", 422},  {"wrong_device", 422},
-      {"stage_refused", 422},    {"apply_failed", 500},
-      {"state_failed", 500},     {"busy", 503},
-      {"not_started", 503},  // a shared gate never started: not reached, start() starts it
-  };
-  // Everything else is the request's fault: bad_magic, unsupported_version, malformed,
-  // malformed_manifest, invalid_manifest, bad_key, name_mismatch, bad_request.
-  const auto it = statuses.find(reason);
-  return it == statuses.end() ? 400 : it->second;
+int status_of(gate_reason reason) {
+  switch (reason) {
+    case gate_reason::none:
+      return 200;
+    case gate_reason::unsigned_bundle:
+      return 401;
+    case gate_reason::unknown_key:
+    case gate_reason::bad_signature:
+    case gate_reason::expired_bundle:
+    case gate_reason::payload_mismatch:
+    case gate_reason::expired_request:
+      return 403;
+    case gate_reason::unknown_module:
+      return 404;
+    case gate_reason::replayed_version:
+    case gate_reason::older_version:
+    case gate_reason::replayed_request:
+    case gate_reason::version_mismatch:
+    case gate_reason::no_previous_version:
+      return 409;
+    case gate_reason::too_large:
+      return 413;
+    case gate_reason::payload_kind_mismatch:
+    case gate_reason::target_mismatch:
+    case gate_reason::wrong_device:
+    case gate_reason::stage_refused:
+      return 422;
+    case gate_reason::apply_failed:
+    case gate_reason::state_failed:
+      return 500;
+    case gate_reason::busy:
+    case gate_reason::not_started:
+      return 503;  // a shared gate never started: start() starts it
+    // The request's fault.
+    case gate_reason::bad_magic:
+    case gate_reason::unsupported_version:
+    case gate_reason::malformed:
+    case gate_reason::malformed_manifest:
+    case gate_reason::invalid_manifest:
+    case gate_reason::bad_key:
+    case gate_reason::name_mismatch:
+    case gate_reason::bad_request:
+      return 400;
+  }
+  return 400;
 }
 
 void answer(httplib::Response& res, int status, const json& body) {

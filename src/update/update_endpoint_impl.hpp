@@ -43,7 +43,7 @@ struct refusal {
 };
 
 /// The HTTP status of a gate's reason (update_gate.hpp), as update_endpoint.hpp lists them.
-int status_of(std::string_view reason);
+int status_of(gate_reason reason);
 /// Answers `body` as JSON with `status`.
 void answer(httplib::Response& res, int status, const json& body);
 void answer(httplib::Response& res, const refusal& r);

@@ -42,13 +42,6 @@ std::string bounded_detail(std::string detail) {
   return detail + " ... (" + std::to_string(more) + " more bytes)";
 }
 
-// The reason of a bundle or rollback request that failed verification: "expired_bundle",
-// beside the gate's own "expired_request" for rollbacks.
-std::string reason_of(const bundle_error& e) {
-  return e.reason() == bundle_reason::expired ? "expired_bundle"
-                                              : std::string(to_string(e.reason()));
-}
-
 std::string gpu_name(const std::optional<compute_capability>& device) {
   return device ? to_string(*device) : "";
 }
@@ -102,17 +95,17 @@ struct update_gate::impl {
     return it == locks.end() ? nullptr : it->second.get();
   }
 
-  static gate_decision& refuse(gate_decision& d, std::string reason, std::string detail,
+  static gate_decision& refuse(gate_decision& d, gate_reason reason, std::string detail,
                                gate_outcome outcome = gate_outcome::refused) {
     d.outcome = outcome;
-    d.reason = std::move(reason);
+    d.reason = reason;
     d.detail = bounded_detail(std::move(detail));
     return d;
   }
   // Before start() the replay state is not loaded: deciding then could accept a replay.
   bool refuse_unstarted(gate_decision& d) const {
     if (started.load(std::memory_order_acquire)) return false;
-    refuse(d, "not_started", "the update gate was not started (update_gate::start)",
+    refuse(d, gate_reason::not_started, "the update gate was not started (update_gate::start)",
            gate_outcome::failed);
     return true;
   }
@@ -135,7 +128,7 @@ std::optional<verified_bundle> update_gate::impl::verify(std::span<const std::by
                                                          gate_decision& d) {
   if (body.size() > options.max_bundle_bytes) {
     refuse(
-        d, "too_large",
+        d, gate_reason::too_large,
         std::to_string(body.size()) + " bytes, limit " + std::to_string(options.max_bundle_bytes));
     return std::nullopt;
   }
@@ -150,9 +143,9 @@ std::optional<verified_bundle> update_gate::impl::verify(std::span<const std::by
     d.verify_time = since(start);
     return bundle;
   } catch (const bundle_error& e) {
-    refuse(d, reason_of(e), e.involved());
+    refuse(d, gate_reason_of(e.reason()), e.involved());
   } catch (const std::exception& e) {
-    refuse(d, "bad_request", e.what());
+    refuse(d, gate_reason::bad_request, e.what());
   }
   d.verify_time = since(start);
   return std::nullopt;
@@ -175,7 +168,7 @@ bool update_gate::impl::runs_here(const verified_bundle& bundle, gate_decision& 
     }
   }
   if (runs) return true;
-  refuse(d, "wrong_device",
+  refuse(d, gate_reason::wrong_device,
          "module '" + m.name + "' v" + std::to_string(m.version) + " targets " + m.target +
              ", this service's GPU is " + gpu_name(device));
   return false;
@@ -228,14 +221,14 @@ void update_gate::impl::apply_recorded(const verified_bundle& bundle, std::uint6
       d.serving_version = m.version;
       return;
     case sink_outcome::unknown_module:
-      refuse(d, "unknown_module", result.detail);
+      refuse(d, gate_reason::unknown_module, result.detail);
       break;
     case sink_outcome::rejected:
-      refuse(d, "stage_refused", result.detail);
+      refuse(d, gate_reason::stage_refused, result.detail);
       break;
     case sink_outcome::no_previous_version:
     case sink_outcome::failed:
-      refuse(d, "apply_failed", result.detail, gate_outcome::failed);
+      refuse(d, gate_reason::apply_failed, result.detail, gate_outcome::failed);
       break;
   }
   d.serving_version = sink.current_version(m.name);
@@ -254,7 +247,7 @@ gate_decision update_gate::push(std::span<const std::byte> body, std::string_vie
   d.manifest = m;
   if (!expected_module.empty() && m.name != expected_module) {
     d.note = module_note::if_present;
-    return g.refuse(d, "name_mismatch",
+    return g.refuse(d, gate_reason::name_mismatch,
                     "URL names module '" + std::string(expected_module) +
                         "', the signed manifest '" + m.name + "'");
   }
@@ -289,7 +282,8 @@ gate_decision update_gate::push(std::span<const std::byte> body, std::string_vie
   }
   if (m.version <= seen && !resumed && !authorised) {
     if (current > highest || (pending && current == highest)) g.keep_floor(m.name, current);
-    return g.refuse(d, m.version == seen ? "replayed_version" : "older_version",
+    return g.refuse(d,
+                    m.version == seen ? gate_reason::replayed_version : gate_reason::older_version,
                     "module '" + m.name + "' v" + std::to_string(m.version) + " is not above v" +
                         std::to_string(seen) +
                         (seen == current ? " (serving)" : " (applied before, or the floor)"),
@@ -304,7 +298,7 @@ gate_decision update_gate::push(std::span<const std::byte> body, std::string_vie
     try {
       g.state->record_pending(m.name, m.version);
     } catch (const std::exception& x) {
-      return g.refuse(d, "state_failed", x.what(), gate_outcome::failed);
+      return g.refuse(d, gate_reason::state_failed, x.what(), gate_outcome::failed);
     }
   }
   g.apply_recorded(*bundle, seen, d);
@@ -322,16 +316,17 @@ std::optional<rollback_request> update_gate::impl::verify_rollback(std::string_v
   try {
     request = verify_rollback_request(body, options.keys);
   } catch (const bundle_error& e) {
-    refuse(d, reason_of(e), e.involved());  // not verified: not noted under the module's name
+    refuse(d, gate_reason_of(e.reason()),
+           e.involved());  // not verified: not noted under the module's name
   } catch (const std::exception& e) {
-    refuse(d, "bad_request", e.what());
+    refuse(d, gate_reason::bad_request, e.what());
   }
   d.verify_time = since(start);
-  if (!d.reason.empty()) return std::nullopt;
+  if (d.reason != gate_reason::none) return std::nullopt;
   d.module = request.module;
   d.note = module_note::if_present;
   if (!expected.empty() && request.module != expected) {
-    refuse(d, "name_mismatch",
+    refuse(d, gate_reason::name_mismatch,
            "URL names module '" + std::string(expected) + "', the signed request '" +
                request.module + "'");
     return std::nullopt;
@@ -345,7 +340,7 @@ bool update_gate::impl::fresh_rollback(const rollback_request& request, gate_dec
   const auto now = std::chrono::floor<std::chrono::seconds>(this->now());
   const auto skew = request.created > now ? request.created - now : now - request.created;
   if (skew > options.rollback_window) {
-    refuse(d, "expired_request",
+    refuse(d, gate_reason::expired_request,
            "request created " + detail::format_time(request.created) + ", endpoint time " +
                detail::format_time(now) + ", window " +
                std::to_string(options.rollback_window.count()) + " s");
@@ -358,16 +353,16 @@ bool update_gate::impl::fresh_rollback(const rollback_request& request, gate_dec
     fresh = state->remember_nonce(request.nonce, request.created, now - 2 * options.rollback_window,
                                   max_nonces);
   } catch (const std::exception& x) {
-    refuse(d, "state_failed", x.what(), gate_outcome::failed);
+    refuse(d, gate_reason::state_failed, x.what(), gate_outcome::failed);
     return false;
   }
   if (fresh == nonce_outcome::replayed) {
-    refuse(d, "replayed_request", "nonce " + request.nonce + " was used before");
+    refuse(d, gate_reason::replayed_request, "nonce " + request.nonce + " was used before");
     return false;
   }
   if (fresh == nonce_outcome::full) {
     d.note = module_note::none;
-    refuse(d, "busy", "too many rollback requests in the window");
+    refuse(d, gate_reason::busy, "too many rollback requests in the window");
     return false;
   }
   return true;
@@ -391,16 +386,16 @@ void update_gate::impl::apply_rollback(const std::string& name, gate_decision& d
       d.version = d.serving_version = result.version;
       return;
     case sink_outcome::unknown_module:
-      refuse(d, "unknown_module", result.detail);
+      refuse(d, gate_reason::unknown_module, result.detail);
       break;
     case sink_outcome::no_previous_version:
-      refuse(d, "no_previous_version", result.detail);
+      refuse(d, gate_reason::no_previous_version, result.detail);
       break;
     case sink_outcome::rejected:
-      refuse(d, "stage_refused", result.detail);
+      refuse(d, gate_reason::stage_refused, result.detail);
       break;
     case sink_outcome::failed:
-      refuse(d, "apply_failed", result.detail, gate_outcome::failed);
+      refuse(d, gate_reason::apply_failed, result.detail, gate_outcome::failed);
       break;
   }
   d.serving_version = sink.current_version(name);
@@ -419,7 +414,7 @@ gate_decision update_gate::rollback(std::string_view signed_request,
   d.previous_version = d.serving_version = known;
   if (!module_lock && known == 0) {
     d.note = module_note::none;
-    return g.refuse(d, "unknown_module", "no module '" + name + "'");
+    return g.refuse(d, gate_reason::unknown_module, "no module '" + name + "'");
   }
   if (!module_lock) module_lock = &g.lock_of(name);
   d.note = module_note::always;
@@ -427,7 +422,7 @@ gate_decision update_gate::rollback(std::string_view signed_request,
   const std::uint64_t current = g.sink.current_version(name);
   d.previous_version = d.serving_version = current;
   if (request->from_version != current)
-    return g.refuse(d, "version_mismatch",
+    return g.refuse(d, gate_reason::version_mismatch,
                     "request rolls back from v" + std::to_string(request->from_version) + ", v" +
                         std::to_string(current) + " serves");
   // The version rolled back from was applied, by the gate or past it: it is the floor from now
@@ -438,7 +433,7 @@ gate_decision update_gate::rollback(std::string_view signed_request,
     try {
       g.state->store_highest_version(name, std::max(current, highest));
     } catch (const std::exception& x) {
-      return g.refuse(d, "state_failed", x.what(), gate_outcome::failed);
+      return g.refuse(d, gate_reason::state_failed, x.what(), gate_outcome::failed);
     }
   }
   g.apply_rollback(name, d);

@@ -45,13 +45,20 @@ bool update_endpoint::impl::read_body(const httplib::Request& req, httplib::Resp
 // module `name` (the URL's) as far as the decision allows (module_note).
 void update_endpoint::impl::refuse_decision(httplib::Response& res, const gate_decision& d,
                                             const std::string& name) {
-  refusal r{status_of(d.reason), d.reason, d.detail};
-  if (d.reason == "wrong_device") {
-    r.extra = {{"gpu", gpu_name(sink.device_capability())}};
-  } else if (d.reason == "replayed_version" || d.reason == "older_version") {
-    r.extra = {{"current_version", d.serving_version}, {"highest_version", d.highest_version}};
-  } else if (d.reason == "version_mismatch") {
-    r.extra = {{"current_version", d.serving_version}};
+  refusal r{status_of(d.reason), std::string(to_string(d.reason)), d.detail};
+  switch (d.reason) {
+    case gate_reason::wrong_device:
+      r.extra = {{"gpu", gpu_name(sink.device_capability())}};
+      break;
+    case gate_reason::replayed_version:
+    case gate_reason::older_version:
+      r.extra = {{"current_version", d.serving_version}, {"highest_version", d.highest_version}};
+      break;
+    case gate_reason::version_mismatch:
+      r.extra = {{"current_version", d.serving_version}};
+      break;
+    default:
+      break;
   }
   module_entry* e = nullptr;
   if (d.note == module_note::always) e = &entry(name);

@@ -637,7 +637,7 @@ TEST_F(FleetControlPlane, AReimagedNodeAndANodeThatLostWhatItServedConverge) {
   restarted.gate->start();
   EXPECT_EQ(restarted.gate->highest_version(m), 2u) << "the state file was kept";
   const auto bare = restarted.gate->push(bundle(m, 2), m);
-  EXPECT_EQ(bare.reason, "replayed_version") << bare.detail;
+  EXPECT_EQ(bare.reason, cubridge::gate_reason::replayed_version) << bare.detail;
   start = steady::now();
   start_agent(restarted);
   ASSERT_TRUE(converge({&restarted}, m, 2, 5s)) << serving_text({&restarted}, m);
@@ -1181,7 +1181,8 @@ TEST_F(FleetControlPlane, TheFleetAndTheHttpDoorRacingNeverTakeServingDown) {
     fleet_door.join();
     http_door.join();
     ASSERT_TRUE(published);
-    EXPECT_EQ(pushed.outcome, gate_outcome::applied) << m << ": " << pushed.reason << pushed.detail;
+    EXPECT_EQ(pushed.outcome, gate_outcome::applied)
+        << m << ": " << to_string(pushed.reason) << pushed.detail;
     const auto revision = published->desired.revision;
     ASSERT_TRUE(eventually(
         [&] {

@@ -1764,7 +1764,8 @@ TEST_F(SharedGateTest, TheEndpointUsesTheSharedGatesPolicyAndStartsIt) {
   ASSERT_EQ(push("filters", bundle("filters", 3)).status, 200) << "keys are the gate's";
   EXPECT_EQ(gate->highest_version("filters"), 3u) << "one replay record";
   const auto d = gate->push(bundle("filters", 3), "filters");
-  EXPECT_EQ(d.outcome, cubridge::gate_outcome::duplicate) << d.reason << ": " << d.detail;
+  EXPECT_EQ(d.outcome, cubridge::gate_outcome::duplicate)
+      << to_string(d.reason) << ": " << d.detail;
   // A gate the other door started already: the endpoint's start() leaves it as it is.
   endpoint->stop();
   endpoint = std::make_unique<cubridge::update_endpoint>(gate, memory_only());
@@ -1872,9 +1873,10 @@ TEST_F(SharedGateTest, TwoDoorsRacingNeverTakeTheServingVersionDown) {
     const bool direct_applied = d.outcome == cubridge::gate_outcome::applied;
     const bool v6_applied = http_gets_v5(i) ? direct_applied : http_status[i] == 200;
     const bool v5_applied = http_gets_v5(i) ? http_status[i] == 200 : direct_applied;
-    const bool v5_refused_older = http_gets_v5(i) ? http_status[i] == 409
-                                                  : d.outcome == cubridge::gate_outcome::refused &&
-                                                        d.reason == "older_version";
+    const bool v5_refused_older = http_gets_v5(i)
+                                      ? http_status[i] == 409
+                                      : d.outcome == cubridge::gate_outcome::refused &&
+                                            d.reason == cubridge::gate_reason::older_version;
     const auto applied = sink.applied(name(i));
     if (sink.current_version(name(i)) != 6)
       problem(i, "serves v" + std::to_string(sink.current_version(name(i))));
@@ -1886,7 +1888,8 @@ TEST_F(SharedGateTest, TwoDoorsRacingNeverTakeTheServingVersionDown) {
       ++v5_refused;
       if (applied != std::vector<std::uint64_t>{6}) problem(i, "v5 refused, yet applied");
     } else {
-      problem(i, "v5: HTTP " + std::to_string(http_status[i]) + ", gate " + d.reason);
+      problem(i, "v5: HTTP " + std::to_string(http_status[i]) + ", gate " +
+                     std::string(to_string(d.reason)));
     }
   }
   EXPECT_TRUE(problems.empty()) << ::testing::PrintToString(problems);
@@ -1900,7 +1903,8 @@ TEST_F(SharedGateTest, TwoDoorsRacingNeverTakeTheServingVersionDown) {
     const auto& newest = v6[i];
     if (http_gets_v5(i)) {  // v5 came over HTTP, v6 through the gate
       const auto d = gate->push(as_bytes(older), name(i));
-      if (d.reason != "older_version") problem(i, "v5 through the gate: " + d.reason);
+      if (d.reason != cubridge::gate_reason::older_version)
+        problem(i, "v5 through the gate: " + std::string(to_string(d.reason)));
       const auto r = push(name(i), bundle(name(i), 6));
       if (r.status != 409 || r.body.value("error", "") != "replayed_version")
         problem(i, "v6 over HTTP: " + r.body.dump());
@@ -1910,7 +1914,7 @@ TEST_F(SharedGateTest, TwoDoorsRacingNeverTakeTheServingVersionDown) {
         problem(i, "v5 over HTTP: " + r.body.dump());
       const auto d = gate->push(as_bytes(newest), name(i));
       if (d.outcome != cubridge::gate_outcome::duplicate)
-        problem(i, "v6 through the gate: " + d.reason);
+        problem(i, "v6 through the gate: " + std::string(to_string(d.reason)));
     }
     if (sink.current_version(name(i)) != 6) problem(i, "no longer serves v6");
   }

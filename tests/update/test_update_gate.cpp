@@ -17,6 +17,7 @@
 #include <atomic>
 #include <filesystem>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -50,10 +51,12 @@ class UpdateGateTest : public ::testing::Test {
   }
 };
 
-void expect_refused(const gate_decision& d, const std::string& reason,
+// `reason` as spelled on the wire: the name table is checked with it.
+void expect_refused(const gate_decision& d, std::string_view reason,
                     gate_outcome outcome = gate_outcome::refused) {
-  EXPECT_EQ(d.outcome, outcome) << d.reason << ": " << d.detail;
-  EXPECT_EQ(d.reason, reason) << d.detail;
+  EXPECT_EQ(d.outcome, outcome) << to_string(d.reason) << ": " << d.detail;
+  EXPECT_EQ(to_string(d.reason), reason) << d.detail;
+  EXPECT_EQ(cubridge::parse_gate_reason(reason), d.reason) << reason;
   EXPECT_FALSE(d.detail.empty());
   EXPECT_LE(d.detail.size(), 4096u);
 }
@@ -62,14 +65,14 @@ TEST_F(UpdateGateTest, AppliesANewerVersionAndRefusesTheSameOrAnOlderOne) {
   cubridge::update_gate gate(sink, options());
   gate.start();
   const auto v3 = gate.push(bundle(3));
-  ASSERT_EQ(v3.outcome, gate_outcome::applied) << v3.reason << ": " << v3.detail;
+  ASSERT_EQ(v3.outcome, gate_outcome::applied) << to_string(v3.reason) << ": " << v3.detail;
   EXPECT_EQ(v3.module, "filters");
   EXPECT_EQ(v3.version, 3u);
   EXPECT_EQ(v3.previous_version, 0u);
   EXPECT_EQ(v3.serving_version, 3u);
   ASSERT_TRUE(v3.manifest);
   EXPECT_EQ(v3.manifest->target, "sm_90");
-  EXPECT_TRUE(v3.reason.empty());
+  EXPECT_EQ(v3.reason, cubridge::gate_reason::none);
 
   const auto again = gate.push(bundle(3));
   expect_refused(again, "replayed_version", gate_outcome::duplicate);
@@ -164,8 +167,8 @@ TEST_F(UpdateGateTest, AnApplyInterruptedByACrashIsResumedOnceAfterTheRestart) {
     gate.start();
     EXPECT_EQ(gate.highest_version("filters"), 4u);
     const auto d = gate.push(bundle(4));
-    ASSERT_EQ(d.outcome, gate_outcome::applied) << d.reason << ": " << d.detail;
-    EXPECT_TRUE(d.reason.empty());
+    ASSERT_EQ(d.outcome, gate_outcome::applied) << to_string(d.reason) << ": " << d.detail;
+    EXPECT_EQ(d.reason, cubridge::gate_reason::none);
     EXPECT_NE(d.detail.find("resumes"), std::string::npos) << d.detail;
     EXPECT_EQ(d.previous_version, 3u);
     EXPECT_EQ(d.serving_version, 4u);
@@ -216,7 +219,8 @@ TEST_F(UpdateGateTest, ASignedRollbackSettlesAPendingVersion) {
   cubridge::update_gate gate(sink, o);
   gate.start();
   const auto back = gate.rollback(cubridge::sign_rollback_request("filters", 3, keys.secret_key));
-  ASSERT_EQ(back.outcome, gate_outcome::rolled_back) << back.reason << ": " << back.detail;
+  ASSERT_EQ(back.outcome, gate_outcome::rolled_back)
+      << to_string(back.reason) << ": " << back.detail;
   EXPECT_EQ(sink.current_version("filters"), 2u);
   // The operator went back: neither the rolled-back v3 nor the unsettled v4 comes again.
   expect_refused(gate.push(bundle(3)), "older_version");
@@ -247,7 +251,7 @@ TEST_F(UpdateGateTest, ASignedRollbackIsHonouredOnce) {
                  "unknown_key");
   const auto request = cubridge::sign_rollback_request("filters", 3, keys.secret_key);
   const auto d = gate.rollback(request, "filters");
-  ASSERT_EQ(d.outcome, gate_outcome::rolled_back) << d.reason << ": " << d.detail;
+  ASSERT_EQ(d.outcome, gate_outcome::rolled_back) << to_string(d.reason) << ": " << d.detail;
   EXPECT_EQ(d.version, 2u);
   EXPECT_EQ(d.previous_version, 3u);
   EXPECT_EQ(sink.current_version("filters"), 2u);
@@ -411,6 +415,36 @@ TEST_F(UpdateGateTest, StartIsIdempotentAndThreadSafe) {
 
 TEST(UpdateStateReason, LockedHasItsName) {
   EXPECT_EQ(cubridge::to_string(cubridge::update_state_reason::locked), "locked");
+}
+
+// One vocabulary: every reason has its wire spelling, read back to itself; a bundle's reason
+// is the gate's under the same name, but for expired (expired_bundle, beside expired_request).
+TEST(GateReason, EveryReasonHasOneWireSpellingReadBackToItself) {
+  using cubridge::gate_reason;
+  std::set<std::string_view> names;
+  for (int i = 1; i <= static_cast<int>(gate_reason::no_previous_version); ++i) {
+    const auto reason = static_cast<gate_reason>(i);
+    const auto name = to_string(reason);
+    EXPECT_FALSE(name.empty()) << i;
+    EXPECT_NE(name, "unknown") << i;
+    EXPECT_TRUE(names.insert(name).second) << name << " twice";
+    EXPECT_EQ(cubridge::parse_gate_reason(name), reason) << name;
+  }
+  EXPECT_EQ(to_string(gate_reason::none), "");
+  EXPECT_EQ(cubridge::parse_gate_reason(""), std::nullopt);
+  EXPECT_EQ(cubridge::parse_gate_reason("none"), std::nullopt);
+  EXPECT_EQ(cubridge::parse_gate_reason("Replayed_version"), std::nullopt);
+  for (int i = 0; i <= static_cast<int>(cubridge::bundle_reason::bad_key); ++i) {
+    const auto r = static_cast<cubridge::bundle_reason>(i);
+    const auto g = cubridge::gate_reason_of(r);
+    if (r == cubridge::bundle_reason::expired)
+      EXPECT_EQ(g, gate_reason::expired_bundle);
+    else
+      EXPECT_EQ(to_string(g), to_string(r));
+  }
+  EXPECT_TRUE(cubridge::transient(gate_reason::state_failed));
+  EXPECT_TRUE(cubridge::transient(gate_reason::busy));
+  EXPECT_FALSE(cubridge::transient(gate_reason::bad_signature));
 }
 
 }  // namespace

@@ -8,10 +8,11 @@
 // highest applied is refused; persisted by default, so also across restarts), records the new
 // version before the sink sees it (pending until the sink answered: a redelivery after a crash in
 // between resumes that apply), and applies it through the module_sink under the module's lock. The
-// reasons are the endpoint's "error" strings (docs/update-endpoint.md); the endpoint maps them
-// to its HTTP statuses.
+// reasons are one enum (gate_reason.hpp) whose names are the endpoint's "error" strings
+// (docs/update-endpoint.md); the endpoint maps them to its HTTP statuses.
 
 #include <cubridge/update/bundle.hpp>
+#include <cubridge/update/gate_reason.hpp>
 #include <cubridge/update/module_sink.hpp>
 #include <cubridge/update/update_state.hpp>  // update_state_error, raised by start()
 
@@ -91,11 +92,9 @@ struct push_authority {
 /// A gate's answer.
 struct gate_decision {
   gate_outcome outcome = gate_outcome::refused;
-  /// For anything but applied and rolled_back: the endpoint's error string (bad_signature,
-  /// unknown_key, too_large, unknown_module, wrong_device, replayed_version, older_version,
-  /// stage_refused, apply_failed, state_failed, version_mismatch, replayed_request,
-  /// not_started, ...).
-  std::string reason;
+  /// For anything but applied and rolled_back: why (its name is the endpoint's error string);
+  /// none otherwise.
+  gate_reason reason = gate_reason::none;
   /// What exactly, at most 4 KiB (cut at a UTF-8 boundary, saying how much was cut). Not escaped:
   /// escape it (core/detail/printable.hpp) before it reaches a terminal or a log line.
   std::string detail;
