@@ -74,13 +74,4 @@ context context::create(cubridge::device dev, unsigned flags) {
   return context(std::make_shared<const created_context>(handle));
 }
 
-scoped_current::scoped_current(context_ref ctx) : ctx_(ctx) {
-  CUBRIDGE_CU(cuCtxPushCurrent, (ctx.get()), "making current " + ctx.describe());
-}
-
-scoped_current::~scoped_current() {
-  CUcontext popped = nullptr;
-  detail::check_release(driver::api().cuCtxPopCurrent(&popped), "cuCtxPopCurrent");
-}
-
 }  // namespace cubridge

@@ -1,3 +1,5 @@
+// Streams of either API, owning and borrowing (stream.hpp), and the hook run before a stream is
+// destroyed.
 #include <cubridge/core/detail/check.hpp>
 #include <cubridge/core/detail/describe.hpp>
 #include <cubridge/core/driver.hpp>
@@ -30,27 +32,19 @@ void detail::throw_moved_from_stream() {
              "would otherwise run on the legacy default stream)");
 }
 
-namespace {
-std::string name_stream(CUstream s) {
-  return "stream " + detail::hex(s);
-}
-std::string name_event(CUevent e) {
-  return "event " + detail::hex(e);
-}
-}  // namespace
-
 // Each checks the handle (get()) before it calls the driver: a moved-from stream is refused
 // as such, with or without a driver.
 context_ref stream_ref::context() const {
   const CUstream handle = get();
   CUcontext owner = nullptr;
-  CUBRIDGE_CU(cuStreamGetCtx, (handle, &owner), "asking which context owns " + name_stream(handle));
+  CUBRIDGE_CU(cuStreamGetCtx, (handle, &owner),
+              "asking which context owns " + detail::stream_name(handle));
   return context_ref::from_native(owner);
 }
 
 void stream_ref::synchronize() const {
   const CUstream handle = get();
-  CUBRIDGE_CU(cuStreamSynchronize, (handle), name_stream(handle));
+  CUBRIDGE_CU(cuStreamSynchronize, (handle), detail::stream_name(handle));
 }
 
 bool stream_ref::ready() const {
@@ -58,7 +52,7 @@ bool stream_ref::ready() const {
   const CUresult r = driver::api().cuStreamQuery(handle);
   if (r == CUDA_ERROR_NOT_READY) return false;
   if (r != CUDA_SUCCESS)
-    detail::throw_driver_error(r, "cuStreamQuery", name_stream(handle_),
+    detail::throw_driver_error(r, "cuStreamQuery", detail::stream_name(handle_),
                                std::source_location::current());
   return true;
 }
@@ -66,7 +60,7 @@ bool stream_ref::ready() const {
 void stream_ref::wait(event_ref event) const {
   const CUstream handle = get();
   CUBRIDGE_CU(cuStreamWaitEvent, (handle, event.get(), 0),
-              name_stream(handle_) + " waiting for " + name_event(event.get()));
+              detail::stream_name(handle_) + " waiting for " + detail::event_name(event.get()));
 }
 
 stream stream::create(context_arg ctx, unsigned flags) {
@@ -105,61 +99,6 @@ CUstream stream::release() {
   const CUstream handle = get();
   handle_ = detail::moved_from_stream();
   return handle;
-}
-
-void event_ref::record(stream_ref stream) const {
-  const CUstream on = stream.get();
-  CUBRIDGE_CU(cuEventRecord, (handle_, on),
-              name_event(handle_) + " on " + name_stream(stream.get()));
-}
-
-void event_ref::synchronize() const {
-  CUBRIDGE_CU(cuEventSynchronize, (handle_), name_event(handle_));
-}
-
-bool event_ref::ready() const {
-  const CUresult r = driver::api().cuEventQuery(handle_);
-  if (r == CUDA_ERROR_NOT_READY) return false;
-  if (r != CUDA_SUCCESS)
-    detail::throw_driver_error(r, "cuEventQuery", name_event(handle_),
-                               std::source_location::current());
-  return true;
-}
-
-float event_ref::elapsed_ms_since(event_ref start) const {
-  float ms = 0;
-  CUBRIDGE_CU(cuEventElapsedTime, (&ms, start.get(), handle_),
-              "from " + name_event(start.get()) + " to " + name_event(handle_));
-  return ms;
-}
-
-event event::create(context_arg ctx, unsigned flags) {
-  scoped_current guard(ctx.ref());
-  CUevent handle = nullptr;
-  CUBRIDGE_CU(cuEventCreate, (&handle, flags), "creating an event in " + ctx.ref().describe());
-  return event(std::move(ctx), handle);
-}
-
-event::event(context_arg ctx, CUevent handle) noexcept : event_ref(handle), ctx_(std::move(ctx)) {}
-
-event::event(event&& other) noexcept
-    : event_ref(std::exchange(other.handle_, nullptr)), ctx_(std::move(other.ctx_)) {}
-
-event& event::operator=(event&& other) noexcept {
-  if (this != &other) {
-    if (handle_) detail::check_release(driver::api().cuEventDestroy(handle_), "cuEventDestroy");
-    handle_ = std::exchange(other.handle_, nullptr);
-    ctx_ = std::move(other.ctx_);
-  }
-  return *this;
-}
-
-event::~event() {
-  if (handle_) detail::check_release(driver::api().cuEventDestroy(handle_), "cuEventDestroy");
-}
-
-CUevent event::release() noexcept {
-  return std::exchange(handle_, nullptr);
 }
 
 }  // namespace cubridge

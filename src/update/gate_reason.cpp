@@ -56,20 +56,34 @@ std::optional<gate_reason> parse_gate_reason(std::string_view name) noexcept {
 
 gate_reason gate_reason_of(bundle_reason reason) noexcept {
   switch (reason) {
-    case bundle_reason::too_large: return gate_reason::too_large;
-    case bundle_reason::bad_magic: return gate_reason::bad_magic;
-    case bundle_reason::unsupported_version: return gate_reason::unsupported_version;
-    case bundle_reason::malformed: return gate_reason::malformed;
-    case bundle_reason::malformed_manifest: return gate_reason::malformed_manifest;
-    case bundle_reason::invalid_manifest: return gate_reason::invalid_manifest;
-    case bundle_reason::unknown_key: return gate_reason::unknown_key;
-    case bundle_reason::unsigned_bundle: return gate_reason::unsigned_bundle;
-    case bundle_reason::bad_signature: return gate_reason::bad_signature;
-    case bundle_reason::expired: return gate_reason::expired_bundle;
-    case bundle_reason::payload_mismatch: return gate_reason::payload_mismatch;
-    case bundle_reason::payload_kind_mismatch: return gate_reason::payload_kind_mismatch;
-    case bundle_reason::target_mismatch: return gate_reason::target_mismatch;
-    case bundle_reason::bad_key: return gate_reason::bad_key;
+    case bundle_reason::too_large:
+      return gate_reason::too_large;
+    case bundle_reason::bad_magic:
+      return gate_reason::bad_magic;
+    case bundle_reason::unsupported_version:
+      return gate_reason::unsupported_version;
+    case bundle_reason::malformed:
+      return gate_reason::malformed;
+    case bundle_reason::malformed_manifest:
+      return gate_reason::malformed_manifest;
+    case bundle_reason::invalid_manifest:
+      return gate_reason::invalid_manifest;
+    case bundle_reason::unknown_key:
+      return gate_reason::unknown_key;
+    case bundle_reason::unsigned_bundle:
+      return gate_reason::unsigned_bundle;
+    case bundle_reason::bad_signature:
+      return gate_reason::bad_signature;
+    case bundle_reason::expired:
+      return gate_reason::expired_bundle;
+    case bundle_reason::payload_mismatch:
+      return gate_reason::payload_mismatch;
+    case bundle_reason::payload_kind_mismatch:
+      return gate_reason::payload_kind_mismatch;
+    case bundle_reason::target_mismatch:
+      return gate_reason::target_mismatch;
+    case bundle_reason::bad_key:
+      return gate_reason::bad_key;
   }
   return gate_reason::bad_request;
 }

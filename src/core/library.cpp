@@ -1,0 +1,103 @@
+// library: bytes -> (inspected) image -> context-independent library -> kernel (library.hpp).
+#include <cubridge/core/detail/check.hpp>
+#include <cubridge/core/detail/file_io.hpp>
+#include <cubridge/core/detail/loaded_kernels.hpp>
+#include <cubridge/core/driver.hpp>
+#include <cubridge/core/image.hpp>
+#include <cubridge/core/kernel.hpp>
+#include <cubridge/core/library.hpp>
+#include <cubridge/core/module.hpp>
+
+#include "loading.hpp"
+
+#include <string>
+#include <vector>
+
+namespace cubridge {
+namespace {
+
+using core_internal::driver_image;
+using core_internal::jit_logs;
+using core_internal::with_log;
+
+/// The names of the kernels the driver has for `handle` (cuLibraryEnumerateKernels).
+std::vector<std::string> library_kernel_names(CUlibrary handle, const std::string& what) {
+  unsigned count = 0;
+  CUBRIDGE_CU(cuLibraryGetKernelCount, (&count, handle), "counting the kernels of " + what);
+  std::vector<CUkernel> kernels(count);
+  if (count != 0)
+    CUBRIDGE_CU(cuLibraryEnumerateKernels, (kernels.data(), count, handle),
+                "listing the kernels of " + what);
+  std::vector<std::string> names;
+  for (CUkernel k : kernels) {
+    const char* name = nullptr;
+    CUBRIDGE_CU(cuKernelGetName, (&name, k), "naming a kernel of " + what);
+    if (name) names.emplace_back(name);
+  }
+  return names;
+}
+
+}  // namespace
+
+struct library::state {
+  CUlibrary handle = nullptr;
+  std::string name;
+  state(CUlibrary h, std::string n) : handle(h), name(std::move(n)) {}
+  state(const state&) = delete;
+  state& operator=(const state&) = delete;
+  ~state() { detail::check_release(driver::api().cuLibraryUnload(handle), "cuLibraryUnload"); }
+};
+
+library library::load(std::span<const std::byte> image, load_options options) {
+  if (options.name.empty()) options.name = "<memory>";
+  const std::string what = "library '" + options.name + "'";
+  // A library is loaded for every context; check against the current context's device, or
+  // device 0 when none is current. The kernel list is checked against the same device.
+  const auto current = context_ref::current();
+  const std::optional<compute_capability> target =
+      (current ? current.device() : device::get(0)).capability();
+  const driver_image bytes(image, inspect_image(image), options, target, what);
+  jit_logs logs(options);
+  CUlibrary handle = nullptr;
+  const CUresult r = driver::api().cuLibraryLoadData(
+      &handle, bytes.data(), logs.options.data(), logs.values.data(),
+      static_cast<unsigned>(logs.options.size()), nullptr, nullptr, 0);
+  if (r != CUDA_SUCCESS)
+    detail::throw_driver_error(r, "cuLibraryLoadData",
+                               with_log("loading " + what, logs.error_text()),
+                               std::source_location::current());
+  // Owned before the check, so that a refused library is unloaded.
+  auto loaded = std::make_shared<const state>(handle, std::move(options.name));
+  detail::require_loaded_kernels(bytes.expected_kernels(), library_kernel_names(handle, what),
+                                 "cuLibraryEnumerateKernels", what);
+  return library(std::move(loaded));
+}
+
+library library::load_file(const std::filesystem::path& path, load_options options) {
+  if (options.name.empty()) options.name = path.filename().string();
+  const auto bytes = read_file_bytes(path);
+  return load(bytes, std::move(options));
+}
+
+CUlibrary library::get() const noexcept {
+  return state_ ? state_->handle : nullptr;
+}
+const std::string& library::name() const noexcept {
+  return state_->name;
+}
+
+kernel library::get_kernel(std::string_view name) const {
+  CUBRIDGE_EXPECTS(state_ != nullptr, "library was moved from");
+  const std::string kernel_name(name);
+  // The driver reports a library kernel's parameters only with a context current
+  // (cuKernelGetParamInfo gives CUDA_ERROR_INVALID_CONTEXT otherwise, seen on the H200).
+  CUBRIDGE_EXPECTS(context_ref::current(),
+                   "looking up kernel '" + kernel_name + "' in library '" + state_->name +
+                       "' needs a current context (push one with scoped_current)");
+  CUkernel handle = nullptr;
+  CUBRIDGE_CU(cuLibraryGetKernel, (&handle, state_->handle, kernel_name.c_str()),
+              "kernel '" + kernel_name + "' in library '" + state_->name + "'");
+  return kernel::make(state_, kernel_name, reinterpret_cast<CUfunction>(handle), handle);
+}
+
+}  // namespace cubridge
