@@ -75,5 +75,4 @@ inline std::string with_log(std::string what, const std::string& log) {
   return what;
 }
 
-
 }  // namespace cubridge::core_internal

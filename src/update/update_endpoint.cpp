@@ -11,6 +11,8 @@
 #include <map>
 
 namespace cubridge {
+
+using update_internal::bounded_detail;
 namespace {
 
 using endpoint_internal::answer;
@@ -93,10 +95,6 @@ void answer(httplib::Response& res, const refusal& r) {
   answer(res, r.status, body);
 }
 
-std::string gpu_name(const std::optional<compute_capability>& device) {
-  return device ? to_string(*device) : "";
-}
-
 std::optional<module_path> parse_module_path(const std::string& method, std::string_view path) {
   if (!path.starts_with(modules_prefix)) return std::nullopt;
   module_path out;
@@ -124,17 +122,6 @@ update_endpoint::impl::module_entry* update_endpoint::impl::find_entry(std::stri
   std::lock_guard lock(entries_mutex);
   const auto it = entries.find(name);
   return it == entries.end() ? nullptr : it->second.get();
-}
-
-// `detail` cut to max_detail_bytes (at a UTF-8 character boundary), saying how much was cut.
-// JSON escaping takes care of control characters.
-std::string update_endpoint::impl::bounded_detail(std::string detail) {
-  if (detail.size() <= max_detail_bytes) return detail;
-  std::size_t cut = max_detail_bytes - 32;
-  while (cut > 0 && (static_cast<unsigned char>(detail[cut]) & 0xC0) == 0x80) --cut;
-  const auto more = detail.size() - cut;
-  detail.resize(cut);
-  return detail + " ... (" + std::to_string(more) + " more bytes)";
 }
 
 // What the status keeps of a refusal: printable ASCII, with '\' as "\\" and every other

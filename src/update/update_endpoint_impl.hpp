@@ -4,6 +4,7 @@
 // update_endpoint.cpp, the push, rollback, status and metrics handlers in update_routes.cpp; the
 // HTTP transport under it in http_reception.hpp. Internal to cubridge_update; not installed.
 #include "http_reception.hpp"
+#include "refusal_text.hpp"
 
 #include <cubridge/update/bundle.hpp>
 #include <cubridge/update/module_sink.hpp>
@@ -47,8 +48,9 @@ int status_of(gate_reason reason);
 /// Answers `body` as JSON with `status`.
 void answer(httplib::Response& res, int status, const json& body);
 void answer(httplib::Response& res, const refusal& r);
-/// "sm_90" for 90; empty for no GPU (0).
-std::string gpu_name(const std::optional<compute_capability>& device);
+// A refusal's bounded detail and the GPU it names, as the gate writes them (refusal_text.hpp).
+using update_internal::bounded_detail;
+using update_internal::gpu_name;
 
 /// The module name of a /v1/modules/... path (already percent-decoded by httplib); `rollback`
 /// tells whether it ended in /rollback.
@@ -96,13 +98,11 @@ struct update_endpoint::impl {
   std::map<std::string, std::unique_ptr<module_entry>, std::less<>> entries;
 
   // What a client is told and what the status keeps of a refusal (see refuse()).
-  static constexpr std::size_t max_detail_bytes = 4096;
   static constexpr std::size_t max_summary_bytes = 256;
 
   // update_endpoint.cpp: bookkeeping, refusals, set-up, starting.
   module_entry& entry(const std::string& name);
   module_entry* find_entry(std::string_view name);
-  static std::string bounded_detail(std::string detail);
   static std::string status_summary(std::string_view text);
   void refuse(httplib::Response& res, refusal r, module_entry* e = nullptr);
   void count_refusal(std::string_view reason) noexcept;

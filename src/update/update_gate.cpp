@@ -10,6 +10,7 @@
 #include <cubridge/update/state_location.hpp>
 #include <cubridge/update/update_gate.hpp>
 
+#include "refusal_text.hpp"
 #include "state_files.hpp"
 
 #include <algorithm>
@@ -29,22 +30,10 @@ constexpr std::array<detail::enum_name<gate_outcome>, 5> gate_outcome_names{{
 }};
 static_assert(detail::lists_values_in_order(gate_outcome_names));
 
-constexpr std::size_t max_detail_bytes = 4096;
 constexpr std::size_t max_nonces = 100000;
 
-// `detail` cut to max_detail_bytes (at a UTF-8 character boundary), saying how much was cut.
-std::string bounded_detail(std::string detail) {
-  if (detail.size() <= max_detail_bytes) return detail;
-  std::size_t cut = max_detail_bytes - 32;
-  while (cut > 0 && (static_cast<unsigned char>(detail[cut]) & 0xC0) == 0x80) --cut;
-  const auto more = detail.size() - cut;
-  detail.resize(cut);
-  return detail + " ... (" + std::to_string(more) + " more bytes)";
-}
-
-std::string gpu_name(const std::optional<compute_capability>& device) {
-  return device ? to_string(*device) : "";
-}
+using update_internal::bounded_detail;
+using update_internal::gpu_name;
 
 std::chrono::microseconds since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() -

@@ -13,6 +13,7 @@
 namespace cubridge {
 
 using endpoint_internal::answer;
+using endpoint_internal::bounded_detail;
 using endpoint_internal::gpu_name;
 using endpoint_internal::json;
 using endpoint_internal::parse_module_path;
