@@ -760,9 +760,12 @@ TEST_F(HotModule, TenThousandSwapsWithRejectsUnderEightLaunchersStayBounded) {
   EXPECT_EQ(stale.load(), 0) << "a launch after promote() returned ran an older version";
   EXPECT_EQ(stats.retired_waiting, 0u);
   EXPECT_EQ(stats.unloaded + 1, stats.promotions) << "all but the current and rollback versions";
-  const auto mib = std::size_t{1} << 20;
-  EXPECT_LE(free_before, free_after + mib) << "device memory back to baseline";
-  EXPECT_LE(free_after, free_before + mib) << "device memory back to baseline";
+  // cuMemGetInfo moves in 2 MiB granules on the H200 (146044032 -> 146041984 KiB seen with the
+  // same settled state, in one of three runs alone): one granule either way is the reading's
+  // own noise; the leak this looks for (1 KiB a swap) would be 10 MiB.
+  const auto granule = std::size_t{2} << 20;
+  EXPECT_LE(free_before, free_after + granule) << "device memory back to baseline";
+  EXPECT_LE(free_after, free_before + granule) << "device memory back to baseline";
   ASSERT_GT(memory_before.rss_kib, 0u);
   // Back to baseline: both readings are taken settled (every retired version unloaded) with the
   // same servers running, after 200 warm-up swaps grew arenas and driver pools to their working
