@@ -3,11 +3,11 @@
 // image_fatbin.cpp (the container and LZ4 / zstd decompression) and image_ptx.cpp; each file
 // starts with the format facts it relies on.
 
-#include "cubridge/core/image.hpp"
-#include "cubridge/core/detail/enum_names.hpp"
-#include "cubridge/core/detail/file_io.hpp"
-#include "cubridge/core/detail/hex.hpp"
-#include "cubridge/core/detail/loaded_kernels.hpp"
+#include <cubridge/core/detail/enum_names.hpp>
+#include <cubridge/core/detail/file_io.hpp>
+#include <cubridge/core/detail/hex.hpp>
+#include <cubridge/core/detail/loaded_kernels.hpp>
+#include <cubridge/core/image.hpp>
 #include "image_internal.hpp"
 
 #include <algorithm>

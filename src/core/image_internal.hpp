@@ -3,7 +3,7 @@
 // little-endian reads, the error context of a piece of input, the work budget, kernel sets.
 // Internal to the cubridge library; not installed.
 
-#include "cubridge/core/image.hpp"
+#include <cubridge/core/image.hpp>
 
 #include <cstddef>
 #include <cstdint>

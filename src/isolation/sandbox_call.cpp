@@ -33,7 +33,7 @@ sandbox_failure failure_of(protocol::call_failure reason) noexcept {
 /// unexpected exception leaves its state unknown.
 class call_in_slot {
  public:
-  call_in_slot(sandbox::state& s, std::string entry)
+  call_in_slot(sandbox_internal::sandbox_state& s, std::string entry)
       : s_(s), entry_(std::move(entry)), index_(s.acquire(entry_)), held_(true) {}
   call_in_slot(const call_in_slot&) = delete;
   call_in_slot& operator=(const call_in_slot&) = delete;
@@ -72,7 +72,7 @@ class call_in_slot {
     throw sandbox_error(reason, call_name(entry_), who + ": " + detail, false, {});
   }
 
-  sandbox::state& s_;
+  sandbox_internal::sandbox_state& s_;
   std::string entry_;
   std::size_t index_;
   bool held_;
@@ -231,12 +231,13 @@ void call_in_slot::died() {
 
 }  // namespace
 
-std::string sandbox::state::who(pid_t pid) const {
+std::string sandbox_internal::sandbox_state::who(pid_t pid) const {
   return "sandbox '" + name + "' (library " + options.library.string() + ", worker pid " +
          std::to_string(pid) + ")";
 }
 
-sandbox_reply sandbox::state::call(std::string_view entry, const sandbox_request& request) {
+sandbox_reply sandbox_internal::sandbox_state::call(std::string_view entry,
+                                                    const sandbox_request& request) {
   call_in_slot c(*this, std::string(entry));
   return c.run(request);
 }

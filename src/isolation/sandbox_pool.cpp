@@ -53,7 +53,8 @@ bool sandbox_internal::map_buffers(worker& w, const shared_buffers& buffers,
   }
 }
 
-std::unique_ptr<worker> sandbox::state::start_worker(std::string& failure, int cancel_fd) {
+std::unique_ptr<worker> sandbox_internal::sandbox_state::start_worker(std::string& failure,
+                                                                      int cancel_fd) {
   auto w = std::make_unique<worker>();
   const auto started = clock_type::now();
   failure = w->process.start({worker_path, options.library, options.device, options.initialize_cuda,
@@ -64,12 +65,12 @@ std::unique_ptr<worker> sandbox::state::start_worker(std::string& failure, int c
   return w;
 }
 
-void sandbox::state::note_started(const worker& w) {
+void sandbox_internal::sandbox_state::note_started(const worker& w) {
   last_start = w.start_duration;
   cuda_status = w.cuda_status;
 }
 
-void sandbox::state::start_pool() {
+void sandbox_internal::sandbox_state::start_pool() {
   slots.resize(options.workers);
   for (auto& s : slots) {
     std::string failure;
@@ -90,7 +91,7 @@ void sandbox::state::start_pool() {
   background = std::thread([this] { background_loop(); });
 }
 
-void sandbox::state::background_loop() noexcept {
+void sandbox_internal::sandbox_state::background_loop() noexcept {
   std::unique_lock lock(mutex);
   auto retry_after = first_retry;
   auto retry_at = clock_type::time_point::min();
@@ -121,7 +122,7 @@ void sandbox::state::background_loop() noexcept {
   }
 }
 
-bool sandbox::state::start_spare(std::unique_lock<std::mutex>& lock) {
+bool sandbox_internal::sandbox_state::start_spare(std::unique_lock<std::mutex>& lock) {
   ++spares_starting;
   lock.unlock();
   std::string failure;
@@ -143,7 +144,8 @@ bool sandbox::state::start_spare(std::unique_lock<std::mutex>& lock) {
   return true;
 }
 
-bool sandbox::state::map_missing(worker& w, std::unique_lock<std::mutex>& lock, int cancel_fd) {
+bool sandbox_internal::sandbox_state::map_missing(worker& w, std::unique_lock<std::mutex>& lock,
+                                                  int cancel_fd) {
   for (;;) {
     sandbox_internal::shared_buffers todo;
     for (const auto& [id, b] : shares)
@@ -156,8 +158,8 @@ bool sandbox::state::map_missing(worker& w, std::unique_lock<std::mutex>& lock, 
   }
 }
 
-void sandbox::state::dispose(std::unique_ptr<worker> w,
-                             std::unique_lock<std::mutex>& lock) noexcept {
+void sandbox_internal::sandbox_state::dispose(std::unique_ptr<worker> w,
+                                              std::unique_lock<std::mutex>& lock) noexcept {
   if (!w) return;
   w->process.signal_kill();  // at once: a hung or dying worker must not run on meanwhile
   if (reaps_in_background && !stopping) {
@@ -171,7 +173,8 @@ void sandbox::state::dispose(std::unique_ptr<worker> w,
   lock.lock();
 }
 
-std::unique_ptr<worker> sandbox::state::take_spare(std::unique_lock<std::mutex>& lock) {
+std::unique_ptr<worker> sandbox_internal::sandbox_state::take_spare(
+    std::unique_lock<std::mutex>& lock) {
   while (!spares.empty()) {
     auto spare = std::move(spares.front());
     spares.erase(spares.begin());
@@ -184,7 +187,7 @@ std::unique_ptr<worker> sandbox::state::take_spare(std::unique_lock<std::mutex>&
   return nullptr;
 }
 
-void sandbox::state::forget_unshared(worker& w) noexcept {
+void sandbox_internal::sandbox_state::forget_unshared(worker& w) noexcept {
   for (auto it = w.sent.begin(); it != w.sent.end();) {
     if (shares.contains(*it)) {
       ++it;
@@ -201,7 +204,7 @@ void sandbox::state::forget_unshared(worker& w) noexcept {
   }
 }
 
-std::size_t sandbox::state::acquire(const std::string& entry) {
+std::size_t sandbox_internal::sandbox_state::acquire(const std::string& entry) {
   std::unique_lock lock(mutex);
   for (;;) {
     for (std::size_t i = 0; i < slots.size(); ++i)
@@ -219,8 +222,8 @@ std::size_t sandbox::state::acquire(const std::string& entry) {
   }
 }
 
-void sandbox::state::fill(std::size_t index, std::unique_lock<std::mutex>& lock,
-                          const std::string& entry) {
+void sandbox_internal::sandbox_state::fill(std::size_t index, std::unique_lock<std::mutex>& lock,
+                                           const std::string& entry) {
   if (auto spare = take_spare(lock)) {
     slots[index].w = std::move(spare);
     return;
@@ -242,22 +245,22 @@ void sandbox::state::fill(std::size_t index, std::unique_lock<std::mutex>& lock,
   slots[index].w = std::move(w);
 }
 
-void sandbox::state::release(std::size_t index) noexcept {
+void sandbox_internal::sandbox_state::release(std::size_t index) noexcept {
   std::lock_guard lock(mutex);
   if (slots[index].w) forget_unshared(*slots[index].w);
   slots[index].busy = false;
   slot_freed.notify_all();
 }
 
-void sandbox::state::abandon(std::size_t index) noexcept {
+void sandbox_internal::sandbox_state::abandon(std::size_t index) noexcept {
   std::unique_lock lock(mutex);
   dispose(std::move(slots[index].w), lock);
   slots[index].busy = false;
   slot_freed.notify_all();
 }
 
-sandbox_internal::replacement sandbox::state::replace(std::size_t index,
-                                                      clock_type::time_point seen) {
+sandbox_internal::replacement sandbox_internal::sandbox_state::replace(
+    std::size_t index, clock_type::time_point seen) {
   std::unique_lock lock(mutex);
   auto& s = slots[index];  // slots never grow or shrink while calls run
   dispose(std::move(s.w), lock);
@@ -295,7 +298,7 @@ sandbox_internal::replacement sandbox::state::replace(std::size_t index,
   return r;
 }
 
-std::pair<std::string, std::chrono::nanoseconds> sandbox::state::restart_all() {
+std::pair<std::string, std::chrono::nanoseconds> sandbox_internal::sandbox_state::restart_all() {
   const auto started = clock_type::now();
   std::unique_lock lock(mutex);
   slot_freed.wait(lock, [&] {
@@ -331,7 +334,8 @@ std::pair<std::string, std::chrono::nanoseconds> sandbox::state::restart_all() {
   return {first_failure, clock_type::now() - started};
 }
 
-void sandbox::state::map_ahead(std::uint64_t id, std::unique_lock<std::mutex>& lock) {
+void sandbox_internal::sandbox_state::map_ahead(std::uint64_t id,
+                                                std::unique_lock<std::mutex>& lock) {
   const sandbox_internal::shared_buffers one{{id, shares.at(id)}};
   // Under the lock: no call takes an idle worker, no failure a spare, while its socket is in use
   // here. A worker that dies meanwhile is replaced as after a failure.
@@ -354,7 +358,7 @@ void sandbox::state::map_ahead(std::uint64_t id, std::unique_lock<std::mutex>& l
   background_wake.notify_one();
 }
 
-void sandbox::state::unshare(std::uint64_t id) noexcept {
+void sandbox_internal::sandbox_state::unshare(std::uint64_t id) noexcept {
   std::lock_guard lock(mutex);
   if (shares.erase(id) == 0) return;
   // A busy worker forgets it when its call ends (release), a starting spare when it is ready.
@@ -363,14 +367,14 @@ void sandbox::state::unshare(std::uint64_t id) noexcept {
   for (auto& spare : spares) forget_unshared(*spare);
 }
 
-bool sandbox::state::wait_for_standby(std::chrono::milliseconds timeout) const {
+bool sandbox_internal::sandbox_state::wait_for_standby(std::chrono::milliseconds timeout) const {
   std::unique_lock lock(mutex);
   return spares_changed.wait_for(lock, timeout, [&] {
     return spares.size() >= options.standby || stopping;
   }) && spares.size() >= options.standby;
 }
 
-sandbox_stats sandbox::state::stats() const {
+sandbox_stats sandbox_internal::sandbox_state::stats() const {
   std::lock_guard lock(mutex);
   sandbox_stats st = counters;
   st.workers = st.busy = 0;
@@ -386,7 +390,7 @@ sandbox_stats sandbox::state::stats() const {
   return st;
 }
 
-void sandbox::state::shutdown() noexcept {
+void sandbox_internal::sandbox_state::shutdown() noexcept {
   std::unique_lock lock(mutex);
   if (shut_down) return;
   shut_down = stopping = true;

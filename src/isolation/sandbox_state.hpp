@@ -60,11 +60,11 @@ struct replacement {
 
 }  // namespace sandbox_internal
 
-struct sandbox::state {
-  explicit state(sandbox_options o) : options(std::move(o)) {}
-  state(const state&) = delete;
-  state& operator=(const state&) = delete;
-  ~state() { shutdown(); }
+struct sandbox_internal::sandbox_state {
+  explicit sandbox_state(sandbox_options o) : options(std::move(o)) {}
+  sandbox_state(const sandbox_state&) = delete;
+  sandbox_state& operator=(const sandbox_state&) = delete;
+  ~sandbox_state() { shutdown(); }
 
   using worker = sandbox_internal::worker;
   using clock_type = std::chrono::steady_clock;

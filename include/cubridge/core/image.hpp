@@ -18,8 +18,8 @@
 #include <string_view>
 #include <vector>
 
-#include "cubridge/core/compute_capability.hpp"
-#include "cubridge/core/error.hpp"
+#include <cubridge/core/compute_capability.hpp>
+#include <cubridge/core/error.hpp>
 
 namespace cubridge {
 

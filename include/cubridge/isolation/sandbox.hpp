@@ -195,6 +195,10 @@ struct sandbox_request {
   std::chrono::milliseconds timeout{0};
 };
 
+namespace sandbox_internal {
+struct sandbox_state;  // what a sandbox and its shares hold (src/isolation/sandbox_state.hpp)
+}  // namespace sandbox_internal
+
 /// A library running in worker processes, each replaced after a failure. Move-only.
 class sandbox {
  public:
@@ -252,9 +256,8 @@ class sandbox {
   [[nodiscard]] const std::string& name() const noexcept;
   [[nodiscard]] sandbox_stats stats() const;
 
-  struct state;
-
  private:
+  using state = sandbox_internal::sandbox_state;
   explicit sandbox(std::shared_ptr<state> s) noexcept;
   std::shared_ptr<state> state_;
 };
@@ -275,11 +278,11 @@ class sandbox_share {
 
  private:
   friend class sandbox;
-  sandbox_share(std::shared_ptr<sandbox::state> s, std::uint64_t id, CUdeviceptr address,
-                std::size_t size) noexcept
+  sandbox_share(std::shared_ptr<sandbox_internal::sandbox_state> s, std::uint64_t id,
+                CUdeviceptr address, std::size_t size) noexcept
       : state_(std::move(s)), id_(id), host_address_(address), size_(size) {}
   void reset() noexcept;
-  std::shared_ptr<sandbox::state> state_;
+  std::shared_ptr<sandbox_internal::sandbox_state> state_;
   std::uint64_t id_ = 0;
   CUdeviceptr host_address_ = 0;
   std::size_t size_ = 0;
