@@ -11,19 +11,14 @@
 
 #include <algorithm>
 #include <array>
-#include <cerrno>
-#include <cstring>
+#include <cstdint>
+#include <filesystem>
 #include <optional>
 #include <set>
 #include <span>
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <fcntl.h>
-#include <stdlib.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 namespace cubridge {
 namespace {
@@ -41,56 +36,34 @@ std::string quoted(const std::filesystem::path& path) {
   return "'" + path.string() + "'";
 }
 
-std::string system_error_text(int error) {
-  return std::strerror(error);
-}
-
-// Closes a descriptor at scope exit.
-struct fd_closer {
-  int fd;
-  ~fd_closer() {
-    if (fd >= 0) ::close(fd);
-  }
-};
-
-// The file's bytes; nullopt when it does not exist.
+// The file's bytes; nullopt when it does not exist. Read through the core's one reader of
+// regular files (a FIFO or a directory at the path is refused, never waited on), its refusals
+// reported as this file's.
 std::optional<std::string> read_state_file(const std::filesystem::path& path) {
   constexpr const char* call = "update_state::load";
-  // O_NONBLOCK: a FIFO at the path is refused below instead of blocking the service's start.
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) {
-    const int error = errno;
-    if (error == ENOENT) return std::nullopt;
-    fail(update_state_reason::unreadable, call,
-         "cannot open " + quoted(path) + ": " + system_error_text(error));
-  }
-  fd_closer closer{fd};
-  struct ::stat status {};
-  if (::fstat(fd, &status) != 0)
-    fail(update_state_reason::unreadable, call,
-         "cannot stat " + quoted(path) + ": " + system_error_text(errno));
-  if (!S_ISREG(status.st_mode))
-    fail(update_state_reason::unreadable, call, quoted(path) + " is not a regular file");
-  if (static_cast<std::uint64_t>(status.st_size) > max_update_state_bytes)
-    fail(update_state_reason::too_large, call,
-         quoted(path) + " is " + std::to_string(status.st_size) + " bytes, over the " +
-             std::to_string(max_update_state_bytes) + " a state file may hold");
-  std::string text;
-  char buffer[65536];
-  for (;;) {
-    const ssize_t n = ::read(fd, buffer, sizeof buffer);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0)
-      fail(update_state_reason::unreadable, call,
-           "cannot read " + quoted(path) + ": " + system_error_text(errno));
-    if (n == 0) break;
-    text.append(buffer, static_cast<std::size_t>(n));
-    if (text.size() > max_update_state_bytes)  // it grew while being read
+  std::error_code missing;
+  if (std::filesystem::status(path, missing).type() == std::filesystem::file_type::not_found)
+    return std::nullopt;
+  std::vector<std::byte> bytes;
+  try {
+    // No limit here: a file over it is too_large, not unreadable (checked from its size, then
+    // while reading, since it may grow meanwhile).
+    detail::regular_file file(path, UINT64_MAX, "state file");
+    if (static_cast<std::uint64_t>(file.status().st_size) > max_update_state_bytes)
       fail(update_state_reason::too_large, call,
-           quoted(path) + " is over the " + std::to_string(max_update_state_bytes) +
-               " bytes a state file may hold");
+           quoted(path) + " is " + std::to_string(file.status().st_size) + " bytes, over the " +
+               std::to_string(max_update_state_bytes) + " a state file may hold");
+    while (file.read_some(bytes, max_update_state_bytes + 1 - bytes.size()) > 0)
+      if (bytes.size() > max_update_state_bytes)
+        fail(update_state_reason::too_large, call,
+             quoted(path) + " is over the " + std::to_string(max_update_state_bytes) +
+                 " bytes a state file may hold");
+  } catch (const update_state_error&) {
+    throw;
+  } catch (const error& e) {
+    fail(update_state_reason::unreadable, call, e.involved());
   }
-  return text;
+  return std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size());
 }
 
 struct parsed_state {
