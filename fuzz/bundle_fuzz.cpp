@@ -3,7 +3,7 @@
 // timeout) is a bug. The trusted key is fixed so that the seeds in fuzz/corpus/bundle/ (signed
 // with it, see BundleTest.WriteFuzzSeeds in tests/test_bundle.cpp) reach the checks after the
 // signature.
-#include <cubridge/update/bundle.hpp>
+#include <cubridge/bundle/bundle.hpp>
 
 #include <cstddef>
 #include <cstdint>

@@ -8,7 +8,7 @@
 // with line 1 re-signed by the fixed key: that is what carries the fuzzer into the schema checks
 // (action, module name, from_version, nonce, created). The freshness window and the nonce memory
 // are the endpoint's (src/update/update_endpoint.cpp) and are not reached from here.
-#include <cubridge/update/rollback_request.hpp>
+#include <cubridge/bundle/rollback_request.hpp>
 
 #include <chrono>
 #include <cstddef>

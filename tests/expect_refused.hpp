@@ -1,7 +1,7 @@
 #pragma once
 // EXPECT_REFUSED(statement, reason): `statement` must throw cubridge::bundle_error with that
 // bundle_reason (bundles, keys and signed rollback requests share the error type).
-#include <cubridge/update/bundle.hpp>
+#include <cubridge/bundle/bundle.hpp>
 
 #include <gtest/gtest.h>
 

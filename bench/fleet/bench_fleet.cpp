@@ -23,12 +23,12 @@
 //               [--out DIR]
 //
 // Prints the table as it goes; writes DIR/fleet_control_plane.json, .txt and .svg.
+#include "bundle/source_bundles.hpp"
 #include "fleet/fleet_node_process.hpp"
 #include "fleet_plot.hpp"
 #include "in_process_node.hpp"
 #include "record_costs.hpp"
 #include "secured_server.hpp"
-#include "update/source_bundles.hpp"
 
 #include <cubridge/fleet/controller.hpp>
 #include <cubridge/fleet/records.hpp>

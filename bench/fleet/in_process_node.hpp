@@ -4,8 +4,8 @@
 // file, written and fsync'd as a node process's is) over its own recording sink, with its own
 // Ed25519 key file (mode 0600) and bus credentials. As tests/fleet/fleet_node.cpp's node, the
 // sink records the version and never loads the payload; it keeps it in memory (no file).
+#include <cubridge/bundle/bundle.hpp>
 #include <cubridge/fleet/agent.hpp>
-#include <cubridge/update/bundle.hpp>
 #include <cubridge/update/module_sink.hpp>
 #include <cubridge/update/update_gate.hpp>
 

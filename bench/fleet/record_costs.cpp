@@ -1,13 +1,13 @@
 #include "record_costs.hpp"
 
+#include "bundle/source_bundles.hpp"
 #include "in_process_node.hpp"
-#include "update/source_bundles.hpp"
 
+#include <cubridge/bundle/detail/signing.hpp>
 #include <cubridge/fleet/desired_state.hpp>
 #include <cubridge/fleet/records.hpp>
 #include <cubridge/fleet/registry.hpp>
 #include <cubridge/fleet/signed_record.hpp>
-#include <cubridge/update/detail/signing.hpp>
 
 #include <algorithm>
 #include <chrono>

@@ -1,9 +1,9 @@
 #include "secured_server.hpp"
 
+#include <cubridge/bundle/detail/signing.hpp>
 #include <cubridge/core/detail/hex.hpp>
 #include <cubridge/fleet/connection.hpp>
 #include <cubridge/fleet/subjects.hpp>
-#include <cubridge/update/detail/signing.hpp>
 
 #include <arpa/inet.h>
 #include <dirent.h>

@@ -32,6 +32,7 @@
 //                   [--fleet-credentials F --fleet-ca F] [--fleet-heartbeat S]]
 // Port 0 picks a free port; the "ready" line says which. Exit: 0 after --duration or
 // SIGINT/SIGTERM, 1 on failure, 64 bad command line, 77 no GPU (one line).
+#include <cubridge/bundle/bundle.hpp>
 #include <cubridge/core/context.hpp>
 #include <cubridge/core/copy.hpp>
 #include <cubridge/core/device_buffer.hpp>
@@ -43,10 +44,9 @@
 #include <cubridge/isolation/guest_context.hpp>
 #include <cubridge/isolation/sandbox_entry.hpp>
 #include <cubridge/swap/hot_module.hpp>
-#include <cubridge/update/bundle.hpp>
-#include <cubridge/update/hot_module_sink.hpp>
 #include <cubridge/update/update_endpoint.hpp>
 #include <cubridge/update/update_gate.hpp>
+#include <cubridge/update_swap/hot_module_sink.hpp>
 
 #include "fleet_node.hpp"
 #include "service_log.hpp"

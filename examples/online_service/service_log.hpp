@@ -1,7 +1,7 @@
 #pragma once
 // online_service's logs: whole lines on stdout (line_log), the log of module changes
 // (logged_sink), and the CSV of requests (request_log).
-#include <cubridge/update/bundle.hpp>
+#include <cubridge/bundle/bundle.hpp>
 #include <cubridge/update/module_sink.hpp>
 
 #include <chrono>

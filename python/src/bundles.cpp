@@ -1,8 +1,8 @@
 // Signed module bundles (update/bundle.hpp): keys, sign_bundle and verify_bundle for Python.
 #include "bindings.hpp"
 
+#include <cubridge/bundle/bundle.hpp>
 #include <cubridge/core/error.hpp>
-#include <cubridge/update/bundle.hpp>
 
 #include <nanobind/operators.h>
 #include <nanobind/stl/chrono.h>

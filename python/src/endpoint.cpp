@@ -4,10 +4,10 @@
 // C++ hot modules, whose Python objects the endpoint keeps alive.
 #include "bindings.hpp"
 
+#include <cubridge/bundle/bundle.hpp>
 #include <cubridge/core/error.hpp>
-#include <cubridge/update/bundle.hpp>
-#include <cubridge/update/hot_module_sink.hpp>
 #include <cubridge/update/update_endpoint.hpp>
+#include <cubridge/update_swap/hot_module_sink.hpp>
 
 #include <nanobind/stl/map.h>
 #include <nanobind/stl/optional.h>

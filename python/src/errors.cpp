@@ -2,12 +2,12 @@
 // cubridge/_errors.py carrying the C++ fields; the most specific C++ type picks the class.
 #include "bindings.hpp"
 
+#include <cubridge/bundle/bundle.hpp>
 #include <cubridge/compile/compile.hpp>
 #include <cubridge/core/error.hpp>
 #include <cubridge/isolation/guest_context.hpp>
 #include <cubridge/isolation/sandbox.hpp>
 #include <cubridge/swap/error.hpp>
-#include <cubridge/update/bundle.hpp>
 
 #include <nanobind/stl/string.h>
 

@@ -9,13 +9,13 @@
 // with backoff; permanent ones wait for the next revision.
 #include "fleet/nats.hpp"
 
+#include <cubridge/bundle/detail/signing.hpp>
 #include <cubridge/core/detail/printable.hpp>
 #include <cubridge/core/error.hpp>
 #include <cubridge/fleet/agent.hpp>
 #include <cubridge/fleet/desired_state.hpp>
 #include <cubridge/fleet/signed_record.hpp>
 #include <cubridge/fleet/subjects.hpp>
-#include <cubridge/update/detail/signing.hpp>
 #include <cubridge/update/metrics_text.hpp>
 
 #include <algorithm>

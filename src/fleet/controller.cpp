@@ -11,7 +11,7 @@
 #include <algorithm>
 #include <thread>
 
-#include <cubridge/update/detail/signing.hpp>
+#include <cubridge/bundle/detail/signing.hpp>
 
 namespace cubridge::fleet {
 namespace {

@@ -1,10 +1,10 @@
 // Result records and heartbeats as JSON (fleet_records.hpp). Every text is made printable and cut
 // on the way out and again on the way in: what a reader prints never carries a terminal escape.
+#include <cubridge/bundle/bundle.hpp>  // detail::format_time, parse_time
 #include <cubridge/core/detail/hex.hpp>
 #include <cubridge/core/detail/printable.hpp>
 #include <cubridge/fleet/records.hpp>
 #include <cubridge/fleet/subjects.hpp>
-#include <cubridge/update/bundle.hpp>  // detail::format_time, parse_time
 
 #include <nlohmann/json.hpp>
 

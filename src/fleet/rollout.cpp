@@ -3,10 +3,10 @@
 // publish that stored its bundle and wrote its record is done whatever happens to this process.
 #include "fleet/controller_impl.hpp"
 
+#include <cubridge/bundle/detail/signing.hpp>
 #include <cubridge/core/detail/printable.hpp>
 #include <cubridge/fleet/signed_record.hpp>
 #include <cubridge/fleet/subjects.hpp>
-#include <cubridge/update/detail/signing.hpp>
 
 #include <nats/nats.h>
 

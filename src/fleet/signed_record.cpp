@@ -1,10 +1,10 @@
 // Signed records (signed_record.hpp): Ed25519 through the bundle layer's signing
 // (update/detail/signing.hpp), JSON through nlohmann.
+#include <cubridge/bundle/detail/signing.hpp>
 #include <cubridge/core/detail/enum_names.hpp>
 #include <cubridge/core/detail/hex.hpp>
 #include <cubridge/core/detail/printable.hpp>
 #include <cubridge/fleet/signed_record.hpp>
-#include <cubridge/update/detail/signing.hpp>
 
 #include <nlohmann/json.hpp>
 

@@ -3,8 +3,8 @@
 // update_routes.cpp. See update_endpoint.hpp.
 #include "update_endpoint_impl.hpp"
 
+#include <cubridge/bundle/detail/signing.hpp>
 #include <cubridge/core/detail/printable.hpp>
-#include <cubridge/update/detail/signing.hpp>
 
 #include <algorithm>
 #include <exception>

@@ -6,9 +6,9 @@
 #include "http_reception.hpp"
 #include "refusal_text.hpp"
 
-#include <cubridge/update/bundle.hpp>
+#include <cubridge/bundle/bundle.hpp>
+#include <cubridge/bundle/rollback_request.hpp>
 #include <cubridge/update/module_sink.hpp>
-#include <cubridge/update/rollback_request.hpp>
 #include <cubridge/update/update_endpoint.hpp>
 #include <cubridge/update/update_gate.hpp>
 #include <cubridge/update/update_state.hpp>

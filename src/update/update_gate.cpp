@@ -1,12 +1,12 @@
 // The receiving policy (update_gate.hpp): size, verification, device, replay floor, the replay
 // state written before the sink applies, and the sink called under the module's lock. Moved out
 // of the endpoint's handlers unchanged (the details are the endpoint's words).
+#include <cubridge/bundle/detail/signing.hpp>
+#include <cubridge/bundle/rollback_request.hpp>
 #include <cubridge/core/detail/enum_names.hpp>
 #include <cubridge/core/detail/printable.hpp>
 #include <cubridge/core/error.hpp>
 #include <cubridge/core/image.hpp>
-#include <cubridge/update/detail/signing.hpp>
-#include <cubridge/update/rollback_request.hpp>
 #include <cubridge/update/state_location.hpp>
 #include <cubridge/update/update_gate.hpp>
 

@@ -1,10 +1,10 @@
 // The persisted replay state of the update endpoint; see update_state.hpp and
 // docs/update-endpoint.md ("Replay state").
+#include <cubridge/bundle/bundle.hpp>
+#include <cubridge/bundle/detail/signing.hpp>
 #include <cubridge/core/detail/enum_names.hpp>
 #include <cubridge/core/detail/file_io.hpp>
 #include <cubridge/core/detail/printable.hpp>
-#include <cubridge/update/bundle.hpp>
-#include <cubridge/update/detail/signing.hpp>
 #include <cubridge/update/update_state.hpp>
 
 #include <nlohmann/json.hpp>

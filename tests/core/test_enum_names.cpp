@@ -1,11 +1,11 @@
 // Enum names spelled once (detail/enum_names.hpp): the generic lookups, and every spelling of
 // the enums moved onto tables, unchanged from the switches they replaced.
+#include <cubridge/bundle/bundle.hpp>
 #include <cubridge/core/detail/enum_names.hpp>
 #include <cubridge/core/error.hpp>
 #include <cubridge/core/image.hpp>
 #include <cubridge/isolation/error.hpp>
 #include <cubridge/swap/error.hpp>
-#include <cubridge/update/bundle.hpp>
 #include <cubridge/update/module_sink.hpp>
 #include <cubridge/update/update_state.hpp>
 

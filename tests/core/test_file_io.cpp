@@ -2,11 +2,11 @@
 // files are regular files read within a limit, and files are written without following links.
 #include "temp_dir.hpp"
 
+#include <cubridge/bundle/bundle.hpp>
 #include <cubridge/core/detail/file_io.hpp>
 #include <cubridge/core/error.hpp>
 #include <cubridge/core/image.hpp>
 #include <cubridge/core/module.hpp>
-#include <cubridge/update/bundle.hpp>
 
 #include <gtest/gtest.h>
 

@@ -6,8 +6,8 @@
 
 #include "eventually.hpp"
 
+#include <cubridge/bundle/bundle.hpp>
 #include <cubridge/core/detail/child_process.hpp>
-#include <cubridge/update/bundle.hpp>
 
 #include <fcntl.h>
 #include <signal.h>

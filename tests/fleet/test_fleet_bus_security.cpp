@@ -15,16 +15,16 @@
 #include "fleet/fleet_init.hpp"
 #include "update/arguments.hpp"
 
+#include <cubridge/bundle/bundle.hpp>
+#include <cubridge/bundle/detail/signing.hpp>
 #include <cubridge/fleet/agent.hpp>
 #include <cubridge/fleet/connection.hpp>
 #include <cubridge/fleet/controller.hpp>
 #include <cubridge/fleet/subjects.hpp>
-#include <cubridge/update/bundle.hpp>
-#include <cubridge/update/detail/signing.hpp>
 #include <cubridge/update/module_sink.hpp>
 #include <cubridge/update/update_gate.hpp>
 
-#include "update/source_bundles.hpp"
+#include "bundle/source_bundles.hpp"
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>

@@ -4,11 +4,11 @@
 #include "fleet/nats.hpp"
 #include "nats_server.hpp"
 
+#include <cubridge/bundle/bundle.hpp>
 #include <cubridge/core/detail/child_process.hpp>
 #include <cubridge/fleet/controller.hpp>
 #include <cubridge/fleet/signed_record.hpp>
 #include <cubridge/fleet/subjects.hpp>
-#include <cubridge/update/bundle.hpp>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>

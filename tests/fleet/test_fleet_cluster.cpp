@@ -168,8 +168,8 @@ TEST(fleet_cluster, a_client_of_one_server_is_refused_when_it_is_gone) {
 #include <cubridge/fleet/agent.hpp>
 #include <cubridge/fleet/controller.hpp>
 
+#include "bundle/source_bundles.hpp"
 #include "temp_dir.hpp"
-#include "update/source_bundles.hpp"
 
 #include <map>
 #include <mutex>

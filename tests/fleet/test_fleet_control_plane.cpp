@@ -8,6 +8,7 @@
 // can connect writes through raw libnats (src/fleet/nats.hpp).
 #include "fleet/nats.hpp"
 
+#include <cubridge/bundle/detail/signing.hpp>
 #include <cubridge/fleet/agent.hpp>
 #include <cubridge/fleet/controller.hpp>
 #include <cubridge/fleet/desired_state.hpp>
@@ -15,14 +16,13 @@
 #include <cubridge/fleet/records.hpp>
 #include <cubridge/fleet/signed_record.hpp>
 #include <cubridge/fleet/subjects.hpp>
-#include <cubridge/update/detail/signing.hpp>
 #include <cubridge/update/module_sink.hpp>
 #include <cubridge/update/update_gate.hpp>
 
+#include "bundle/source_bundles.hpp"
 #include "eventually.hpp"
 #include "nats_server.hpp"
 #include "temp_dir.hpp"
-#include "update/source_bundles.hpp"
 
 #include <gtest/gtest.h>
 

@@ -9,7 +9,7 @@
 #include <cubridge/fleet/agent.hpp>
 #include <cubridge/fleet/controller.hpp>
 #include <cubridge/swap/hot_module_group.hpp>
-#include <cubridge/update/hot_module_sink.hpp>
+#include <cubridge/update_swap/hot_module_sink.hpp>
 
 #include "eventually.hpp"
 #include "hot_module_fixture.hpp"

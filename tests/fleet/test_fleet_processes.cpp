@@ -3,9 +3,9 @@
 // file), driven by the control side (controller.hpp). Every wait is on a condition (a node's
 // event line, its sink's file, a verified result) with a deadline. The faults are timed under
 // the agent's default retry and resync settings: recovery must be within 5 s of the restart.
+#include "bundle/source_bundles.hpp"
 #include "fleet/fleet_node_process.hpp"
 #include "nats_server.hpp"
-#include "update/source_bundles.hpp"
 
 #include <cubridge/fleet/controller.hpp>
 

@@ -3,6 +3,7 @@
 // (records.hpp), server lists and credentials files (connection.hpp), names and subjects
 // (subjects.hpp). Every reader is fed what a hostile or broken writer could put in the bucket or
 // on a subject: each field missing, of another type, out of range.
+#include <cubridge/bundle/bundle.hpp>
 #include <cubridge/core/detail/hex.hpp>
 #include <cubridge/core/error.hpp>
 #include <cubridge/fleet/connection.hpp>
@@ -11,7 +12,6 @@
 #include <cubridge/fleet/registry.hpp>
 #include <cubridge/fleet/signed_record.hpp>
 #include <cubridge/fleet/subjects.hpp>
-#include <cubridge/update/bundle.hpp>
 
 #include "temp_dir.hpp"
 

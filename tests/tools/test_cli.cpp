@@ -11,9 +11,9 @@
 #include "update/arguments.hpp"
 #include "update/server_text.hpp"
 
+#include <cubridge/bundle/bundle.hpp>
 #include <cubridge/core/detail/file_io.hpp>
 #include <cubridge/core/image.hpp>
-#include <cubridge/update/bundle.hpp>
 #include <cubridge/update/update_endpoint.hpp>
 
 #include <gtest/gtest.h>

@@ -1,8 +1,8 @@
 // Tests of cubridge/update/update_endpoint.hpp: the endpoint over real HTTP on loopback, with a
 // fake module_sink (no GPU). Each refusal: the right status and reason, no change in the sink, and
 // a valid push right after still succeeds.
+#include <cubridge/bundle/rollback_request.hpp>
 #include <cubridge/swap/version_chain.hpp>
-#include <cubridge/update/rollback_request.hpp>
 #include <cubridge/update/update_endpoint.hpp>
 #include "self_signed_certificate.hpp"
 

@@ -1,15 +1,15 @@
 // Tests of cubridge/update/update_gate.hpp without a transport: the decisions the endpoint and
 // the fleet agent share, over the CLI tests' memory sink (no GPU). The HTTP answers built on
 // them are test_update_endpoint's.
-#include <cubridge/update/rollback_request.hpp>
+#include <cubridge/bundle/rollback_request.hpp>
 #include <cubridge/update/state_location.hpp>
 #include <cubridge/update/update_gate.hpp>
 #include <cubridge/update/update_state.hpp>
 
+#include "bundle/source_bundles.hpp"
 #include "scoped_env.hpp"
 #include "temp_dir.hpp"
 #include "tools/memory_sink.hpp"
-#include "update/source_bundles.hpp"
 
 #include <gtest/gtest.h>
 

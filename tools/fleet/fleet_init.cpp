@@ -6,11 +6,11 @@
 #include "exit_codes.hpp"
 #include "update/arguments.hpp"
 
+#include <cubridge/bundle/bundle.hpp>
 #include <cubridge/core/detail/printable.hpp>
 #include <cubridge/core/error.hpp>
 #include <cubridge/fleet/connection.hpp>
 #include <cubridge/fleet/subjects.hpp>
-#include <cubridge/update/bundle.hpp>
 
 #include <arpa/inet.h>
 #include <crypt.h>

@@ -2,7 +2,7 @@
 
 #include "update/server_text.hpp"
 
-#include <cubridge/update/bundle.hpp>
+#include <cubridge/bundle/bundle.hpp>
 
 #include <algorithm>
 #include <cctype>

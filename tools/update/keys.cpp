@@ -2,8 +2,8 @@
 #include "exit_codes.hpp"
 #include "update/update_commands.hpp"
 
+#include <cubridge/bundle/bundle.hpp>
 #include <cubridge/core/detail/file_io.hpp>
-#include <cubridge/update/bundle.hpp>
 
 #include <cstring>
 #include <filesystem>

@@ -7,10 +7,10 @@
 #include "update/signing.hpp"
 #include "update/update_commands.hpp"
 
+#include <cubridge/bundle/rollback_request.hpp>
 #include <cubridge/compile/machine_code.hpp>
 #include <cubridge/core/compute_capability.hpp>
 #include <cubridge/core/detail/file_io.hpp>
-#include <cubridge/update/rollback_request.hpp>
 
 #include <httplib.h>
 #include <openssl/x509.h>

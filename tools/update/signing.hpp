@@ -1,7 +1,7 @@
 #pragma once
 // What `sign` and `push` share: reading keys and payloads, and turning a payload into a signed
 // bundle.
-#include <cubridge/update/bundle.hpp>
+#include <cubridge/bundle/bundle.hpp>
 
 #include <chrono>
 #include <cstdint>

@@ -6,12 +6,12 @@
 // is made of. It connects once and never reconnects: a server that cannot be reached is an error
 // at once.
 
+#include <cubridge/bundle/bundle.hpp>
 #include <cubridge/fleet/connection.hpp>
 #include <cubridge/fleet/desired_state.hpp>
 #include <cubridge/fleet/error.hpp>
 #include <cubridge/fleet/records.hpp>
 #include <cubridge/fleet/registry.hpp>
-#include <cubridge/update/bundle.hpp>
 
 #include <chrono>
 #include <cstddef>

@@ -6,7 +6,7 @@
 // saw or missed. A lower version becomes desired only through an explicit rollback (phase
 // rolled_back) or a halted rollout (phase halted), each with its reason.
 
-#include <cubridge/update/bundle.hpp>
+#include <cubridge/bundle/bundle.hpp>
 
 #include <cstdint>
 #include <optional>

@@ -4,7 +4,7 @@
 // results and heartbeats are signed with the matching secret key) and its labels. A result or a
 // heartbeat from a node not in the registry, or not signed by its key, is refused and counted.
 
-#include <cubridge/update/bundle.hpp>
+#include <cubridge/bundle/bundle.hpp>
 
 #include <cstdint>
 #include <map>

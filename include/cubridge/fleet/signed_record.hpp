@@ -11,7 +11,7 @@
 // The signature covers "cubridge fleet v1 <kind>\n" followed by the body, so a heartbeat never
 // passes as a result nor a result as desired state.
 
-#include <cubridge/update/bundle.hpp>
+#include <cubridge/bundle/bundle.hpp>
 
 #include <cstddef>
 #include <optional>

@@ -4,7 +4,7 @@
 // client sees all come from it; the names are the documented wire spellings
 // (docs/update-endpoint.md), kept as they were.
 
-#include <cubridge/update/bundle.hpp>
+#include <cubridge/bundle/bundle.hpp>
 
 #include <optional>
 #include <string_view>

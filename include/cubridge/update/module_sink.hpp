@@ -10,8 +10,8 @@
 // a direct promote() or rollback()) is what current_version() and status() report, and what the
 // endpoint's replay and rollback checks see.
 
+#include <cubridge/bundle/bundle.hpp>
 #include <cubridge/core/compute_capability.hpp>
-#include <cubridge/update/bundle.hpp>
 
 #include <cstdint>
 #include <optional>

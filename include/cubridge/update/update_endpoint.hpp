@@ -60,7 +60,7 @@
 // request_timeout of accept (later ones on the connection: of the previous answer). See
 // docs/update-endpoint.md, "Connections", for every limit.
 
-#include <cubridge/update/bundle.hpp>
+#include <cubridge/bundle/bundle.hpp>
 #include <cubridge/update/module_sink.hpp>
 #include <cubridge/update/update_gate.hpp>
 #include <cubridge/update/update_state.hpp>  // update_state_error, raised by start()

@@ -11,7 +11,7 @@
 // reasons are one enum (gate_reason.hpp) whose names are the endpoint's "error" strings
 // (docs/update-endpoint.md); the endpoint maps them to its HTTP statuses.
 
-#include <cubridge/update/bundle.hpp>
+#include <cubridge/bundle/bundle.hpp>
 #include <cubridge/update/gate_reason.hpp>
 #include <cubridge/update/module_sink.hpp>
 #include <cubridge/update/update_state.hpp>  // update_state_error, raised by start()

@@ -1,6 +1,6 @@
 // cubridge::bundle alone: a fresh key signs a bundle, which verifies against that key and is
 // refused under another (libsodium inside); no GPU.
-#include <cubridge/update/bundle.hpp>
+#include <cubridge/bundle/bundle.hpp>
 
 #include <cstdio>
 #include <string_view>

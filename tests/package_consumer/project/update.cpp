@@ -1,9 +1,9 @@
 // cubridge::update alone: an update endpoint (cpp-httplib, OpenSSL inside) starts on a free
 // loopback port in front of a sink that holds nothing, and stops; a signed rollback request
 // verifies. No GPU.
-#include <cubridge/update/bundle.hpp>
+#include <cubridge/bundle/bundle.hpp>
+#include <cubridge/bundle/rollback_request.hpp>
 #include <cubridge/update/module_sink.hpp>
-#include <cubridge/update/rollback_request.hpp>
 #include <cubridge/update/update_endpoint.hpp>
 
 #include <cstdio>

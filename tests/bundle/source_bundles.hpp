@@ -1,7 +1,7 @@
 #pragma once
 // Signed CUDA-source bundles for the policy tests (the gate, the fleet agent): text payloads,
 // so that no compiled image is needed; a fake sink takes them for the device they name.
-#include <cubridge/update/bundle.hpp>
+#include <cubridge/bundle/bundle.hpp>
 
 #include <cstddef>
 #include <cstdint>

@@ -1,5 +1,5 @@
 // A module_sink over hot_module; see hot_module_sink.hpp.
-#include <cubridge/update/hot_module_sink.hpp>
+#include <cubridge/update_swap/hot_module_sink.hpp>
 
 namespace cubridge {
 

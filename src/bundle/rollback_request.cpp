@@ -1,7 +1,7 @@
 // Signed rollback requests; the format is specified in docs/update-endpoint.md.
+#include <cubridge/bundle/detail/signing.hpp>
+#include <cubridge/bundle/rollback_request.hpp>
 #include <cubridge/core/detail/printable.hpp>
-#include <cubridge/update/detail/signing.hpp>
-#include <cubridge/update/rollback_request.hpp>
 
 #include <nlohmann/json.hpp>
 

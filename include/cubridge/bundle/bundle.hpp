@@ -21,9 +21,9 @@
 #include <string_view>
 #include <vector>
 
+#include <cubridge/bundle/error.hpp>
 #include <cubridge/core/compute_capability.hpp>
 #include <cubridge/core/image.hpp>
-#include <cubridge/update/error.hpp>
 
 namespace cubridge {
 

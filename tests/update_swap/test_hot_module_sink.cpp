@@ -1,12 +1,12 @@
-// Tests of cubridge/update/hot_module_sink.hpp on a GPU: pushed bundles become the serving version
-// of a hot module, directly and through the update endpoint over loopback HTTP.
+// Tests of cubridge/update_swap/hot_module_sink.hpp on a GPU: pushed bundles become the serving
+// version of a hot module, directly and through the update endpoint over loopback HTTP.
+#include <cubridge/bundle/rollback_request.hpp>
 #include <cubridge/core/context.hpp>
 #include <cubridge/core/device_buffer.hpp>
 #include <cubridge/core/scoped_current.hpp>
 #include <cubridge/swap/hot_module_group.hpp>
-#include <cubridge/update/hot_module_sink.hpp>
-#include <cubridge/update/rollback_request.hpp>
 #include <cubridge/update/update_endpoint.hpp>
+#include <cubridge/update_swap/hot_module_sink.hpp>
 
 #include "hot_module_fixture.hpp"
 

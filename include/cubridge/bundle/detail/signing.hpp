@@ -3,8 +3,8 @@
 // (bundle.cpp, which defines these over libsodium) and signed rollback requests
 // (rollback_request.cpp). The lower-case hex the signed formats spell bytes in is detail/hex.hpp.
 
+#include <cubridge/bundle/bundle.hpp>
 #include <cubridge/core/detail/hex.hpp>  // to_hex and parse_lower_hex, which the signed formats use
-#include <cubridge/update/bundle.hpp>
 
 #include <array>
 #include <cstddef>

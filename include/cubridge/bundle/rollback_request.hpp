@@ -11,7 +11,7 @@
 // version serves), carries a fresh random nonce and its creation time (the endpoint remembers
 // nonces for as long as it accepts the time, so a request is honoured once).
 
-#include <cubridge/update/bundle.hpp>
+#include <cubridge/bundle/bundle.hpp>
 
 #include <chrono>
 #include <cstdint>

@@ -1,5 +1,5 @@
-// Tests of cubridge/update/bundle.hpp: signing and verifying bundles, each refusal with its reason.
-#include <cubridge/update/bundle.hpp>
+// Tests of cubridge/bundle/bundle.hpp: signing and verifying bundles, each refusal with its reason.
+#include <cubridge/bundle/bundle.hpp>
 
 #include "gpu_test.hpp"  // only for the test image paths
 

@@ -1,10 +1,10 @@
 // Keys (docs/bundle-format.md, "Keys"): Ed25519 key pairs, their text form and key files, the
 // trusted set, and the detached signatures with a domain string that bundles and rollback
 // requests are signed with (detail/signing.hpp).
+#include <cubridge/bundle/bundle.hpp>
+#include <cubridge/bundle/detail/signing.hpp>
 #include <cubridge/core/detail/file_io.hpp>
 #include <cubridge/core/detail/hex.hpp>
-#include <cubridge/update/bundle.hpp>
-#include <cubridge/update/detail/signing.hpp>
 
 #include "bundle_internal.hpp"
 #include "detail/ensure_sodium.hpp"

@@ -3,7 +3,7 @@
 // bundle_manifest.cpp (the manifest's schema, its strict reader and its JSON) and bundle_keys.cpp
 // (keys, key files and detached signatures). Internal to the library; not installed.
 
-#include <cubridge/update/bundle.hpp>
+#include <cubridge/bundle/bundle.hpp>
 
 #include <chrono>
 #include <cstddef>

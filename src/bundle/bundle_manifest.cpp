@@ -1,10 +1,10 @@
 // Bundle manifests (docs/bundle-format.md, "Manifest"): the field checks shared by signing and
 // verifying, the strict reader of a received manifest, and the JSON a signer writes.
+#include <cubridge/bundle/bundle.hpp>
+#include <cubridge/bundle/detail/signing.hpp>
 #include <cubridge/core/detail/enum_names.hpp>
 #include <cubridge/core/detail/hex.hpp>
 #include <cubridge/core/detail/printable.hpp>
-#include <cubridge/update/bundle.hpp>
-#include <cubridge/update/detail/signing.hpp>
 
 #include "bundle_internal.hpp"
 #include "detail/ensure_sodium.hpp"

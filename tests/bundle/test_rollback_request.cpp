@@ -1,5 +1,5 @@
-// Tests of cubridge/update/rollback_request.hpp: signing and verifying rollback requests.
-#include <cubridge/update/rollback_request.hpp>
+// Tests of cubridge/bundle/rollback_request.hpp: signing and verifying rollback requests.
+#include <cubridge/bundle/rollback_request.hpp>
 
 #include <gtest/gtest.h>
 

@@ -1,11 +1,11 @@
 // Signed module bundles (docs/bundle-format.md): the container, signing and verifying. The
 // manifest's schema and JSON are bundle_manifest.cpp; keys and signatures bundle_keys.cpp.
+#include <cubridge/bundle/bundle.hpp>
+#include <cubridge/bundle/detail/signing.hpp>
 #include <cubridge/core/detail/enum_names.hpp>
 #include <cubridge/core/detail/hex.hpp>
 #include <cubridge/core/detail/printable.hpp>
 #include <cubridge/core/image.hpp>
-#include <cubridge/update/bundle.hpp>
-#include <cubridge/update/detail/signing.hpp>
 
 #include "bundle_internal.hpp"
 #include "detail/ensure_sodium.hpp"
