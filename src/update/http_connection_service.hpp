@@ -6,7 +6,7 @@
 // Internal to cubridge_update; not installed.
 #include "http_connection.hpp"
 #include "http_framing.hpp"
-#include "http_reception.hpp"
+#include "http_reception_options.hpp"
 
 #include <openssl/ssl.h>
 
