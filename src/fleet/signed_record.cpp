@@ -1,5 +1,5 @@
 // Signed records (signed_record.hpp): Ed25519 through the bundle layer's signing
-// (update/detail/signing.hpp), JSON through nlohmann.
+// (bundle/detail/signing.hpp), JSON through nlohmann.
 #include <cubridge/bundle/detail/signing.hpp>
 #include <cubridge/core/detail/enum_names.hpp>
 #include <cubridge/core/detail/hex.hpp>
