@@ -273,9 +273,14 @@ child_exit child_process::wait() noexcept {
   return *reap(true);
 }
 
+void child_process::send_kill() noexcept {
+  // The pid is ours until reaped, so it cannot name another process (or group) yet.
+  if (running()) ::kill(own_group_ ? -pid_ : pid_, SIGKILL);
+}
+
 child_exit child_process::kill() noexcept {
   if (!running()) return no_child();
-  ::kill(own_group_ ? -pid_ : pid_, SIGKILL);
+  send_kill();
   return *reap(true);
 }
 

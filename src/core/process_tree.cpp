@@ -10,10 +10,7 @@
 #include <string>
 
 namespace cubridge::detail {
-namespace {
-
-// Whether /proc/<pid>/stat says the process is a zombie (or is gone).
-bool dead(pid_t pid) {
+bool has_ended(pid_t pid) {
   std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
   std::string line;
   if (!std::getline(stat, line)) return true;
@@ -23,8 +20,6 @@ bool dead(pid_t pid) {
          line[close + 2] == 'X';
 }
 
-}  // namespace
-
 std::vector<pid_t> living_children(pid_t pid) {
   std::vector<pid_t> found;
   std::error_code ec;
@@ -32,7 +27,7 @@ std::vector<pid_t> living_children(pid_t pid) {
   for (const auto& task : std::filesystem::directory_iterator(tasks, ec)) {
     std::ifstream list(task.path() / "children");
     for (pid_t child = 0; list >> child;)
-      if (!dead(child)) found.push_back(child);
+      if (!has_ended(child)) found.push_back(child);
   }
   return found;
 }

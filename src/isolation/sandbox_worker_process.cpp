@@ -160,10 +160,8 @@ void worker_process::stop(std::chrono::milliseconds grace) noexcept {
 }
 
 void worker_process::signal_kill() noexcept {
-  // The pid is ours until reaped, so it cannot name another process (or group) yet.
-  if (!running()) return;
   end_descendants();
-  ::kill(-process_.pid(), SIGKILL);
+  process_.send_kill();
 }
 
 worker_end worker_process::kill_and_reap() noexcept {

@@ -1,6 +1,7 @@
 // The out-of-process sandbox: worker failure detection and restart with a library that needs
 // no GPU (CPU), and the misbehaving CUDA test library (tests/guest_lib) in a worker sharing the
 // host's memory (GPU; each in its own process). The wire protocol: test_sandbox_protocol.cpp.
+#include <cubridge/core/detail/process_tree.hpp>
 #include <cubridge/core/shared_device_memory.hpp>
 #include <cubridge/core/unique_fd.hpp>
 #include <cubridge/isolation/detail/sandbox_protocol.hpp>
@@ -254,14 +255,7 @@ std::vector<std::byte> frame_bytes(proto::message_type type, std::span<const std
   return bytes;
 }
 
-/// Whether `pid` has ended: gone, or a zombie nobody reaped yet.
-bool ended(pid_t pid) {
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  if (!std::getline(stat, line)) return true;
-  const auto close = line.rfind(')');
-  return close != std::string::npos && close + 2 < line.size() && line[close + 2] == 'Z';
-}
+using cubridge::detail::has_ended;
 
 /// Calls `entry` with `bytes`, expecting a protocol failure that says `message`; the worker is
 /// replaced.
@@ -313,12 +307,13 @@ TEST(Sandbox, WhatTheLibraryLeftRunningEndsWithItsWorker) {
     const pid_t daemon = box.call("leave_daemon").status;
     ASSERT_GT(child, 0);
     ASSERT_GT(daemon, 0);
-    ASSERT_FALSE(ended(child));
-    ASSERT_FALSE(ended(daemon));
+    ASSERT_FALSE(has_ended(child));
+    ASSERT_FALSE(has_ended(daemon));
     EXPECT_THROW((void)box.call("hang", {.timeout = 300ms}), sandbox_error);
-    EXPECT_TRUE(cubridge::testing::eventually([&] { return ended(child) && ended(daemon); }))
-        << "left running after its worker was killed: " << (ended(child) ? "" : "the child ")
-        << (ended(daemon) ? "" : "the daemon");
+    EXPECT_TRUE(cubridge::testing::eventually([&] {
+      return has_ended(child) && has_ended(daemon);
+    })) << "left running after its worker was killed: "
+        << (has_ended(child) ? "" : "the child ") << (has_ended(daemon) ? "" : "the daemon");
   }
   // A worker that crashes by itself: what stayed in its group ends with it.
   {
@@ -326,7 +321,7 @@ TEST(Sandbox, WhatTheLibraryLeftRunningEndsWithItsWorker) {
     const pid_t child = box.call("leave_child").status;
     ASSERT_GT(child, 0);
     EXPECT_THROW((void)box.call("crash"), sandbox_error);
-    EXPECT_TRUE(cubridge::testing::eventually([&] { return ended(child); }))
+    EXPECT_TRUE(cubridge::testing::eventually([&] { return has_ended(child); }))
         << "the child outlived its crashed worker";
   }
   // Shutdown: the sandbox destroyed.
@@ -336,7 +331,7 @@ TEST(Sandbox, WhatTheLibraryLeftRunningEndsWithItsWorker) {
     daemon = box.call("leave_daemon").status;
     ASSERT_GT(daemon, 0);
   }
-  EXPECT_TRUE(cubridge::testing::eventually([&] { return ended(daemon); }))
+  EXPECT_TRUE(cubridge::testing::eventually([&] { return has_ended(daemon); }))
       << "the daemon outlived its sandbox";
 }
 

@@ -103,8 +103,9 @@ class child_process {
   std::optional<child_exit> wait_for(std::chrono::nanoseconds timeout) noexcept;
   /// Waits for the child to end and reaps it.
   child_exit wait() noexcept;
-  /// Sends SIGKILL (to its whole group with own_process_group) and reaps the child: how it
-  /// ended (what it did first, if it had ended).
+  /// Sends SIGKILL to the child (to its whole group with own_process_group) without reaping it.
+  void send_kill() noexcept;
+  /// send_kill() and reaps the child: how it ended (what it did first, if it had ended).
   child_exit kill() noexcept;
   /// Gives the child up without waiting for it: the caller reaps the pid returned.
   [[nodiscard]] pid_t release() noexcept;

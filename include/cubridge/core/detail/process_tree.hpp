@@ -13,6 +13,9 @@ namespace cubridge::detail {
 /// when it is gone or the kernel does not list children.
 [[nodiscard]] std::vector<pid_t> living_children(pid_t pid);
 
+/// Whether process `pid` has ended: gone, or a zombie nobody reaped yet.
+[[nodiscard]] bool has_ended(pid_t pid);
+
 /// Every living descendant of `pid`, parents before their children.
 [[nodiscard]] std::vector<pid_t> living_descendants(pid_t pid);
 
