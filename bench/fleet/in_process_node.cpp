@@ -34,7 +34,7 @@ in_process_node::in_process_node(std::string id, const std::filesystem::path& di
                                  const cubridge::public_key& operator_key,
                                  const std::string& servers,
                                  const std::filesystem::path& credentials)
-    : id_(std::move(id)), module_(module), sink_(module) {
+    : id_(std::move(id)), module_(module), sink_(std::make_shared<memory_sink>(module)) {
   const auto keys = generate_keypair();
   public_key_ = keys.public_key;
   const auto key_file = dir / (id_ + ".key");
@@ -68,7 +68,7 @@ void in_process_node::stop() noexcept {
 }
 
 std::uint64_t in_process_node::serving() const {
-  return sink_.current_version(module_);
+  return sink_->current_version(module_);
 }
 
 fleet_agent_stats in_process_node::stats() const noexcept {

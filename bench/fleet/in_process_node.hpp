@@ -61,7 +61,7 @@ class in_process_node {
 
  private:
   std::string id_, module_;
-  memory_sink sink_;
+  std::shared_ptr<memory_sink> sink_;
   cubridge::public_key public_key_;
   std::shared_ptr<update_gate> gate_;
   std::unique_ptr<fleet_agent> agent_;

@@ -146,7 +146,7 @@ record_costs measure_record_costs(std::size_t registry_nodes, int repeats) {
 gate_push_cost measure_gate_push(const std::filesystem::path& dir, int pushes) {
   std::filesystem::create_directories(dir);
   const auto op = generate_keypair();
-  memory_sink sink("bench_gate");
+  const auto sink = std::make_shared<memory_sink>("bench_gate");
   update_gate_options policy;
   policy.keys.add(op.public_key);
   policy.state_file = dir / "gate.state";

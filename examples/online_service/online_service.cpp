@@ -361,7 +361,7 @@ int run(const options& o) {
   // Its image is bundle version 1: the module's chain records that, and the update endpoint
   // reads it there (pushes must be above it).
   auto kernels = cubridge::hot_module::load(ctx, "kernels", cubridge::read_file_bytes(o.module),
-                                            {.origin = {.bundle_version = 1, .source = o.module}});
+                                            {.origin = {.label = 1, .source = o.module}});
   auto vendor = cubridge::guest_context::create(dev, {.name = "vendor"});
   service svc(ctx, kernels, vendor);
   log.line("online_service: " + dev.name() + ", " + ctx.ref().describe() +
@@ -384,14 +384,13 @@ int run(const options& o) {
     for (auto& s : warm) svc.pool().give_back(std::move(s));
   }
 
-  cubridge::hot_module_sink modules;
-  modules.add(kernels, {.smoke_test = [&ctx](const cubridge::module& m) { smoke_test(ctx, m); }});
-  std::mutex sink_serial;  // logged_sink: one apply or rollback at a time, whatever the module
+  auto modules = std::make_shared<cubridge::hot_module_sink>();
+  modules->add(kernels, {.smoke_test = [&ctx](const cubridge::module& m) { smoke_test(ctx, m); }});
   // One gate for both doors, so one sink: it cannot tell them apart. A fleet node takes its
   // versions from the fleet (scripts/demo --fleet reads "(fleet, ..."), a plain service from
   // pushes ("(pushed, ...").
-  online_service::logged_sink applied(modules, log, o.fleet.server.empty() ? "pushed" : "fleet",
-                                      sink_serial);
+  const auto applied = std::make_shared<online_service::logged_sink>(
+      modules, log, o.fleet.server.empty() ? "pushed" : "fleet");
   cubridge::update_gate_options policy;
   policy.keys = keys;
   policy.state_file = o.state_file;
@@ -463,7 +462,7 @@ int run(const options& o) {
   server.Get("/v1/status", [&](const httplib::Request&, httplib::Response& response) {
     auto reply = svc.counts();
     reply["module"] = "kernels";
-    reply["version"] = modules.current_version("kernels");
+    reply["version"] = modules->current_version("kernels");
     if (fleet) reply["fleet"] = fleet->status();
     response.set_content(reply.dump(), "application/json");
   });

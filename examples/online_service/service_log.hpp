@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
+#include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -52,31 +53,31 @@ class line_log {
 // endpoint, "fleet" for the fleet agent): every promotion, rollback and refused stage is logged
 // in one line naming that way (refusals and rollbacks name only the fleet, so that the endpoint's
 // lines read as they always did). The endpoint and the agent each serialise their own calls, but
-// not each other's: `serial`, shared by every logged_sink over one inner sink, does.
+// not each other's: `serial_` does. It holds the inner sink (the gate holds it in turn); `log`
+// is the service's, which outlives its gate.
 class logged_sink final : public cubridge::module_sink {
  public:
-  logged_sink(cubridge::module_sink& inner, line_log& log, std::string how, std::mutex& serial)
-      : inner_(inner),
+  logged_sink(std::shared_ptr<cubridge::module_sink> inner, line_log& log, std::string how)
+      : inner_(std::move(inner)),
         log_(log),
         how_(std::move(how)),
-        note_(how_ == "pushed" ? "" : ", " + how_),
-        serial_(serial) {}
+        note_(how_ == "pushed" ? "" : ", " + how_) {}
 
   [[nodiscard]] std::optional<cubridge::compute_capability> device_capability() const override {
-    return inner_.device_capability();
+    return inner_->device_capability();
   }
   [[nodiscard]] std::uint64_t current_version(std::string_view name) const override {
-    return inner_.current_version(name);
+    return inner_->current_version(name);
   }
   [[nodiscard]] std::vector<cubridge::module_report> status() const override {
-    return inner_.status();
+    return inner_->status();
   }
 
   cubridge::sink_result apply(const cubridge::verified_bundle& bundle) override {
     std::lock_guard lock(serial_);
     const auto& m = bundle.manifest;
-    const auto before = inner_.current_version(m.name);
-    auto result = inner_.apply(bundle);
+    const auto before = inner_->current_version(m.name);
+    auto result = inner_->apply(bundle);
     if (result.outcome == cubridge::sink_outcome::done)
       log_.line("module " + m.name + ": version " + std::to_string(before) + " -> " +
                 std::to_string(result.version) + " (" + how_ + ", key " +
@@ -90,8 +91,8 @@ class logged_sink final : public cubridge::module_sink {
 
   cubridge::sink_result rollback(std::string_view name) override {
     std::lock_guard lock(serial_);
-    const auto before = inner_.current_version(name);
-    auto result = inner_.rollback(name);
+    const auto before = inner_->current_version(name);
+    auto result = inner_->rollback(name);
     if (result.outcome == cubridge::sink_outcome::done)
       log_.line("module " + std::string(name) + ": version " + std::to_string(before) + " -> " +
                 std::to_string(result.version) + " (rolled back" + note_ + ")");
@@ -99,11 +100,11 @@ class logged_sink final : public cubridge::module_sink {
   }
 
  private:
-  cubridge::module_sink& inner_;
+  std::shared_ptr<cubridge::module_sink> inner_;
   line_log& log_;
   std::string how_;
   std::string note_;
-  std::mutex& serial_;
+  std::mutex serial_;  // one apply or rollback at a time, whatever the module or the door
 };
 
 // Writes one CSV line per request: unix_time,version,latency_us,ok.

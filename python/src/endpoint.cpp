@@ -75,7 +75,8 @@ class py_update_endpoint {
  public:
   py_update_endpoint(nb::handle hot_modules, const std::vector<public_key>& keys,
                      const endpoint_settings& settings, bool start_now)
-      : endpoint_(std::make_unique<update_endpoint>(sink_, options_of(settings, keys))) {
+      : sink_(std::make_shared<hot_module_sink>()),
+        endpoint_(std::make_unique<update_endpoint>(sink_, options_of(settings, keys))) {
     if (nb::isinstance<py_hot_module>(hot_modules) ||
         nb::isinstance<py_hot_module_group>(hot_modules)) {
       add(hot_modules);
@@ -88,12 +89,12 @@ class py_update_endpoint {
   py_update_endpoint& operator=(const py_update_endpoint&) = delete;
   ~py_update_endpoint() { stop(); }
 
-  /// Serves `hot_module` too (its serving version's bundle_version is where versions start).
+  /// Serves `hot_module` too (its serving version's label is where versions start).
   void add(nb::handle hot_module) {
     if (nb::isinstance<py_hot_module>(hot_module))
-      sink_.add(nb::cast<py_hot_module&>(hot_module).hot);
+      sink_->add(nb::cast<py_hot_module&>(hot_module).hot);
     else if (nb::isinstance<py_hot_module_group>(hot_module))
-      sink_.add(nb::cast<py_hot_module_group&>(hot_module).group);  // every member at once
+      sink_->add(nb::cast<py_hot_module_group&>(hot_module).group);  // every member at once
     else
       detail::throw_errc(errc::precondition, "cubridge.UpdateEndpoint",
                          std::string("a ") + Py_TYPE(hot_module.ptr())->tp_name +
@@ -117,9 +118,10 @@ class py_update_endpoint {
   }
 
  private:
-  // Destroyed in reverse: the endpoint (stopped) before the sink, the sink before the modules.
-  std::vector<nb::object> modules_;  // the HotModules the sink points into
-  hot_module_sink sink_;
+  // The sink holds handles of the modules themselves; these are the Python objects, for
+  // hot_modules.
+  std::vector<nb::object> modules_;
+  std::shared_ptr<hot_module_sink> sink_;
   std::unique_ptr<update_endpoint> endpoint_;
 };
 
@@ -176,7 +178,7 @@ void bind_update_endpoint(nb::module_& m) {
           nb::arg("rollback_window_s") = 300.0, nb::arg("serve_metrics") = false,
           nb::arg("tls_certificate") = "", nb::arg("tls_private_key") = "",
           "An endpoint over `hot_modules` (a HotModule or a list of them; each serves updates "
-          "under its name, from its bundle_version on) accepting bundles signed by "
+          "under its name, from its label on) accepting bundles signed by "
           "`public_keys`. Binds `host`:`port` (0: a free port, see .port) and starts unless "
           "start=False. state_file: the replay state kept across restarts; without one it is "
           "kept in $CUBRIDGE_STATE_DIR (else $XDG_STATE_HOME/cubridge, else "

@@ -51,14 +51,14 @@ member_images images_of(nb::handle images, std::size_t members) {
 }
 
 py_hot_module_group load_group(std::string name, nb::handle images, nb::handle contexts,
-                               std::uint64_t bundle_version) {
+                               std::uint64_t label) {
   std::vector<context_arg> where;
   for (nb::handle c : contexts) where.push_back(as_context(c));
   CUBRIDGE_EXPECTS(!where.empty(), "group '" + name + "' needs at least one context");
   const auto given = images_of(images, where.size());
   auto names = kernel_names_of(given.bytes.front());
   hot_module_options options;
-  options.origin.bundle_version = bundle_version;
+  options.origin.label = label;
   nb::gil_scoped_release unlocked;
   return {hot_module_group::load(std::move(name), std::move(where), given.spans(), options),
           std::move(names)};
@@ -155,7 +155,7 @@ void bind_hot_module_groups(nb::module_& m) {
       "One hot module over a context on each device: stage, promote and rollback cover every "
       "member, all or nothing; launches go to the member of their stream's context.")
       .def(nb::new_(&load_group), nb::arg("name"), nb::arg("image"), nb::arg("contexts"),
-           nb::kw_only(), nb::arg("bundle_version") = 0,
+           nb::kw_only(), nb::arg("label") = 0,
            "Loads the first version into every context of `contexts` (one per device; several "
            "of one device are allowed): `image` for all, or a list of one image per context.")
       .def("stage", &stage_group, nb::arg("image"), nb::kw_only(),

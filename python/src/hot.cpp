@@ -41,13 +41,12 @@ struct staged_module {
   }
 };
 
-py_hot_module load_hot(std::string name, nb::handle image, nb::handle ctx,
-                       std::uint64_t bundle_version) {
+py_hot_module load_hot(std::string name, nb::handle image, nb::handle ctx, std::uint64_t label) {
   const auto bytes = image_bytes(image);
   const auto where = as_context(ctx);
   auto names = kernel_names_of(bytes);
   hot_module_options options;
-  options.origin.bundle_version = bundle_version;
+  options.origin.label = label;
   nb::gil_scoped_release unlocked;
   return {hot_module::load(where, std::move(name), bytes, std::move(options)), std::move(names)};
 }
@@ -109,7 +108,7 @@ class py_hot_reloader {
         call_reporting(f, nb::str(p.string().c_str()), python_exception(e));
       };
     nb::gil_scoped_release unlocked;
-    reloader_ = std::make_unique<hot_reloader>(hot.hot, directory, std::move(o));
+    reloader_ = std::make_unique<hot_reloader>(hot.hot, directory, std::move(o));  // a handle
   }
   py_hot_reloader(const py_hot_reloader&) = delete;
   py_hot_reloader& operator=(const py_hot_reloader&) = delete;
@@ -133,7 +132,7 @@ class py_hot_reloader {
     }
   }
 
-  nb::object target_;  // the HotModule: it must outlive the reloader
+  nb::object target_;  // the HotModule, for its kernel names (the reloader holds the module)
   nb::object smoke_test_, on_promoted_, on_refused_;
   std::unique_ptr<hot_reloader> reloader_;
 };
@@ -212,8 +211,8 @@ namespace {
 nb::dict held(const held_version& v) {
   nb::dict d;
   d["id"] = v.id;
-  d["bundle_version"] = v.origin.bundle_version;
-  d["key_id"] = v.origin.key_id;
+  d["label"] = v.origin.label;
+  d["signer"] = v.origin.signer;
   d["source"] = v.origin.source;
   d["staged_at"] = std::chrono::duration<double>(v.origin.staged_at.time_since_epoch()).count();
   return d;
@@ -245,9 +244,10 @@ void bind_hot_modules(nb::module_& m) {
                             "A named, versioned module whose kernels keep launching while "
                             "versions are staged, promoted and rolled back.")
       .def(nb::new_(&load_hot), nb::arg("name"), nb::arg("image"), nb::arg("context") = nb::none(),
-           nb::kw_only(), nb::arg("bundle_version") = 0,
+           nb::kw_only(), nb::arg("label") = 0,
            "Loads the first version (bytes or a path) into `context` (default: current). Its "
-           "kernels are the interface every later version must keep.")
+           "kernels are the interface every later version must keep. `label`: the version's "
+           "number where it came from (its bundle version for an UpdateEndpoint; 0: none).")
       .def("stage", &stage, nb::arg("image"), nb::kw_only(), nb::arg("smoke_test") = nb::none(),
            nb::arg("source_name") = "", nb::arg("carry_globals") = std::vector<std::string>{},
            "Loads and validates a new version without serving it. smoke_test(staged) may "
@@ -282,7 +282,8 @@ void bind_hot_modules(nb::module_& m) {
       .def_prop_ro(
           "versions", [](const py_hot_module& h) { return versions_dict(h.hot.versions()); },
           "{'serving': ..., 'rollback_target': ... or None, 'retired': [...]}: each "
-          "version's id, bundle_version, key_id, source and staged_at.")
+          "version's id, label (its bundle version, 0: none), signer (the signing key's id), "
+          "source and staged_at.")
       .def_prop_ro(
           "name", [](const py_hot_module& h) { return h.hot.name(); }, "The module's name.")
       .def_prop_ro(

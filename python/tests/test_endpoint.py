@@ -160,7 +160,7 @@ def test_a_signed_v2_pushed_over_http_serves_the_next_launch(torch, keys, strang
     def cubin(version):
         return cubridge.compile_cuda(KERNEL, arch, defines={"VERSION": str(version)})
 
-    hot = cubridge.HotModule("tagger", cubin(1), ctx, bundle_version=1)
+    hot = cubridge.HotModule("tagger", cubin(1), ctx, label=1)
     tag = hot.get_kernel("tag")
     out = torch.zeros(32, device="cuda", dtype=torch.int32)
     config = cubridge.LaunchConfig(block=32, stream=torch.cuda.current_stream())
@@ -187,7 +187,7 @@ def test_a_signed_v2_pushed_over_http_serves_the_next_launch(torch, keys, strang
         assert answer["promoted"] is True and answer["module"] == "tagger"
         assert (answer["version"], answer["previous_version"]) == (2, 1)
         assert served() == 2
-        assert hot.versions["serving"]["bundle_version"] == 2
+        assert hot.versions["serving"]["label"] == 2
 
         status, answer = put(endpoint, "tagger", v2)
         assert (status, answer["error"]) == (409, "replayed_version")
@@ -212,12 +212,12 @@ def test_a_version_that_breaks_the_interface_is_refused_and_v1_serves_on(torch, 
     ctx = cubridge.PrimaryContext.adopt_runtime()
     arch = ctx.device.compute_capability
     v1 = cubridge.compile_cuda(KERNEL.replace("VERSION", "1"), arch)
-    hot = cubridge.HotModule("strict", v1, ctx, bundle_version=1)
+    hot = cubridge.HotModule("strict", v1, ctx, label=1)
     renamed = 'extern "C" __global__ void other(int* out) { out[0] = 2; }'
     with cubridge.UpdateEndpoint([hot], [keys.public_key], persist_state=False) as endpoint:
         bundle = cubridge.sign_bundle(cubridge.compile_cuda(renamed, arch), keys.secret_key,
                                       name="strict", version=2, target=arch)
         status, answer = put(endpoint, "strict", bundle)
         assert (status, answer["error"]) == (422, "stage_refused"), answer
-        assert hot.versions["serving"]["bundle_version"] == 1
+        assert hot.versions["serving"]["label"] == 1
         assert hot.stats.rejected == 1

@@ -119,7 +119,7 @@ def test_the_endpoint_pushes_a_signed_version_to_every_member(torch, contexts):
     import urllib.request
 
     ctx = contexts[0]
-    group = cubridge.HotModuleGroup("tags", build(ctx, 1), contexts, bundle_version=1)
+    group = cubridge.HotModuleGroup("tags", build(ctx, 1), contexts, label=1)
     keys = cubridge.generate_keypair()
     with cubridge.UpdateEndpoint(group, [keys.public_key], persist_state=False) as endpoint:
         bundle = cubridge.sign_bundle(build(ctx, 2), keys.secret_key, name="tags", version=2,
@@ -130,4 +130,4 @@ def test_the_endpoint_pushes_a_signed_version_to_every_member(torch, contexts):
         with urllib.request.urlopen(request, timeout=60) as answer:
             assert answer.status == 200
     assert written(torch, group.get_kernel("tag"), contexts) == [2, 2, 2]
-    assert group.versions["serving"]["bundle_version"] == 2
+    assert group.versions["serving"]["label"] == 2

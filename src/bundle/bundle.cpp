@@ -55,7 +55,7 @@ constexpr std::size_t header_bytes = 9 + 1;  // magic, format version
 
 static_assert(crypto_sign_BYTES == signature_bytes);
 
-constexpr std::array<detail::enum_name<bundle_reason>, 14> bundle_reason_names{{
+constexpr std::array<detail::enum_name<bundle_reason>, 15> bundle_reason_names{{
     {bundle_reason::too_large, "too_large"},
     {bundle_reason::bad_magic, "bad_magic"},
     {bundle_reason::unsupported_version, "unsupported_version"},
@@ -69,6 +69,7 @@ constexpr std::array<detail::enum_name<bundle_reason>, 14> bundle_reason_names{{
     {bundle_reason::payload_mismatch, "payload_mismatch"},
     {bundle_reason::payload_kind_mismatch, "payload_kind_mismatch"},
     {bundle_reason::target_mismatch, "target_mismatch"},
+    {bundle_reason::wrong_device, "wrong_device"},
     {bundle_reason::bad_key, "bad_key"},
 }};
 static_assert(detail::lists_values_in_order(bundle_reason_names));
@@ -263,6 +264,29 @@ std::optional<image_info> check_payload(const bundle_manifest& manifest,
   return info;
 }
 
+// Step 10, for a receiver that names its device: the payload runs there. `image` is what
+// step 9 found (nullopt for CUDA source, which the receiver compiles for exactly its device);
+// it records the device, so that loading it does not decide this again.
+void check_device(const bundle_manifest& manifest, std::optional<image_info>& image,
+                  const std::optional<compute_capability>& device, const std::string& who) {
+  if (!device) return;
+  bool runs = false;
+  if (!image) {
+    runs = manifest.target_capability.numbers() == device->numbers();
+  } else {
+    try {
+      runs = can_run_on(*image, *device);
+    } catch (const error&) {  // a device of impossible numbers: nothing runs there
+      runs = false;
+    }
+  }
+  if (!runs)
+    refuse(bundle_reason::wrong_device, verify_call,
+           who + " targets " + manifest.target + ", the device here is " +
+               to_string(device->numbers()));
+  if (image) image->checked_for = device->numbers();
+}
+
 }  // namespace
 
 verified_bundle verify_bundle(std::span<const std::byte> bytes, const trusted_keys& keys,
@@ -277,6 +301,7 @@ verified_bundle verify_bundle(std::span<const std::byte> bytes, const trusted_ke
   check_signature(manifest, manifest_text, parts.signature, keys, who);  // 5, 6
   check_expiry(manifest, limits, who);                                   // 7
   auto image = check_payload(manifest, parts.payload, who);              // 8, 9
+  check_device(manifest, image, limits.device, who);                     // 10
   return verified_bundle{std::move(manifest),
                          std::vector<std::byte>(parts.payload.begin(), parts.payload.end()),
                          std::move(image)};

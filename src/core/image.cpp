@@ -224,6 +224,7 @@ bool can_run_on(const image_info& image, compute_capability device) {
 }
 
 void require_runs_on(const image_info& image, compute_capability device, std::string_view what) {
+  if (image.checked_for && image.checked_for->numbers() == device.numbers()) return;
   if (can_run_on(image, device)) return;
   std::string targets;
   for (const auto& t : image.targets) {
@@ -238,6 +239,11 @@ void require_runs_on(const image_info& image, compute_capability device, std::st
          to_string(device.numbers()) + " (compute capability " + std::to_string(device.major) +
          "." + std::to_string(device.minor) + ")";
   detail::throw_errc(errc::incompatible_image, "require_runs_on", std::move(msg));
+}
+
+void check_runs_on(image_info& image, compute_capability device, std::string_view what) {
+  require_runs_on(image, device, what);
+  image.checked_for = device.numbers();
 }
 
 namespace detail {

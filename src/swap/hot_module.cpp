@@ -107,7 +107,7 @@ std::uint64_t hot_module::promote(staged_version version, const std::function<vo
                            ": its kernels are another module's; stage it with this module, "
                            "which keeps serving");
   const std::string trace = "promote module '" + s.name + "' version from " + version.source_ +
-                            swap_trace::bundle_suffix(version.origin_.bundle_version);
+                            swap_trace::label_suffix(version.origin_.label);
   const swap_trace::scoped_range range{trace};
   state::switching lock(s, !version.carry_globals_.empty());
   const auto id = s.versions.promote(

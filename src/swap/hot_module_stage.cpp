@@ -115,8 +115,8 @@ staged_version hot_module::stage(std::span<const std::byte> image, const image_i
                                  const stage_options& options) const {
   auto& s = checked();
   const std::string source = options.source_name.empty() ? "memory" : options.source_name;
-  const std::string trace = "stage module '" + s.name + "' from " + source +
-                            swap_trace::bundle_suffix(options.bundle_version);
+  const std::string trace =
+      "stage module '" + s.name + "' from " + source + swap_trace::label_suffix(options.label);
   const swap_trace::scoped_range range{trace};
   std::optional<module> loaded;
   try {
@@ -137,8 +137,7 @@ staged_version hot_module::stage(std::span<const std::byte> image, const image_i
   if (const auto why = s.misfit(staged, "the new version"); !why.empty()) s.reject(source, why);
   s.check_carried_globals(current.payload().loaded, staged.loaded, options.carry_globals, source);
   s.run_smoke_test(options, staged.loaded, source);
-  version_origin origin{options.bundle_version, options.key_id, source,
-                        std::chrono::system_clock::now()};
+  version_origin origin{options.label, options.signer, source, std::chrono::system_clock::now()};
   return staged_version(std::move(staged), options.carry_globals, source, std::move(origin),
                         s.serial, "module '" + s.name + "' in " + s.ctx.ref().describe());
 }

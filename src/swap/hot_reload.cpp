@@ -21,14 +21,15 @@ std::vector<std::byte> machine_code_from_file(const std::filesystem::path& file,
 }
 
 // NOLINTNEXTLINE(performance-unnecessary-value-param): the public signature (hot_reload.hpp)
-hot_reloader::hot_reloader(hot_module& target, std::filesystem::path directory, options opts) {
+hot_reloader::hot_reloader(hot_module target, std::filesystem::path directory, options opts) {
   const auto device = target.context().device().capability();
-  auto on_file = [&target, device, opts](const std::filesystem::path& file) {
-    auto code = machine_code_from_file(file, device, opts.compile, opts.cache);
+  // The watcher's thread holds a handle of the module: it cannot outlive it.
+  auto on_file = [target, device, opts](const std::filesystem::path& file) mutable {
+    auto code = machine_code_from_file(file, device, opts.compile, opts.cache.get());
     auto stage = opts.stage;
     stage.source_name = file.string();
-    stage.bundle_version = 0;  // not a signed bundle, whatever the options said
-    stage.key_id.clear();
+    stage.label = 0;  // not a signed bundle, whatever the options said
+    stage.signer.clear();
     const auto id = target.promote(target.stage(code, stage));
     if (opts.on_promoted) opts.on_promoted(file, id);
   };

@@ -18,10 +18,9 @@ struct domain {
 /// A range of the "cubridge" domain; its message must outlive it (nvtx3 keeps a pointer).
 using scoped_range = nvtx3::scoped_range_in<domain>;
 
-/// " (bundle version N)" for a version from a bundle, else empty.
-inline std::string bundle_suffix(std::uint64_t bundle_version) {
-  return bundle_version == 0 ? std::string()
-                             : " (bundle version " + std::to_string(bundle_version) + ")";
+/// " (label N)" for a labelled version (the update layer: from bundle version N), else empty.
+inline std::string label_suffix(std::uint64_t label) {
+  return label == 0 ? std::string() : " (label " + std::to_string(label) + ")";
 }
 
 }  // namespace cubridge::swap_trace

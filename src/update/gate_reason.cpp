@@ -82,6 +82,8 @@ gate_reason gate_reason_of(bundle_reason reason) noexcept {
       return gate_reason::payload_kind_mismatch;
     case bundle_reason::target_mismatch:
       return gate_reason::target_mismatch;
+    case bundle_reason::wrong_device:
+      return gate_reason::wrong_device;
     case bundle_reason::bad_key:
       return gate_reason::bad_key;
   }

@@ -296,8 +296,8 @@ std::shared_ptr<update_gate> given(std::shared_ptr<update_gate> gate) {
 
 }  // namespace
 
-update_endpoint::update_endpoint(module_sink& sink, update_endpoint_options options)
-    : impl_(std::make_unique<impl>(update_gate::create(sink, options.gate_options()),
+update_endpoint::update_endpoint(std::shared_ptr<module_sink> sink, update_endpoint_options options)
+    : impl_(std::make_unique<impl>(update_gate::create(std::move(sink), options.gate_options()),
                                    std::move(options), false)) {}
 
 update_endpoint::update_endpoint(std::shared_ptr<update_gate> gate, update_endpoint_options options)

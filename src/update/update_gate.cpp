@@ -33,7 +33,6 @@ static_assert(detail::lists_values_in_order(gate_outcome_names));
 constexpr std::size_t max_nonces = 100000;
 
 using update_internal::bounded_detail;
-using update_internal::gpu_name;
 
 std::chrono::microseconds since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() -
@@ -51,9 +50,11 @@ std::optional<gate_outcome> parse_gate_outcome(std::string_view name) noexcept {
 }
 
 struct update_gate::impl {
-  impl(module_sink& s, update_gate_options o) : sink(s), options(std::move(o)) {}
+  impl(std::shared_ptr<module_sink> s, update_gate_options o)
+      : owned_sink(std::move(s)), sink(*owned_sink), options(std::move(o)) {}
 
-  module_sink& sink;
+  std::shared_ptr<module_sink> owned_sink;  // held: the gate cannot outlive its sink
+  module_sink& sink;                        // *owned_sink
   update_gate_options options;
   // start() runs once (start_mutex); `started` publishes `state` and `lock` to every door.
   std::mutex start_mutex;
@@ -101,7 +102,6 @@ struct update_gate::impl {
   std::filesystem::path resolve_state_file() const;
 
   std::optional<verified_bundle> verify(std::span<const std::byte> body, gate_decision& d);
-  bool runs_here(const verified_bundle& bundle, gate_decision& d) const;
   void keep_floor(const std::string& name, std::uint64_t current);
   void apply_recorded(const verified_bundle& bundle, std::uint64_t seen, gate_decision& d);
   std::optional<rollback_request> verify_rollback(std::string_view body, std::string_view expected,
@@ -128,6 +128,9 @@ std::optional<verified_bundle> update_gate::impl::verify(std::span<const std::by
     limits.now = now();
     limits.require_expiry = options.require_expiry;
     limits.max_age = options.max_bundle_age;
+    // Whether it runs on the sink's device is verify_bundle's to answer (wrong_device), once:
+    // the image it returns records it, and loading it does not decide it again.
+    limits.device = sink.device_capability();
     auto bundle = verify_bundle(body, options.keys, limits);
     d.verify_time = since(start);
     return bundle;
@@ -138,29 +141,6 @@ std::optional<verified_bundle> update_gate::impl::verify(std::span<const std::by
   }
   d.verify_time = since(start);
   return std::nullopt;
-}
-
-// Whether `bundle`'s payload runs on the sink's device; refused in `d` when not.
-bool update_gate::impl::runs_here(const verified_bundle& bundle, gate_decision& d) const {
-  const auto device = sink.device_capability();
-  if (!device) return true;
-  const auto& m = bundle.manifest;
-  bool runs = false;
-  if (m.kind == payload_kind::cuda_source) {
-    // Compiled here for exactly this device.
-    runs = m.target_capability.numbers() == device->numbers();
-  } else if (bundle.image) {  // as verify_bundle inspected it: not parsed again
-    try {
-      runs = can_run_on(*bundle.image, *device);
-    } catch (const std::exception&) {
-      runs = false;
-    }
-  }
-  if (runs) return true;
-  refuse(d, gate_reason::wrong_device,
-         "module '" + m.name + "' v" + std::to_string(m.version) + " targets " + m.target +
-             ", this service's GPU is " + gpu_name(device));
-  return false;
 }
 
 // A version promoted past the gate (a hot_reloader, a direct promote) is a floor too: kept even
@@ -229,7 +209,11 @@ gate_decision update_gate::push(std::span<const std::byte> body, std::string_vie
   gate_decision d;
   if (g.refuse_unstarted(d)) return d;
   const auto bundle = g.verify(body, d);
-  if (!bundle) return d;
+  if (!bundle) {
+    // Signed by a trusted key, only for another GPU: worth noting for a module already known.
+    if (d.reason == gate_reason::wrong_device) d.note = module_note::if_present;
+    return d;
+  }
   const auto& m = bundle->manifest;
   d.module = m.name;
   d.version = m.version;
@@ -241,13 +225,7 @@ gate_decision update_gate::push(std::span<const std::byte> body, std::string_vie
                         "', the signed manifest '" + m.name + "'");
   }
   d.note = module_note::always;  // signed by a trusted key: worth remembering
-  auto& module_lock = g.lock_of(m.name);
-  if (!g.runs_here(*bundle, d)) {
-    d.previous_version = d.serving_version = g.sink.current_version(m.name);
-    return d;
-  }
-
-  std::lock_guard serial(module_lock);
+  std::lock_guard serial(g.lock_of(m.name));
   // The serving version is the module's (the sink reads it from the module's chain, whoever
   // promoted); the replay state is the floor: the highest version ever seen applied.
   const std::uint64_t current = g.sink.current_version(m.name);
@@ -431,12 +409,21 @@ gate_decision update_gate::rollback(std::string_view signed_request,
 
 // --- the gate ---------------------------------------------------------------------------------
 
-std::shared_ptr<update_gate> update_gate::create(module_sink& sink, update_gate_options options) {
-  return std::make_shared<update_gate>(sink, std::move(options));
+std::shared_ptr<update_gate> update_gate::create(std::shared_ptr<module_sink> sink,
+                                                 update_gate_options options) {
+  return std::make_shared<update_gate>(std::move(sink), std::move(options));
 }
 
-update_gate::update_gate(module_sink& sink, update_gate_options options)
-    : impl_(std::make_unique<impl>(sink, std::move(options))) {}
+namespace {
+// The sink a gate is given, checked before anything dereferences it.
+std::shared_ptr<module_sink> given_sink(std::shared_ptr<module_sink> sink) {
+  CUBRIDGE_EXPECTS(sink != nullptr, "update_gate needs a module_sink");
+  return sink;
+}
+}  // namespace
+
+update_gate::update_gate(std::shared_ptr<module_sink> sink, update_gate_options options)
+    : impl_(std::make_unique<impl>(given_sink(std::move(sink)), std::move(options))) {}
 
 update_gate::~update_gate() = default;
 

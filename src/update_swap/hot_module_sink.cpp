@@ -3,11 +3,12 @@
 
 namespace cubridge {
 
-// No versions here: the module's chain (hot_module::versions()) is the one record of them.
-// An entry serves one hot module or one group of them (every device at once).
+// No versions here: the module's chain (hot_module::versions()) is the one record of them,
+// its labels the bundle versions and its signers the keys' ids. An entry serves one hot module
+// or one group of them (every device at once), holding a handle of it: it cannot outlive it.
 struct hot_module_sink::entry {
-  hot_module* module = nullptr;  // one of these two
-  hot_module_group* group = nullptr;
+  std::optional<hot_module> module;  // one of these two
+  std::optional<hot_module_group> group;
   stage_options stage;
   mutable std::mutex mutex;  // last_error; apply/rollback are serialised by the endpoint
   std::string last_error;
@@ -18,7 +19,7 @@ struct hot_module_sink::entry {
   /// Stages `image` (inspected already as `info`, when given) and promotes it: on every
   /// device of a group, all or nothing.
   void stage_and_promote(std::span<const std::byte> image, const image_info* info,
-                         const stage_options& options) const {
+                         const stage_options& options) {
     if (module)
       (void)module->promote(info ? module->stage(image, *info, options)
                                  : module->stage(image, options));
@@ -26,7 +27,7 @@ struct hot_module_sink::entry {
       (void)group->promote(info ? group->stage(image, *info, options)
                                 : group->stage(image, options));
   }
-  void rollback() const {
+  void rollback() {
     if (module)
       (void)module->rollback();
     else
@@ -63,14 +64,16 @@ source_kind source_kind_of(payload_kind kind) noexcept {
   return source_kind::cuda_source;
 }
 
-void hot_module_sink::add(hot_module& module, stage_options stage) {
+void hot_module_sink::add(hot_module module, stage_options stage) {
+  const auto name = module.name();
+  const auto device = module.context().device().capability();
   auto e = std::make_unique<entry>();
-  e->module = &module;
+  e->module = std::move(module);
   e->stage = std::move(stage);
-  add_entry(module.name(), module.context().device().capability(), std::move(e));
+  add_entry(name, device, std::move(e));
 }
 
-void hot_module_sink::add(hot_module_group& group, stage_options stage) {
+void hot_module_sink::add(hot_module_group group, stage_options stage) {
   const auto device = group.member(0).context().device().capability();
   for (std::size_t i = 1; i < group.size(); ++i) {
     const auto other = group.member(i).context().device().capability();
@@ -79,10 +82,11 @@ void hot_module_sink::add(hot_module_group& group, stage_options stage) {
                                           " device, member 0 on an " + to_string(device) +
                                           "; a sink loads one bundle for every member");
   }
+  const auto name = group.name();
   auto e = std::make_unique<entry>();
-  e->group = &group;
+  e->group = std::move(group);
   e->stage = std::move(stage);
-  add_entry(group.name(), device, std::move(e));
+  add_entry(name, device, std::move(e));
 }
 
 void hot_module_sink::add_entry(const std::string& name, compute_capability device,
@@ -111,7 +115,7 @@ std::optional<compute_capability> hot_module_sink::device_capability() const {
 std::uint64_t hot_module_sink::current_version(std::string_view name) const {
   const entry* e = find(name);
   if (!e) return 0;
-  return e->versions().serving.origin.bundle_version;
+  return e->versions().serving.origin.label;
 }
 
 sink_result hot_module_sink::apply(const verified_bundle& bundle) {
@@ -136,8 +140,8 @@ sink_result hot_module_sink::apply(const verified_bundle& bundle) {
     }
     auto options = e->stage;
     options.source_name = e->stage.source_name + " v" + std::to_string(m.version);
-    options.bundle_version = m.version;
-    options.key_id = to_hex(m.key_id);
+    options.label = m.version;
+    options.signer = to_hex(m.key_id);
     // Machine code as verify_bundle inspected it (not parsed again); compiled code afresh.
     e->stage_and_promote(image, bundle.image && compiled.empty() ? &*bundle.image : nullptr,
                          options);
@@ -161,7 +165,7 @@ sink_result hot_module_sink::rollback(std::string_view name) {
   std::uint64_t serving = 0;
   try {
     const auto held = e->versions();
-    serving = held.serving.origin.bundle_version;
+    serving = held.serving.origin.label;
     if (!held.rollback_target)
       return {sink_outcome::no_previous_version, serving,
               "module '" + std::string(name) + "' has no version to roll back to"};
@@ -184,10 +188,9 @@ std::vector<module_report> hot_module_sink::status() const {
   std::vector<module_report> out;
   for (const auto& [name, e] : all) {
     const auto held = e->versions();
-    module_report r{name, held.serving.origin.bundle_version, {}, held.retired.size(), {}};
-    if (held.rollback_target)
-      r.versions_held.push_back(held.rollback_target->origin.bundle_version);
-    r.versions_held.push_back(held.serving.origin.bundle_version);
+    module_report r{name, held.serving.origin.label, {}, held.retired.size(), {}};
+    if (held.rollback_target) r.versions_held.push_back(held.rollback_target->origin.label);
+    r.versions_held.push_back(held.serving.origin.label);
     r.counters = e->counters();
     std::lock_guard lock(e->mutex);
     r.last_error = e->last_error;

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -558,6 +559,39 @@ TEST_F(BundleTest, CubinForAnotherTargetIsRefused) {
       bundle_reason::target_mismatch);
   EXPECT_NO_THROW((void)cubridge::verify_bundle(
       cubridge::sign_bundle(input("m", 1, "sm_86"), other, keys.secret_key), trusted));
+}
+
+// With the receiver's device in its limits, verify_bundle answers "does it run here?" too, once:
+// a refusal of its own, and the image it returns records the device it was checked for.
+TEST_F(BundleTest, TheReceiversDeviceIsCheckedOnceAndRecorded) {
+  const auto bundle = cubridge::sign_bundle(input("m", 1, "sm_90"), cubin, keys.secret_key);
+  cubridge::verify_limits limits;
+  const auto unchecked = cubridge::verify_bundle(bundle, trusted, limits);
+  ASSERT_TRUE(unchecked.image.has_value());
+  EXPECT_FALSE(unchecked.image->checked_for.has_value()) << "no device named, none recorded";
+
+  limits.device = cubridge::compute_capability{9, 0};
+  const auto here = cubridge::verify_bundle(bundle, trusted, limits);
+  ASSERT_TRUE(here.image.has_value());
+  EXPECT_EQ(here.image->checked_for, (cubridge::compute_capability{9, 0}));
+
+  limits.device = cubridge::compute_capability{8, 0};  // an sm_90 cubin cannot run on sm_80
+  try {
+    (void)cubridge::verify_bundle(bundle, trusted, limits);
+    ADD_FAILURE() << "an sm_90 cubin verified for an sm_80 device";
+  } catch (const cubridge::bundle_error& e) {
+    EXPECT_EQ(e.reason(), bundle_reason::wrong_device);
+    EXPECT_NE(std::string(e.what()).find("sm_80"), std::string::npos) << e.what();
+  }
+  // CUDA source is compiled by the receiver for exactly its device: the numbers must agree.
+  const std::string source = "extern \"C\" __global__ void k() {}";
+  const auto text = std::as_bytes(std::span(source));
+  const auto for_90 = cubridge::sign_bundle(
+      input("m", 1, "sm_90", cubridge::payload_kind::cuda_source), text, keys.secret_key);
+  limits.device = cubridge::compute_capability{9, 0};
+  EXPECT_NO_THROW((void)cubridge::verify_bundle(for_90, trusted, limits));
+  limits.device = cubridge::compute_capability{8, 6};
+  EXPECT_REFUSED(cubridge::verify_bundle(for_90, trusted, limits), bundle_reason::wrong_device);
 }
 
 TEST_F(BundleTest, PayloadKindLieIsRefused) {

@@ -59,7 +59,7 @@ TEST(enum_names, name_of_and_value_of_are_inverse_and_exact) {
 
 TEST(enum_names, bundle_reasons_keep_their_spelling) {
   using r = cubridge::bundle_reason;
-  constexpr std::array<std::pair<r, std::string_view>, 14> expected{{
+  constexpr std::array<std::pair<r, std::string_view>, 15> expected{{
       {r::too_large, "too_large"},
       {r::bad_magic, "bad_magic"},
       {r::unsupported_version, "unsupported_version"},
@@ -73,6 +73,7 @@ TEST(enum_names, bundle_reasons_keep_their_spelling) {
       {r::payload_mismatch, "payload_mismatch"},
       {r::payload_kind_mismatch, "payload_kind_mismatch"},
       {r::target_mismatch, "target_mismatch"},
+      {r::wrong_device, "wrong_device"},
       {r::bad_key, "bad_key"},
   }};
   for (const auto& [value, name] : expected) EXPECT_EQ(cubridge::to_string(value), name);

@@ -1037,6 +1037,22 @@ TEST(ImageCompatibility, BadCapabilitiesArePreconditionErrors) {
   }
 }
 
+// "Does it run here?" decided once: check_runs_on records the device, and a repeat for the same
+// numbers is one compare that trusts the record (an image that was never checked, or checked for
+// another device, is decided from its targets as always).
+TEST(ImageCompatibility, CheckRunsOnRecordsTheDeviceForARepeat) {
+  auto sm80 = inspect(read_file(CUBRIDGE_IMAGE_CUBIN_SM_80));
+  EXPECT_FALSE(sm80.checked_for.has_value()) << "inspect_image checks no device";
+  EXPECT_THROW(cubridge::check_runs_on(sm80, {7, 5}, "k"), cubridge::image_error);
+  EXPECT_FALSE(sm80.checked_for.has_value()) << "a refusal records nothing";
+  cubridge::check_runs_on(sm80, {8, 6}, "k");
+  EXPECT_EQ(sm80.checked_for, (cubridge::compute_capability{8, 6}));
+  // The record is what a repeat looks at: with the targets gone, 8.6 still passes, 9.0 not.
+  sm80.targets.clear();
+  EXPECT_NO_THROW(cubridge::require_runs_on(sm80, {8, 6}, "k"));
+  EXPECT_THROW(cubridge::require_runs_on(sm80, {9, 0}, "k"), cubridge::image_error);
+}
+
 TEST(ImageCompatibility, RequireRunsOnNamesBothSides) {
   const auto fatbin = inspect(read_file(CUBRIDGE_IMAGE_FATBIN_MULTI));
   EXPECT_NO_THROW(cubridge::require_runs_on(fatbin, {8, 6}, "module 'm'"));   // sm_80

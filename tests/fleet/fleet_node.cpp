@@ -36,6 +36,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -220,9 +221,9 @@ std::string record_line(std::uint64_t count, const cubridge::fleet::result_recor
 int run(const node_options& o) {
   event_log log;
   log.open(o.output);
-  recording_sink sink(o.module, o.state_file + ".serving", log,
-                      std::chrono::milliseconds(o.apply_delay_ms),
-                      std::chrono::milliseconds(o.stall_before_apply_ms), o.fail_version);
+  const auto sink = std::make_shared<recording_sink>(
+      o.module, o.state_file + ".serving", log, std::chrono::milliseconds(o.apply_delay_ms),
+      std::chrono::milliseconds(o.stall_before_apply_ms), o.fail_version);
   const auto key = cubridge::read_public_key_file(o.trusted_key);
 
   // One update authority for both doors.

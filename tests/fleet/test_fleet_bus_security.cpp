@@ -646,7 +646,7 @@ TEST_P(bus, an_agent_given_only_its_credentials_file_applies_a_publish) {
   const auto operator_key = read_secret_key_file(d_ / "operator.key");
   control.enroll("node-1", read_public_key_file(d_ / "nodes/node-1.pub"), {}, operator_key);
 
-  serving_sink sink;
+  const auto sink = std::make_shared<serving_sink>();
   update_gate_options gate_options;
   gate_options.keys.add(read_public_key_file(d_ / "operator.pub"));
   gate_options.persist_state = false;
@@ -671,7 +671,7 @@ TEST_P(bus, an_agent_given_only_its_credentials_file_applies_a_publish) {
                                node, std::chrono::seconds(30));
   ASSERT_EQ(results.size(), 1u) << agent.last_problem();
   EXPECT_EQ(results.front().outcome, gate_outcome::applied) << results.front().detail;
-  EXPECT_EQ(sink.current_version(m), 1u);
+  EXPECT_EQ(sink->current_version(m), 1u);
   agent.stop();
   EXPECT_EQ(violations(), 0u) << server_->log_text();
 }

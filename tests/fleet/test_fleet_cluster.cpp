@@ -230,14 +230,14 @@ TEST(fleet_cluster, the_bundle_streams_leader_killed_mid_rollout_every_node_conv
       },
       30s))
       << why;
-  std::vector<std::unique_ptr<counting_sink>> sinks;
+  std::vector<std::shared_ptr<counting_sink>> sinks;
   std::vector<std::unique_ptr<fleet_agent>> agents;
   for (const char* node : {"n1", "n2"}) {
     const auto keys = generate_keypair();
     const auto key_file = dir.path / (std::string(node) + ".key");
     write_key_file(key_file, keys.secret_key);
     control->enroll(node, keys.public_key, {}, operator_keys.secret_key);
-    sinks.push_back(std::make_unique<counting_sink>());
+    sinks.push_back(std::make_shared<counting_sink>());
     update_gate_options policy;
     policy.keys.add(operator_keys.public_key);
     policy.persist_state = false;
@@ -246,7 +246,7 @@ TEST(fleet_cluster, the_bundle_streams_leader_killed_mid_rollout_every_node_conv
     o.node = node;
     o.node_key_file = key_file;
     o.modules = {"filters"};
-    agents.push_back(std::make_unique<fleet_agent>(update_gate::create(*sinks.back(), policy), o));
+    agents.push_back(std::make_unique<fleet_agent>(update_gate::create(sinks.back(), policy), o));
     agents.back()->start();
   }
   const auto serve = [&](std::uint64_t v, std::chrono::milliseconds within) {

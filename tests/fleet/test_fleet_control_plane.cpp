@@ -192,7 +192,7 @@ struct fleet_node {
   cubridge::public_key key;
   cubridge::fleet_agent_options options;
   cubridge::update_gate_options gate_options;
-  std::unique_ptr<recording_sink> sink;
+  std::shared_ptr<recording_sink> sink;
   std::shared_ptr<cubridge::update_gate> gate;
   std::unique_ptr<cubridge::fleet_agent> agent;
 };
@@ -306,8 +306,8 @@ class FleetControlPlane : public ::testing::Test {
   static void renew_gate(fleet_node& node) {
     node.agent.reset();
     node.gate.reset();
-    node.sink = std::make_unique<recording_sink>();
-    node.gate = cubridge::update_gate::create(*node.sink, node.gate_options);
+    node.sink = std::make_shared<recording_sink>();
+    node.gate = cubridge::update_gate::create(node.sink, node.gate_options);
   }
   // A new agent over the node's gate, started and connected.
   static void start_agent(fleet_node& node) {

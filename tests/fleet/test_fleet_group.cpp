@@ -50,8 +50,8 @@ class FleetGroup : public ::testing::Test {
     for (int i = 0; i < 3; ++i)
       contexts.push_back(cubridge::context::create(cubridge::device::get(0)));
     for (auto& c : contexts) args.emplace_back(c);
-    group.emplace(cubridge::hot_module_group::load(module, args, hot_image("v1"),
-                                                   {.origin = {.bundle_version = 1}}));
+    group.emplace(
+        cubridge::hot_module_group::load(module, args, hot_image("v1"), {.origin = {.label = 1}}));
     // Armed only for the v3 push (each test first applies v2 everywhere): then it refuses
     // the version staged in the refusing member's context alone.
     cubridge::stage_options stage;
@@ -60,7 +60,7 @@ class FleetGroup : public ::testing::Test {
       if (refuse_on_one_member.load() && staged.context().get() == refusing)
         throw std::runtime_error("this member's smoke test refuses the version");
     };
-    sink.emplace();
+    sink = std::make_shared<cubridge::hot_module_sink>();
     sink->add(*group, std::move(stage));
 
     server.emplace();
@@ -74,7 +74,7 @@ class FleetGroup : public ::testing::Test {
     cubridge::update_gate_options policy;
     policy.keys.add(keys.public_key);
     policy.persist_state = false;
-    gate = cubridge::update_gate::create(*sink, policy);
+    gate = cubridge::update_gate::create(sink, policy);
     cubridge::fleet_agent_options o;
     o.bus.servers = server->url();
     o.node = node;
@@ -134,7 +134,7 @@ class FleetGroup : public ::testing::Test {
   // Declared in the order they depend on each other: the agent goes first, the contexts last.
   std::vector<cubridge::context> contexts;
   std::optional<cubridge::hot_module_group> group;
-  std::optional<cubridge::hot_module_sink> sink;
+  std::shared_ptr<cubridge::hot_module_sink> sink;
   std::optional<cubridge::testing::nats_server> server;
   std::unique_ptr<cubridge::fleet::controller> control;
   std::shared_ptr<cubridge::update_gate> gate;
@@ -147,7 +147,7 @@ TEST_F(FleetGroup, ADesiredBundleServesOnEveryMember) {
   EXPECT_EQ(written_by_every_member(), (std::vector<unsigned>{2, 2, 2}));
   EXPECT_EQ(sink->current_version(module), 2u);
   for (std::size_t i = 0; i < group->size(); ++i)
-    EXPECT_EQ(group->member(i).versions().serving.origin.bundle_version, 2u) << "member " << i;
+    EXPECT_EQ(group->member(i).versions().serving.origin.label, 2u) << "member " << i;
   EXPECT_EQ(group->stats().promotions, 1u);
   EXPECT_TRUE(agent->converged());
 }
@@ -171,7 +171,7 @@ TEST_F(FleetGroup, ABundleOneMemberRefusesSwitchesNone) {
   EXPECT_EQ(stats.promotions, 1u) << "only v2";
   EXPECT_EQ(stats.rejected, 1u);
   for (std::size_t i = 0; i < group->size(); ++i)
-    EXPECT_EQ(group->member(i).versions().serving.origin.bundle_version, 2u) << "member " << i;
+    EXPECT_EQ(group->member(i).versions().serving.origin.label, 2u) << "member " << i;
   EXPECT_EQ(agent->stats().refused, 1u);  // recorded once, not retried
 }
 
@@ -188,7 +188,7 @@ TEST_F(FleetGroup, ARollbackOfTheDesiredStateReturnsEveryMember) {
   EXPECT_EQ(written_by_every_member(), (std::vector<unsigned>{1, 1, 1}));
   EXPECT_EQ(sink->current_version(module), 1u);
   for (std::size_t i = 0; i < group->size(); ++i)
-    EXPECT_EQ(group->member(i).versions().serving.origin.bundle_version, 1u) << "member " << i;
+    EXPECT_EQ(group->member(i).versions().serving.origin.label, 1u) << "member " << i;
   EXPECT_EQ(group->stats().promotions, 2u) << "v2 and v1 again";
 }
 

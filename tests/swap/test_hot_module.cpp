@@ -535,6 +535,22 @@ TEST_F(HotModule, WorkOnTheLegacyStreamKeepsItsVersionLoadedUntilDone) {
 
 // Item 15: a moved-from hot_module, staged_version or hot_kernel refuses every use with a typed
 // error instead of dereferencing null; hot_kernels taken before the move keep working.
+// A hot_module is a shared handle: a copy names the same module (a promote through one serves
+// through the other), and the module lives while any copy or kernel of it does.
+TEST_F(HotModule, CopiesNameTheSameModule) {
+  auto copy = *hot_;
+  EXPECT_EQ(copy.name(), hot_->name());
+  EXPECT_EQ(copy.promote(copy.stage(hot_image("v2"))), 2u);
+  EXPECT_EQ(hot_->stats().current_id, 2u) << "promoted through the copy, seen through the original";
+  EXPECT_EQ(run_write_version(), 2u);
+  auto assigned = cubridge::hot_module::load(*ctx_, "other", hot_image("v1"));
+  assigned = *hot_;
+  hot_.reset();  // the original goes; the copies keep the module
+  EXPECT_EQ(assigned.rollback(), 1u);
+  EXPECT_EQ(copy.stats().current_id, 1u);
+  EXPECT_EQ(copy.versions().serving.id, 1u);
+}
+
 TEST_F(HotModule, MovedFromHandlesRefuseEveryUse) {
   auto k = hot_->get_kernel("write_version");
   auto staged = hot_->stage(hot_image("v2"));

@@ -9,6 +9,7 @@
 
 #include <condition_variable>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -138,6 +139,44 @@ TEST(HotReloader, PromotesWhatIsDroppedAndRefusesWhatIsBroken) {
   }
   EXPECT_EQ(events[1], "promoted v2.cubin as 2");
   EXPECT_EQ(hot.stats().current_id, 2u);
+}
+
+// The reloader holds a handle of its module: the service's own handle may go first, and a
+// dropped file is still promoted into the module its kernels launch.
+TEST(HotReloader, KeepsItsModuleAlive) {
+  CUBRIDGE_REQUIRE_GPU();
+  if (cubridge::device::get(0).capability().major != 9) GTEST_SKIP() << "first image is sm_90";
+  temp_dir dir;
+  auto ctx = cubridge::context::create(cubridge::device::get(0));
+  cubridge::scoped_current current(ctx);
+  std::optional<cubridge::hot_module> hot = cubridge::hot_module::load(
+      ctx, "versions",
+      cubridge::read_file_bytes(std::string(CUBRIDGE_TEST_HOT_DIR) + "/hot_v1.sm_90.cubin"));
+  const auto kernel = hot->get_kernel("write_version");
+  std::mutex m;
+  std::condition_variable cv;
+  std::uint64_t promoted = 0;
+  cubridge::hot_reloader::options opts;
+  opts.debounce = 50ms;
+  opts.on_promoted = [&](const fs::path&, std::uint64_t id) {
+    std::lock_guard lock(m);
+    promoted = id;
+    cv.notify_all();
+  };
+  cubridge::hot_reloader reloader(*hot, dir.path, opts);
+  hot.reset();  // the service's handle, gone before the reloader
+  fs::copy_file(std::string(CUBRIDGE_TEST_HOT_DIR) + "/hot_v2.sm_90.cubin", dir.path / "v2.cubin");
+  {
+    std::unique_lock lock(m);
+    ASSERT_TRUE(cv.wait_for(lock, 30s, [&] { return promoted != 0; }));
+  }
+  EXPECT_EQ(promoted, 2u);
+  auto out = cubridge::driver_buffer<unsigned>::allocate(ctx, 256);
+  EXPECT_EQ(
+      kernel.launch({.block = {256}, .stream = cubridge::stream_ref::legacy_default()}, out.span()),
+      2u)
+      << "the kernel launches the version the reloader promoted";
+  EXPECT_EQ(cubridge::driver::api().cuCtxSynchronize(), CUDA_SUCCESS);
 }
 
 }  // namespace

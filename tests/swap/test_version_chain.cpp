@@ -582,38 +582,38 @@ TEST(VersionChainOrigin, EachVersionKeepsItsOriginThroughPromoteAndRollback) {
   plain_chain c(1, from_bundle(1));
   auto held = c.held();
   EXPECT_EQ(held.serving.id, 1u);
-  EXPECT_EQ(held.serving.origin.bundle_version, 1u);
+  EXPECT_EQ(held.serving.origin.label, 1u);
   EXPECT_FALSE(held.rollback_target.has_value());
   EXPECT_TRUE(held.retired.empty());
 
   EXPECT_EQ(c.promote(2, from_bundle(7)), 2u);
   held = c.held();
   EXPECT_EQ(held.serving.id, 2u);
-  EXPECT_EQ(held.serving.origin.bundle_version, 7u);
-  EXPECT_EQ(held.serving.origin.key_id, "00112233aabbccdd");
+  EXPECT_EQ(held.serving.origin.label, 7u);
+  EXPECT_EQ(held.serving.origin.signer, "00112233aabbccdd");
   EXPECT_EQ(held.serving.origin.source, "bundle v7");
   EXPECT_EQ(held.serving.origin.staged_at.time_since_epoch(), std::chrono::seconds(7));
   ASSERT_TRUE(held.rollback_target.has_value());
   EXPECT_EQ(held.rollback_target->id, 1u);
-  EXPECT_EQ(held.rollback_target->origin.bundle_version, 1u);
-  EXPECT_EQ(c.acquire().get().origin.bundle_version, 7u) << "a lease sees the origin too";
+  EXPECT_EQ(held.rollback_target->origin.label, 1u);
+  EXPECT_EQ(c.acquire().get().origin.label, 7u) << "a lease sees the origin too";
 
   // A version from no bundle (a watched directory, a direct promote): bundle version 0.
   EXPECT_EQ(c.promote(3, cubridge::version_origin{0, {}, "kernels.cu", {}}), 3u);
   held = c.held();
-  EXPECT_EQ(held.serving.origin.bundle_version, 0u);
+  EXPECT_EQ(held.serving.origin.label, 0u);
   EXPECT_EQ(held.serving.origin.source, "kernels.cu");
-  EXPECT_EQ(held.rollback_target->origin.bundle_version, 7u);
+  EXPECT_EQ(held.rollback_target->origin.label, 7u);
   ASSERT_EQ(held.retired.size(), 1u);
   EXPECT_EQ(held.retired[0].id, 1u);
-  EXPECT_EQ(held.retired[0].origin.bundle_version, 1u);
+  EXPECT_EQ(held.retired[0].origin.label, 1u);
 
   // Rollback swaps serving and target, origins with them: whoever rolls back, the chain says
   // what serves now and what came before.
   EXPECT_EQ(c.rollback(), 2u);
   held = c.held();
   EXPECT_EQ(held.serving.id, 2u);
-  EXPECT_EQ(held.serving.origin.bundle_version, 7u);
+  EXPECT_EQ(held.serving.origin.label, 7u);
   EXPECT_EQ(held.rollback_target->id, 3u);
   EXPECT_EQ(held.rollback_target->origin.source, "kernels.cu");
 
@@ -624,17 +624,17 @@ TEST(VersionChainOrigin, EachVersionKeepsItsOriginThroughPromoteAndRollback) {
 
 TEST(VersionChainOrigin, AFailedPromoteLeavesHeldUnchangedAndUnmarkedVersionsHaveNoOrigin) {
   plain_chain c(1);  // no origin given: all defaults
-  EXPECT_EQ(c.held().serving.origin.bundle_version, 0u);
+  EXPECT_EQ(c.held().serving.origin.label, 0u);
   EXPECT_TRUE(c.held().serving.origin.source.empty());
   EXPECT_THROW(c.promote(2, from_bundle(9),
                          [](const auto&, const auto&) { throw std::runtime_error("refused"); }),
                std::runtime_error);
   const auto held = c.held();
   EXPECT_EQ(held.serving.id, 1u);
-  EXPECT_EQ(held.serving.origin.bundle_version, 0u);
+  EXPECT_EQ(held.serving.origin.label, 0u);
   EXPECT_FALSE(held.rollback_target.has_value());
   EXPECT_EQ(c.promote(2), 2u);  // the plain overloads still work: no origin
-  EXPECT_EQ(c.held().serving.origin.bundle_version, 0u);
+  EXPECT_EQ(c.held().serving.origin.label, 0u);
   EXPECT_EQ(c.held().rollback_target->id, 1u);
 }
 

@@ -29,6 +29,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -212,7 +213,8 @@ void answer_json(httplib::Response& res, int status, const json& body) {
 
 // The library's update endpoint over a module sink in memory, trusting `key`.
 struct real_endpoint {
-  cubridge::testing::memory_sink sink;
+  std::shared_ptr<cubridge::testing::memory_sink> sink =
+      std::make_shared<cubridge::testing::memory_sink>();
   cubridge::update_endpoint endpoint;
   explicit real_endpoint(const cubridge::public_key& key,
                          cubridge::update_endpoint_options options = {})
@@ -662,7 +664,7 @@ TEST_F(Cli, ModuleNamesAreSentPercentEncodedAndArriveIntact) {
     EXPECT_EQ(r.exit_code, 0) << names[i] << ": " << r.all();
     EXPECT_TRUE(contains(r.out, "promoted '" + cubridge::tool::printable(names[i]) + "' v1"))
         << r.out;
-    EXPECT_EQ(service.sink.current_version(names[i]), 1u) << names[i];
+    EXPECT_EQ(service.sink->current_version(names[i]), 1u) << names[i];
   }
   // Signed on the fly and rolled back, by the same name.
   const auto& name = names.back();
@@ -670,12 +672,12 @@ TEST_F(Cli, ModuleNamesAreSentPercentEncodedAndArriveIntact) {
                      name, "--version", "2"},
                     dir.path);
   EXPECT_EQ(r.exit_code, 0) << r.all();
-  EXPECT_EQ(service.sink.current_version(name), 2u);
+  EXPECT_EQ(service.sink->current_version(name), 2u);
   r = run_tool({"push", service.endpoint.url(), "--rollback", name, "--key", "k.key"}, dir.path);
   EXPECT_EQ(r.exit_code, 0) << r.all();
   EXPECT_TRUE(contains(r.out, "rolled back '" + cubridge::tool::printable(name) + "' v2 -> v1"))
       << r.out;
-  EXPECT_EQ(service.sink.current_version(name), 1u);
+  EXPECT_EQ(service.sink->current_version(name), 1u);
 }
 
 TEST_F(Cli, MalformedEndpointUrlsAreUsageErrorsThatSayWhatIsWrong) {
@@ -734,14 +736,14 @@ TEST_F(Cli, AnUntrustedTlsCertificateIsARefusalThatSaysWhy) {
   r = run_tool({"push", url, bundle, "--ca-cert", "garbage.pem"}, dir.path);
   EXPECT_EQ(r.exit_code, 1) << r.all();
   EXPECT_TRUE(contains(r.err, "cannot use --ca-cert 'garbage.pem'")) << r.err;
-  EXPECT_EQ(service.sink.current_version("filters"), 0u);
+  EXPECT_EQ(service.sink->current_version("filters"), 0u);
 
   // Trusted, but reached by a name it was not issued for.
   const auto port = url.substr(url.rfind(':'));
   r = run_tool({"push", "https://localhost" + port, bundle, "--ca-cert", "cert.pem"}, dir.path);
   EXPECT_EQ(r.exit_code, 1) << r.all();
   EXPECT_TRUE(contains(r.err, "its TLS certificate does not name localhost")) << r.err;
-  EXPECT_EQ(service.sink.current_version("filters"), 0u);
+  EXPECT_EQ(service.sink->current_version("filters"), 0u);
 
   r = run_tool({"push", url, bundle, "--ca-cert", "cert.pem"}, dir.path);
   EXPECT_EQ(r.exit_code, 0) << r.all();

@@ -8,6 +8,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -29,7 +30,8 @@ int main(int argc, char** argv) {
     return 64;
   }
   try {
-    cubridge::testing::memory_sink sink(cubridge::compute_capability{sm / 10, sm % 10});
+    const auto sink = std::make_shared<cubridge::testing::memory_sink>(
+        cubridge::compute_capability{sm / 10, sm % 10});
     cubridge::update_endpoint_options options;
     options.keys.add(cubridge::read_public_key_file(trust));
     options.persist_state = false;  // a stand-in for one test: it starts fresh every time

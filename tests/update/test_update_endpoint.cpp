@@ -137,11 +137,10 @@ class fake_sink final : public cubridge::module_sink {
     std::vector<module_report> out;
     for (const auto& [name, m] : modules_) {
       const auto held = m.chain->held();
-      module_report r{name, held.serving.origin.bundle_version, {}, 3, m.last_error};
-      if (held.rollback_target && held.rollback_target->origin.bundle_version)
-        r.versions_held.push_back(held.rollback_target->origin.bundle_version);
-      if (held.serving.origin.bundle_version)
-        r.versions_held.push_back(held.serving.origin.bundle_version);
+      module_report r{name, held.serving.origin.label, {}, 3, m.last_error};
+      if (held.rollback_target && held.rollback_target->origin.label)
+        r.versions_held.push_back(held.rollback_target->origin.label);
+      if (held.serving.origin.label) r.versions_held.push_back(held.serving.origin.label);
       out.push_back(std::move(r));
     }
     return out;
@@ -186,7 +185,7 @@ class fake_sink final : public cubridge::module_sink {
     std::unique_ptr<version_store> chain = std::make_unique<version_store>(0);
     std::vector<std::uint64_t> applied;  // a log of apply() calls, not a version record
     std::string last_error;
-    std::uint64_t current() const { return chain->held().serving.origin.bundle_version; }
+    std::uint64_t current() const { return chain->held().serving.origin.label; }
     void promote(std::uint64_t bundle_version, std::string source) {
       (void)chain->promote(bundle_version,
                            cubridge::version_origin{bundle_version, {}, std::move(source), {}});
@@ -280,7 +279,7 @@ class UpdateEndpointTest : public ::testing::Test {
  protected:
   cubridge::keypair keys = cubridge::generate_keypair();
   cubridge::keypair stranger = cubridge::generate_keypair();
-  fake_sink sink;
+  std::shared_ptr<fake_sink> sink = std::make_shared<fake_sink>();
   bytes cubin = read_file(cubridge::testing::test_cubin_path());  // sm_90
   std::unique_ptr<cubridge::update_endpoint> endpoint;
   std::uint64_t next_valid = 100;  // versions for "still serving" pushes
@@ -336,14 +335,14 @@ class UpdateEndpointTest : public ::testing::Test {
     EXPECT_EQ(r.status, status) << r.body.dump();
     EXPECT_EQ(r.body.value("error", ""), error) << r.body.dump();
     EXPECT_FALSE(r.body.value("detail", "").empty()) << "a refusal says why: " << r.body.dump();
-    EXPECT_EQ(sink.state(), before) << "a refused request changed the sink";
+    EXPECT_EQ(sink->state(), before) << "a refused request changed the sink";
     expect_still_serving();
   }
   void expect_still_serving() {
     const auto v = ++next_valid;
     const auto ok = push("canary", bundle("canary", v));
     EXPECT_EQ(ok.status, 200) << "a valid push after the refusal failed: " << ok.body.dump();
-    EXPECT_EQ(sink.current_version("canary"), v);
+    EXPECT_EQ(sink->current_version("canary"), v);
   }
 };
 
@@ -394,7 +393,7 @@ TEST_F(UpdateEndpointTest, ValidPushPromotes) {
   EXPECT_EQ(r.body["module"], "filters");
   EXPECT_EQ(r.body["version"], 3);
   EXPECT_EQ(r.body["previous_version"], 0);
-  EXPECT_EQ(sink.applied("filters"), std::vector<std::uint64_t>{3});
+  EXPECT_EQ(sink->applied("filters"), std::vector<std::uint64_t>{3});
   EXPECT_EQ(endpoint->stats().applied, 1u);
 }
 
@@ -402,13 +401,13 @@ TEST_F(UpdateEndpointTest, UnsignedBundleIs401) {
   start();
   auto b = bundle("filters", 3);
   std::fill(b.end() - 64, b.end(), std::byte{0});
-  const auto before = sink.state();
+  const auto before = sink->state();
   expect_refused(push("filters", b), 401, "unsigned_bundle", before);
 }
 
 TEST_F(UpdateEndpointTest, UnknownKeyIs403) {
   start();
-  const auto before = sink.state();
+  const auto before = sink->state();
   expect_refused(push("filters", bundle("filters", 3, &stranger.secret_key)), 403, "unknown_key",
                  before);
 }
@@ -417,7 +416,7 @@ TEST_F(UpdateEndpointTest, TamperedPayloadIs403) {
   start();
   auto b = bundle("filters", 3);
   b[b.size() - 64 - 100] ^= std::byte{0x01};  // a byte of the payload's end
-  const auto before = sink.state();
+  const auto before = sink->state();
   expect_refused(push("filters", b), 403, "payload_mismatch", before);
 }
 
@@ -428,19 +427,19 @@ TEST_F(UpdateEndpointTest, TamperedManifestIs403) {
   const auto at = text.find("\"version\":3");
   ASSERT_NE(at, std::string::npos);
   b[at + 10] = std::byte{'9'};  // version 3 -> 9, same length, old signature
-  const auto before = sink.state();
+  const auto before = sink->state();
   expect_refused(push("filters", b), 403, "bad_signature", before);
 }
 
 TEST_F(UpdateEndpointTest, ReplayedAndOlderVersionsAre409) {
   start();
   ASSERT_EQ(push("filters", bundle("filters", 3)).status, 200);
-  const auto before = sink.state();
+  const auto before = sink->state();
   const auto replay = push("filters", bundle("filters", 3));
   expect_refused(replay, 409, "replayed_version", before);
   EXPECT_EQ(replay.body["current_version"], 3);
-  expect_refused(push("filters", bundle("filters", 2)), 409, "older_version", sink.state());
-  EXPECT_EQ(sink.applied("filters"), std::vector<std::uint64_t>{3});
+  expect_refused(push("filters", bundle("filters", 2)), 409, "older_version", sink->state());
+  EXPECT_EQ(sink->applied("filters"), std::vector<std::uint64_t>{3});
 }
 
 TEST_F(UpdateEndpointTest, AVersionSeenBeforeStaysRefusedAfterARollback) {
@@ -451,9 +450,9 @@ TEST_F(UpdateEndpointTest, AVersionSeenBeforeStaysRefusedAfterARollback) {
   const auto r = send("POST", "/v1/modules/filters/rollback",
                       cubridge::sign_rollback_request("filters", 4, keys.secret_key));
   ASSERT_EQ(r.status, 200) << r.body.dump();
-  ASSERT_EQ(sink.current_version("filters"), 3u);
+  ASSERT_EQ(sink->current_version("filters"), 3u);
   // A captured v4 must not come back on its own: only a newer version moves forward.
-  expect_refused(push("filters", v4), 409, "replayed_version", sink.state());
+  expect_refused(push("filters", v4), 409, "replayed_version", sink->state());
   EXPECT_EQ(push("filters", bundle("filters", 5)).status, 200);
 }
 
@@ -464,11 +463,11 @@ TEST_F(UpdateEndpointTest, AVersionSeenBeforeStaysRefusedAfterARollback) {
 TEST_F(UpdateEndpointTest, AVersionPromotedPastTheEndpointIsWhatItChecksAndReports) {
   start();
   ASSERT_EQ(push("filters", bundle("filters", 3)).status, 200);
-  sink.promote_directly("filters", 7);  // no endpoint involved
-  ASSERT_EQ(sink.current_version("filters"), 7u);
+  sink->promote_directly("filters", 7);  // no endpoint involved
+  ASSERT_EQ(sink->current_version("filters"), 7u);
 
   const auto older = push("filters", bundle("filters", 6));
-  expect_refused(older, 409, "older_version", sink.state());
+  expect_refused(older, 409, "older_version", sink->state());
   EXPECT_EQ(older.body["current_version"], 7) << older.body.dump();
 
   auto status = send("GET", "/v1/modules");
@@ -491,18 +490,18 @@ TEST_F(UpdateEndpointTest, AVersionPromotedPastTheEndpointIsWhatItChecksAndRepor
   ASSERT_EQ(back.status, 200) << back.body.dump();
   EXPECT_EQ(back.body["version"], 3);
   EXPECT_EQ(back.body["from_version"], 7);
-  EXPECT_EQ(sink.current_version("filters"), 3u);
+  EXPECT_EQ(sink->current_version("filters"), 3u);
 
   // v7 was applied (past the endpoint): v6 and v7 stay refused after the rollback below them.
-  expect_refused(push("filters", bundle("filters", 6)), 409, "older_version", sink.state());
-  expect_refused(push("filters", bundle("filters", 7)), 409, "replayed_version", sink.state());
+  expect_refused(push("filters", bundle("filters", 6)), 409, "older_version", sink->state());
+  expect_refused(push("filters", bundle("filters", 7)), 409, "replayed_version", sink->state());
   status = send("GET", "/v1/modules");
   for (const auto& m : status.body["modules"])
     if (m["name"] == "filters") filters = m;
   EXPECT_EQ(filters["current_version"], 3) << status.body.dump();
   EXPECT_EQ(filters["highest_version"], 7) << status.body.dump();
   EXPECT_EQ(push("filters", bundle("filters", 8)).status, 200);
-  EXPECT_EQ(sink.current_version("filters"), 8u);
+  EXPECT_EQ(sink->current_version("filters"), 8u);
 }
 
 // The floor survives a restart too: the endpoint writes a served version it did not push to
@@ -513,7 +512,7 @@ TEST_F(UpdateEndpointTest, AVersionPromotedPastTheEndpointIsPersistedAsTheFloor)
   options.state_file = dir.path / "state.json";
   start(options);
   ASSERT_EQ(push("filters", bundle("filters", 3)).status, 200);
-  sink.promote_directly("filters", 7);
+  sink->promote_directly("filters", 7);
   ASSERT_EQ(send("POST", "/v1/modules/filters/rollback",
                  cubridge::sign_rollback_request("filters", 7, keys.secret_key))
                 .status,
@@ -521,7 +520,7 @@ TEST_F(UpdateEndpointTest, AVersionPromotedPastTheEndpointIsPersistedAsTheFloor)
   endpoint->stop();
   endpoint.reset();
   start(options);  // same sink (serving v3), the state file read again
-  expect_refused(push("filters", bundle("filters", 5)), 409, "older_version", sink.state());
+  expect_refused(push("filters", bundle("filters", 5)), 409, "older_version", sink->state());
   EXPECT_EQ(push("filters", bundle("filters", 8)).status, 200);
 }
 
@@ -529,15 +528,15 @@ TEST_F(UpdateEndpointTest, OversizedBodyIs413) {
   auto options = memory_only();
   options.max_body_bytes = 8 << 10;  // below the test cubin's size
   start(options);
-  const auto before = sink.state();
+  const auto before = sink->state();
   const auto r = push("filters", bundle("filters", 3));
   EXPECT_EQ(r.status, 413) << r.body.dump();
   EXPECT_EQ(r.body.value("error", ""), "too_large");
-  EXPECT_EQ(sink.state(), before);
+  EXPECT_EQ(sink->state(), before);
   // A much larger body is cut off by the same limit, and the service keeps serving.
   const auto huge = raw_request(port(), "PUT", "/v1/modules/filters", std::string(1 << 20, 'x'));
   EXPECT_EQ(status_of(huge), 413) << huge.substr(0, 200);
-  EXPECT_EQ(sink.state(), before);
+  EXPECT_EQ(sink->state(), before);
   const auto small = bytes(64, std::byte{'x'});
   cubridge::bundle_manifest_input in{"canary", 1, "sm_90", cubridge::payload_kind::cuda_source};
   const auto ok = push("canary", cubridge::sign_bundle(in, small, keys.secret_key));
@@ -546,7 +545,7 @@ TEST_F(UpdateEndpointTest, OversizedBodyIs413) {
 
 TEST_F(UpdateEndpointTest, MalformedBundlesAre400) {
   start();
-  const auto before = sink.state();
+  const auto before = sink->state();
   expect_refused(send("PUT", "/v1/modules/filters", "not a bundle"), 400, "bad_magic", before);
   auto truncated = bundle("filters", 3);
   truncated.resize(truncated.size() - 10);
@@ -564,7 +563,7 @@ TEST_F(UpdateEndpointTest, MalformedBundlesAre400) {
 
 TEST_F(UpdateEndpointTest, NamesThatAreNotNamesAre400BeforeAnything) {
   start();
-  const auto before = sink.state();
+  const auto before = sink->state();
   const auto body = as_text(bundle("filters", 3));
   for (const std::string& target : std::vector<std::string>{
            "/v1/modules/a/b", "/v1/modules/..", "/v1/modules/%2e%2e", "/v1/modules/a%2Fb",
@@ -577,25 +576,25 @@ TEST_F(UpdateEndpointTest, NamesThatAreNotNamesAre400BeforeAnything) {
     const auto rollback = raw_request(port(), "POST", target + "/rollback", "x");
     EXPECT_EQ(status_of(rollback), 400) << target << "/rollback: " << rollback.substr(0, 300);
   }
-  EXPECT_EQ(sink.state(), before);
+  EXPECT_EQ(sink->state(), before);
   expect_still_serving();
 }
 
 TEST_F(UpdateEndpointTest, UrlNameMustBeTheSignedName) {
   start();
-  const auto before = sink.state();
+  const auto before = sink->state();
   expect_refused(push("other", bundle("filters", 3)), 400, "name_mismatch", before);
 }
 
 TEST_F(UpdateEndpointTest, PayloadForAnotherGpuIs422) {
-  sink.device = cubridge::compute_capability{8, 0};  // an sm_90 cubin cannot run here
+  sink->device = cubridge::compute_capability{8, 0};  // an sm_90 cubin cannot run here
   start();
-  const auto before = sink.state();
+  const auto before = sink->state();
   const auto r = push("filters", bundle("filters", 3));
   EXPECT_EQ(r.status, 422) << r.body.dump();
   EXPECT_EQ(r.body.value("error", ""), "wrong_device");
   EXPECT_EQ(r.body.value("gpu", ""), "sm_80");
-  EXPECT_EQ(sink.state(), before);
+  EXPECT_EQ(sink->state(), before);
   const auto other = read_file(cubridge::testing::test_cubin_other_path());  // sm_80
   cubridge::bundle_manifest_input in{"filters", 3, "sm_80"};
   const auto ok = push("filters", cubridge::sign_bundle(in, other, keys.secret_key));
@@ -608,7 +607,7 @@ TEST_F(UpdateEndpointTest, APushedPayloadIsInspectedOnce) {
   start();
   std::mutex seen_mutex;
   std::vector<std::string> kernels_seen;
-  sink.hook = [&](const cubridge::verified_bundle& b) -> std::optional<sink_result> {
+  sink->hook = [&](const cubridge::verified_bundle& b) -> std::optional<sink_result> {
     std::lock_guard lock(seen_mutex);
     if (b.image)
       for (const auto& k : b.image->kernels) kernels_seen.push_back(k.name);
@@ -627,7 +626,7 @@ TEST_F(UpdateEndpointTest, APushedPayloadIsInspectedOnce) {
 
 TEST_F(UpdateEndpointTest, StageRefusalIs422AndReported) {
   start();
-  sink.hook = [](const cubridge::verified_bundle& b) -> std::optional<sink_result> {
+  sink->hook = [](const cubridge::verified_bundle& b) -> std::optional<sink_result> {
     if (b.version() == 4) return sink_result{sink_outcome::rejected, 3, "kernel 'blur' missing"};
     return std::nullopt;
   };
@@ -636,7 +635,7 @@ TEST_F(UpdateEndpointTest, StageRefusalIs422AndReported) {
   EXPECT_EQ(r.status, 422) << r.body.dump();
   EXPECT_EQ(r.body.value("error", ""), "stage_refused");
   EXPECT_EQ(r.body.value("detail", ""), "kernel 'blur' missing");
-  EXPECT_EQ(sink.current_version("filters"), 3u);
+  EXPECT_EQ(sink->current_version("filters"), 3u);
   const auto status = send("GET", "/v1/modules");
   ASSERT_EQ(status.status, 200);
   bool found = false;
@@ -648,12 +647,12 @@ TEST_F(UpdateEndpointTest, StageRefusalIs422AndReported) {
     }
   EXPECT_TRUE(found) << status.body.dump();
   // A fixed version 4 may still come: a refused version was never applied.
-  sink.hook = nullptr;
+  sink->hook = nullptr;
   EXPECT_EQ(push("filters", bundle("filters", 4)).status, 200);
 }
 
 TEST_F(UpdateEndpointTest, UnknownModuleIs404WhenTheSinkCreatesNone) {
-  sink.creates_modules = false;
+  sink->creates_modules = false;
   start();
   const auto r = push("filters", bundle("filters", 3));
   EXPECT_EQ(r.status, 404) << r.body.dump();
@@ -663,14 +662,14 @@ TEST_F(UpdateEndpointTest, UnknownModuleIs404WhenTheSinkCreatesNone) {
 TEST_F(UpdateEndpointTest, SinkExceptionIs500AndChangesNothing) {
   start();
   ASSERT_EQ(push("filters", bundle("filters", 3)).status, 200);
-  sink.hook = [](const cubridge::verified_bundle&) -> std::optional<sink_result> {
+  sink->hook = [](const cubridge::verified_bundle&) -> std::optional<sink_result> {
     throw std::runtime_error("out of device memory");
   };
   const auto r = push("filters", bundle("filters", 4));
   EXPECT_EQ(r.status, 500) << r.body.dump();
   EXPECT_EQ(r.body.value("error", ""), "apply_failed");
   EXPECT_NE(r.body.value("detail", "").find("out of device memory"), std::string::npos);
-  EXPECT_EQ(sink.current_version("filters"), 3u);
+  EXPECT_EQ(sink->current_version("filters"), 3u);
 }
 
 TEST_F(UpdateEndpointTest, StatusListsEveryModule) {
@@ -782,16 +781,16 @@ TEST_F(RollbackTest, SignedRollbackGoesBackOnceOnly) {
   EXPECT_EQ(r.body["rolled_back"], true);
   EXPECT_EQ(r.body["version"], 4);
   EXPECT_EQ(r.body["from_version"], 5);
-  EXPECT_EQ(sink.current_version("filters"), 4u);
-  expect_refused(rollback("filters", request), 409, "replayed_request", sink.state());
+  EXPECT_EQ(sink->current_version("filters"), 4u);
+  expect_refused(rollback("filters", request), 409, "replayed_request", sink->state());
   // A fresh request from a version that no longer serves.
   expect_refused(
       rollback("filters", cubridge::sign_rollback_request("filters", 5, keys.secret_key)), 409,
-      "version_mismatch", sink.state());
+      "version_mismatch", sink->state());
 }
 
 TEST_F(RollbackTest, RefusedRequests) {
-  const auto before = sink.state();
+  const auto before = sink->state();
   auto request = cubridge::sign_rollback_request("filters", 5, keys.secret_key);
   auto unsigned_request = request.substr(0, request.find('\n') + 1) + std::string(128, '0');
   expect_refused(rollback("filters", unsigned_request), 401, "unsigned_bundle", before);
@@ -819,7 +818,7 @@ TEST_F(RollbackTest, RefusedRequests) {
 
 TEST_F(RollbackTest, NothingToRollBackTo) {
   ASSERT_EQ(push("solo", bundle("solo", 1)).status, 200);
-  const auto before = sink.state();
+  const auto before = sink->state();
   expect_refused(rollback("solo", cubridge::sign_rollback_request("solo", 1, keys.secret_key)), 409,
                  "no_previous_version", before);
 }
@@ -894,7 +893,7 @@ TEST_F(UpdateEndpointTest, FramingIsDecidedFromTheHeadersBeforeAnyBodyIsBuffered
   auto options = memory_only();
   options.max_body_bytes = 1 << 20;
   start(options);
-  const auto before = sink.state();
+  const auto before = sink->state();
   const auto refused_before = endpoint->stats().refused;
   const std::string put = "PUT /v1/modules/filters HTTP/1.1\r\nHost: x\r\n";
   const std::string rollback = "POST /v1/modules/filters/rollback HTTP/1.1\r\nHost: x\r\n";
@@ -955,7 +954,7 @@ TEST_F(UpdateEndpointTest, FramingIsDecidedFromTheHeadersBeforeAnyBodyIsBuffered
     EXPECT_TRUE(a.closed) << "the connection stays open after a framing refusal: " << shown;
   }
   EXPECT_EQ(endpoint->stats().refused, refused_before + cases.size());
-  EXPECT_EQ(sink.state(), before);
+  EXPECT_EQ(sink->state(), before);
   expect_still_serving();
 }
 
@@ -980,7 +979,7 @@ TEST_F(UpdateEndpointTest, PipelinedRequestsAreServedInOrderUpToTheRequestLimit)
   EXPECT_EQ(count_of(answers, "HTTP/1.1 200 OK\r\n"), 2u) << answers;
   EXPECT_NE(answers.find("\"promoted\":true"), std::string::npos) << answers;
   EXPECT_EQ(count_of(answers, "Connection: close\r\n"), 1u) << answers;
-  EXPECT_EQ(sink.applied("filters"), std::vector<std::uint64_t>{3});
+  EXPECT_EQ(sink->applied("filters"), std::vector<std::uint64_t>{3});
 }
 
 // A body httplib did not read (refused before it, here for the name) is never taken for the next
@@ -1026,7 +1025,7 @@ TEST_F(UpdateEndpointTest, ExpectContinueIsAnsweredOnceAndOnlyWhenTheHeadersPass
   EXPECT_EQ(status_of(final_answer), 200) << final_answer;
   EXPECT_EQ(count_of(final_answer, "100 Continue"), 0u)
       << "a second 100 Continue: " << final_answer;
-  EXPECT_EQ(sink.applied("filters"), std::vector<std::uint64_t>{3});
+  EXPECT_EQ(sink->applied("filters"), std::vector<std::uint64_t>{3});
 }
 
 // The README's command line, as written: curl sends the bundle as
@@ -1056,8 +1055,8 @@ TEST_F(UpdateEndpointTest, TheDocumentedCurlCommandPushesABundle) {
     EXPECT_TRUE(WIFEXITED(rc) && WEXITSTATUS(rc) == 0) << command << " -> " << rc << ": " << answer;
     EXPECT_EQ(json::parse(answer, nullptr, false).value("promoted", false), true) << answer;
   }
-  EXPECT_EQ(sink.applied("filters"), std::vector<std::uint64_t>{7});
-  EXPECT_EQ(sink.applied("big"), std::vector<std::uint64_t>{1});
+  EXPECT_EQ(sink->applied("filters"), std::vector<std::uint64_t>{7});
+  EXPECT_EQ(sink->applied("big"), std::vector<std::uint64_t>{1});
   // multipart is the one Content-Type refused: httplib would parse it as a form.
   const auto b = as_text(small);
   const auto multipart = raw_request_with(port(), "PUT /v1/modules/filters",
@@ -1163,7 +1162,7 @@ TEST_F(UpdateEndpointTest, TooManyConnectionsAre503AndTheServiceRecovers) {
   auto options = memory_only();
   options.max_connections = 3;
   start(options);
-  const auto before = sink.state();
+  const auto before = sink->state();
   std::vector<int> holders;
   for (int i = 0; i < 3; ++i) holders.push_back(connect_loopback(port()));
   ASSERT_TRUE(holds_connections(*endpoint, 3));
@@ -1177,7 +1176,7 @@ TEST_F(UpdateEndpointTest, TooManyConnectionsAre503AndTheServiceRecovers) {
   EXPECT_EQ(endpoint->stats().connections_refused, 1u);
   for (int fd : holders) ::close(fd);
   ASSERT_TRUE(holds_connections(*endpoint, 0));
-  EXPECT_EQ(sink.state(), before);
+  EXPECT_EQ(sink->state(), before);
   expect_still_serving();
   EXPECT_EQ(endpoint->stats().connections_refused, 1u);
 }
@@ -1212,7 +1211,7 @@ TEST_F(UpdateEndpointTest, ASlowClientIsCutOffAtTheRequestDeadline) {
   options.request_timeout = 1s;
   options.read_timeout = 500ms;
   start(options);
-  const auto before = sink.state();
+  const auto before = sink->state();
   // Slowloris: one byte every 100 ms, never waiting long enough for a read timeout.
   const int slow = connect_loopback(port());
   const auto began = std::chrono::steady_clock::now();
@@ -1240,7 +1239,7 @@ TEST_F(UpdateEndpointTest, ASlowClientIsCutOffAtTheRequestDeadline) {
   EXPECT_TRUE(closed);
   EXPECT_LT(held, 3s) << "the slow client held its worker past the request deadline";
   EXPECT_GE(held, 900ms);
-  EXPECT_EQ(sink.state(), before) << "the cut-off request changed the sink";
+  EXPECT_EQ(sink->state(), before) << "the cut-off request changed the sink";
   expect_still_serving();
 }
 
@@ -1273,7 +1272,7 @@ TEST_F(UpdateEndpointTest, ServesHttpsWithACertificate) {
   const auto r = client.Put("/v1/modules/filters", as_text(b), "application/octet-stream");
   ASSERT_TRUE(r) << httplib::to_string(r.error());
   EXPECT_EQ(r->status, 200) << r->body;
-  EXPECT_EQ(sink.current_version("filters"), 3u);
+  EXPECT_EQ(sink->current_version("filters"), 3u);
   // Plain HTTP to the TLS port gets no answer from the service.
   const auto plain = raw_request(port(), "GET", "/v1/modules");
   EXPECT_NE(status_of(plain), 200);
@@ -1299,7 +1298,7 @@ TEST_F(UpdateEndpointTest, HttpsTakesLargeBodiesAndKeepsTheConnection) {
     ASSERT_TRUE(status) << httplib::to_string(status.error());
     EXPECT_EQ(status->status, 200);
   }
-  EXPECT_EQ(sink.applied("big"), std::vector<std::uint64_t>{1});
+  EXPECT_EQ(sink->applied("big"), std::vector<std::uint64_t>{1});
   EXPECT_EQ(endpoint->stats().open_connections, 1u) << "one connection served all four";
 }
 
@@ -1413,17 +1412,17 @@ TEST_F(UpdateEndpointTest, LoadThousandPushesWithConcurrentQueriesAndRefusals) {
 
   std::vector<std::uint64_t> expected(versions);
   std::iota(expected.begin(), expected.end(), 1);
-  EXPECT_EQ(sink.applied("hot"), expected) << "versions lost, repeated or out of order";
+  EXPECT_EQ(sink->applied("hot"), expected) << "versions lost, repeated or out of order";
   EXPECT_EQ(pushes_ok, static_cast<int>(versions));
   EXPECT_EQ(pushes_replayed, static_cast<int>(versions));
   EXPECT_EQ(other_answers, 0);
-  EXPECT_EQ(sink.overlapping_calls(), 0) << "apply ran twice at once for one module";
+  EXPECT_EQ(sink->overlapping_calls(), 0) << "apply ran twice at once for one module";
   EXPECT_GT(queries, 0);
   EXPECT_EQ(bad_queries, 0);
   EXPECT_EQ(went_back, 0) << "a status query saw the current version go back";
   EXPECT_GT(refused_ok, 0);
   EXPECT_EQ(refused_wrong, 0);
-  EXPECT_EQ(sink.current_version("hot"), versions);
+  EXPECT_EQ(sink->current_version("hot"), versions);
   std::printf("load: %llu versions x 2 pushers, %d status queries, %d refused pushes in %.1f s\n",
               static_cast<unsigned long long>(versions), queries.load(), refused_ok.load(),
               took.count());
@@ -1496,13 +1495,13 @@ TEST_F(UpdateEndpointTest, UnverifiedRequestsWriteNothingIntoTheStatus) {
     EXPECT_EQ(filters["last_refusal"], nullptr)
         << "an unverified request wrote into the status: " << filters.dump().substr(0, 300);
   }
-  EXPECT_EQ(sink.current_version("filters"), 3u);
+  EXPECT_EQ(sink->current_version("filters"), 3u);
 }
 
 TEST_F(UpdateEndpointTest, VerifiedRefusalsAreKeptEscapedAndBounded) {
   start();
   const auto log = "\x1b[31mred\x1b[0m \xc3\xa9 back\\slash " + std::string(10000, 'x');
-  sink.hook = [&](const cubridge::verified_bundle& b) -> std::optional<sink_result> {
+  sink->hook = [&](const cubridge::verified_bundle& b) -> std::optional<sink_result> {
     if (b.version() == 4) return sink_result{sink_outcome::rejected, 3, log};
     return std::nullopt;
   };
@@ -1530,11 +1529,9 @@ class ReplayStateTest : public UpdateEndpointTest {
  protected:
   cubridge::testing::temp_dir dir;
   std::filesystem::path state_file = dir.path / "replay.json";
-  std::vector<std::unique_ptr<fake_sink>> lives;
+  std::vector<std::shared_ptr<fake_sink>> lives;
   std::chrono::sys_seconds clock_time =
       std::chrono::sys_days{std::chrono::year{2026} / 11 / 29} + std::chrono::hours{12};
-
-  ~ReplayStateTest() override { endpoint.reset(); }  // before the sinks it points to
 
   cubridge::update_endpoint_options with_state() const {
     auto options = memory_only();
@@ -1545,9 +1542,9 @@ class ReplayStateTest : public UpdateEndpointTest {
   // Stops the running endpoint (the service exits) and starts a new one over a new sink.
   void restart(cubridge::update_endpoint_options options) {
     endpoint.reset();
-    lives.push_back(std::make_unique<fake_sink>());
+    lives.push_back(std::make_shared<fake_sink>());
     options.keys.add(keys.public_key);
-    endpoint = std::make_unique<cubridge::update_endpoint>(*lives.back(), std::move(options));
+    endpoint = std::make_unique<cubridge::update_endpoint>(lives.back(), std::move(options));
     endpoint->start();
     ASSERT_TRUE(endpoint->running());
   }
@@ -1771,7 +1768,7 @@ TEST_F(SharedGateTest, TheEndpointUsesTheSharedGatesPolicyAndStartsIt) {
   endpoint = std::make_unique<cubridge::update_endpoint>(gate, memory_only());
   endpoint->start();
   EXPECT_EQ(push("filters", bundle("filters", 3)).status, 409);
-  EXPECT_EQ(sink.applied("filters"), std::vector<std::uint64_t>{3});
+  EXPECT_EQ(sink->applied("filters"), std::vector<std::uint64_t>{3});
 }
 
 TEST_F(SharedGateTest, PolicyOptionsTheSharedGateWouldIgnoreAreRefused) {
@@ -1877,9 +1874,9 @@ TEST_F(SharedGateTest, TwoDoorsRacingNeverTakeTheServingVersionDown) {
                                       ? http_status[i] == 409
                                       : d.outcome == cubridge::gate_outcome::refused &&
                                             d.reason == cubridge::gate_reason::older_version;
-    const auto applied = sink.applied(name(i));
-    if (sink.current_version(name(i)) != 6)
-      problem(i, "serves v" + std::to_string(sink.current_version(name(i))));
+    const auto applied = sink->applied(name(i));
+    if (sink->current_version(name(i)) != 6)
+      problem(i, "serves v" + std::to_string(sink->current_version(name(i))));
     if (!v6_applied) problem(i, "v6 was not applied");
     if (v5_applied) {
       ++v5_first;
@@ -1894,7 +1891,7 @@ TEST_F(SharedGateTest, TwoDoorsRacingNeverTakeTheServingVersionDown) {
   }
   EXPECT_TRUE(problems.empty()) << ::testing::PrintToString(problems);
   EXPECT_EQ(v5_first + v5_refused, trials);
-  EXPECT_EQ(sink.overlapping_calls(), 0) << "one lock per module for both doors";
+  EXPECT_EQ(sink->overlapping_calls(), 0) << "one lock per module for both doors";
 
   // Each version again through the door that did not send it: refused there too.
   problems.clear();
@@ -1916,7 +1913,7 @@ TEST_F(SharedGateTest, TwoDoorsRacingNeverTakeTheServingVersionDown) {
       if (d.outcome != cubridge::gate_outcome::duplicate)
         problem(i, "v6 through the gate: " + std::string(to_string(d.reason)));
     }
-    if (sink.current_version(name(i)) != 6) problem(i, "no longer serves v6");
+    if (sink->current_version(name(i)) != 6) problem(i, "no longer serves v6");
   }
   EXPECT_TRUE(problems.empty()) << ::testing::PrintToString(problems);
 }

@@ -20,6 +20,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <sys/stat.h>
@@ -37,7 +38,8 @@ class UpdateGateTest : public ::testing::Test {
  protected:
   cubridge::keypair keys = cubridge::generate_keypair();
   cubridge::keypair stranger = cubridge::generate_keypair();
-  cubridge::testing::memory_sink sink;
+  std::shared_ptr<cubridge::testing::memory_sink> sink =
+      std::make_shared<cubridge::testing::memory_sink>();
 
   cubridge::update_gate_options options() const {
     cubridge::update_gate_options o;
@@ -81,7 +83,7 @@ TEST_F(UpdateGateTest, AppliesANewerVersionAndRefusesTheSameOrAnOlderOne) {
   const auto older = gate.push(bundle(2));
   expect_refused(older, "older_version");
   EXPECT_EQ(older.highest_version, 3u);
-  EXPECT_EQ(sink.current_version("filters"), 3u);
+  EXPECT_EQ(sink->current_version("filters"), 3u);
   EXPECT_EQ(gate.highest_version("filters"), 3u);
 }
 
@@ -109,7 +111,7 @@ TEST_F(UpdateGateTest, UnverifiedBundlesAreRefusedWithTheirReasonAndNoteNothing)
     EXPECT_EQ(d.note, module_note::none) << reason;
     EXPECT_TRUE(d.module.empty()) << reason;
   }
-  EXPECT_EQ(sink.current_version("filters"), 0u);
+  EXPECT_EQ(sink->current_version("filters"), 0u);
   EXPECT_EQ(gate.highest_version("filters"), 0u);
   EXPECT_EQ(gate.push(bundle(3)).outcome, gate_outcome::applied);
 }
@@ -121,7 +123,7 @@ TEST_F(UpdateGateTest, RefusesAnotherDeviceOrAnotherName) {
   const auto named = gate.push(bundle(3), "other");
   expect_refused(named, "name_mismatch");
   EXPECT_EQ(named.note, module_note::if_present);
-  EXPECT_EQ(sink.current_version("filters"), 0u);
+  EXPECT_EQ(sink->current_version("filters"), 0u);
   EXPECT_EQ(gate.push(bundle(3), "filters").outcome, gate_outcome::applied);
 }
 
@@ -134,12 +136,12 @@ TEST_F(UpdateGateTest, TheReplayFloorSurvivesARestartWithAStateFile) {
     gate.start();
     ASSERT_EQ(gate.push(bundle(4)).outcome, gate_outcome::applied);
   }
-  cubridge::testing::memory_sink fresh;  // the service restarted empty
+  auto fresh = std::make_shared<cubridge::testing::memory_sink>();  // the service restarted empty
   cubridge::update_gate gate(fresh, o);
   gate.start();
   // v4 does not serve here, so it is no duplicate: a refused replay.
   expect_refused(gate.push(bundle(4)), "replayed_version");
-  EXPECT_EQ(fresh.current_version("filters"), 0u);
+  EXPECT_EQ(fresh->current_version("filters"), 0u);
   EXPECT_EQ(gate.push(bundle(5)).outcome, gate_outcome::applied);
 }
 
@@ -172,16 +174,16 @@ TEST_F(UpdateGateTest, AnApplyInterruptedByACrashIsResumedOnceAfterTheRestart) {
     EXPECT_NE(d.detail.find("resumes"), std::string::npos) << d.detail;
     EXPECT_EQ(d.previous_version, 3u);
     EXPECT_EQ(d.serving_version, 4u);
-    EXPECT_EQ(sink.current_version("filters"), 4u);
+    EXPECT_EQ(sink->current_version("filters"), 4u);
     // Settled: the same bundle again is a duplicate, the sink not called.
     expect_refused(gate.push(bundle(4)), "replayed_version", gate_outcome::duplicate);
   }
   // Settled in the file too: after another restart, served below it, v4 is a replay.
-  cubridge::testing::memory_sink fresh;
+  auto fresh = std::make_shared<cubridge::testing::memory_sink>();
   cubridge::update_gate gate(fresh, o);
   gate.start();
   expect_refused(gate.push(bundle(4)), "replayed_version");
-  EXPECT_EQ(fresh.current_version("filters"), 0u);
+  EXPECT_EQ(fresh->current_version("filters"), 0u);
 }
 
 TEST_F(UpdateGateTest, APendingVersionThatServesIsADuplicateAndSettled) {
@@ -199,7 +201,8 @@ TEST_F(UpdateGateTest, APendingVersionThatServesIsADuplicateAndSettled) {
     gate.start();
     expect_refused(gate.push(bundle(4)), "replayed_version", gate_outcome::duplicate);
   }
-  cubridge::testing::memory_sink fresh;  // known applied: not resumed on an empty service
+  auto fresh = std::make_shared<cubridge::testing::memory_sink>();  // known applied: not resumed on
+                                                                    // an empty service
   cubridge::update_gate gate(fresh, o);
   gate.start();
   expect_refused(gate.push(bundle(4)), "replayed_version");
@@ -221,11 +224,11 @@ TEST_F(UpdateGateTest, ASignedRollbackSettlesAPendingVersion) {
   const auto back = gate.rollback(cubridge::sign_rollback_request("filters", 3, keys.secret_key));
   ASSERT_EQ(back.outcome, gate_outcome::rolled_back)
       << to_string(back.reason) << ": " << back.detail;
-  EXPECT_EQ(sink.current_version("filters"), 2u);
+  EXPECT_EQ(sink->current_version("filters"), 2u);
   // The operator went back: neither the rolled-back v3 nor the unsettled v4 comes again.
   expect_refused(gate.push(bundle(3)), "older_version");
   expect_refused(gate.push(bundle(4)), "replayed_version");
-  EXPECT_EQ(sink.current_version("filters"), 2u);
+  EXPECT_EQ(sink->current_version("filters"), 2u);
 }
 
 TEST_F(UpdateGateTest, AVersionFloorAtAPendingVersionRefusesIt) {
@@ -237,7 +240,7 @@ TEST_F(UpdateGateTest, AVersionFloorAtAPendingVersionRefusesIt) {
   cubridge::update_gate gate(sink, o);
   gate.start();
   expect_refused(gate.push(bundle(4)), "replayed_version");
-  EXPECT_EQ(sink.current_version("filters"), 0u);
+  EXPECT_EQ(sink->current_version("filters"), 0u);
 }
 
 TEST_F(UpdateGateTest, ASignedRollbackIsHonouredOnce) {
@@ -254,11 +257,11 @@ TEST_F(UpdateGateTest, ASignedRollbackIsHonouredOnce) {
   ASSERT_EQ(d.outcome, gate_outcome::rolled_back) << to_string(d.reason) << ": " << d.detail;
   EXPECT_EQ(d.version, 2u);
   EXPECT_EQ(d.previous_version, 3u);
-  EXPECT_EQ(sink.current_version("filters"), 2u);
+  EXPECT_EQ(sink->current_version("filters"), 2u);
   expect_refused(gate.rollback(request), "replayed_request");
   // v3 served: it stays the floor after the rollback.
   expect_refused(gate.push(bundle(3)), "replayed_version");
-  EXPECT_EQ(sink.current_version("filters"), 2u);
+  EXPECT_EQ(sink->current_version("filters"), 2u);
 }
 
 TEST_F(UpdateGateTest, ARollbackOfAnUnknownModuleIsRefusedWithoutANote) {
@@ -304,12 +307,13 @@ TEST_F(UpdateGateTest, WithoutAStateFileTheStateIsPersistedInTheDefaultDirectory
   ASSERT_EQ(::stat(state_dir.c_str(), &status), 0);
   EXPECT_EQ(status.st_mode & 0777, 0700u);
 
-  cubridge::testing::memory_sink fresh;  // restarted, serving nothing: v4 is still a replay
+  auto fresh = std::make_shared<cubridge::testing::memory_sink>();  // restarted, serving nothing:
+                                                                    // v4 is still a replay
   const auto gate = cubridge::update_gate::create(fresh, o);
   gate->start();
   expect_refused(gate->push(bundle(4)), "replayed_version");
   expect_refused(gate->push(bundle(3)), "older_version");
-  EXPECT_EQ(fresh.current_version("filters"), 0u);
+  EXPECT_EQ(fresh->current_version("filters"), 0u);
   EXPECT_EQ(gate->push(bundle(5)).outcome, gate_outcome::applied);
 }
 
@@ -338,7 +342,7 @@ TEST_F(UpdateGateTest, NothingIsDecidedBeforeStart) {
   expect_refused(d, "not_started", gate_outcome::failed);
   expect_refused(gate.rollback(cubridge::sign_rollback_request("filters", 3, keys.secret_key)),
                  "not_started", gate_outcome::failed);
-  EXPECT_EQ(sink.applies.load(), 0);
+  EXPECT_EQ(sink->applies.load(), 0);
   gate.start();
   EXPECT_EQ(gate.push(bundle(3)).outcome, gate_outcome::applied);
 }
@@ -372,7 +376,7 @@ TEST_F(UpdateGateTest, OneGatePerStateFileAcrossProcesses) {
   if (child == 0) {  // another service on the same file
     int code = 1;
     try {
-      cubridge::testing::memory_sink other;
+      auto other = std::make_shared<cubridge::testing::memory_sink>();
       cubridge::update_gate theirs(other, o);
       theirs.start();
     } catch (const cubridge::update_state_error& e) {
@@ -411,6 +415,18 @@ TEST_F(UpdateGateTest, StartIsIdempotentAndThreadSafe) {
   gate->start();  // later calls change nothing: the state is not loaded again over it
   EXPECT_EQ(gate->highest_version("filters"), 3u);
   expect_refused(gate->push(bundle(2)), "older_version");
+}
+
+// The gate holds its sink: the service's pointer may go first, and the gate still applies
+// into it; a gate over no sink is refused when it is made, not when a push arrives.
+TEST_F(UpdateGateTest, HoldsItsSinkAndRefusesNone) {
+  const std::weak_ptr<cubridge::module_sink> watched = sink;
+  const auto gate = cubridge::update_gate::create(std::exchange(sink, nullptr), options());
+  gate->start();
+  ASSERT_FALSE(watched.expired());
+  EXPECT_EQ(gate->push(bundle(3)).outcome, gate_outcome::applied);
+  EXPECT_EQ(gate->sink().current_version("filters"), 3u);
+  EXPECT_THROW((void)cubridge::update_gate::create(nullptr, options()), cubridge::error);
 }
 
 TEST(UpdateStateReason, LockedHasItsName) {

@@ -16,6 +16,7 @@
 
 #include <optional>
 #include <string>
+#include <utility>
 
 namespace {
 
@@ -27,11 +28,11 @@ class HotModuleSink : public cubridge::testing::hot_module_fixture {
     hot_module_fixture::SetUp();
     if (IsSkipped() || HasFatalFailure()) return;
     // Its first image is bundle version 1: recorded in the module's chain, read by the sink.
-    hot_.emplace(cubridge::hot_module::load(*ctx_, "versions", hot_image("v1"),
-                                            {.origin = {.bundle_version = 1}}));
+    hot_.emplace(
+        cubridge::hot_module::load(*ctx_, "versions", hot_image("v1"), {.origin = {.label = 1}}));
     cubridge::compile_options compile;
     compile.defines["VERSION"] = "7";
-    sink_.emplace(compile);
+    sink_ = std::make_shared<cubridge::hot_module_sink>(compile);
     sink_->add(*hot_);
   }
   std::string signed_bundle(std::uint64_t version, const std::vector<std::byte>& payload) {
@@ -46,7 +47,7 @@ class HotModuleSink : public cubridge::testing::hot_module_fixture {
                                    {keys_.public_key});
   }
   cubridge::keypair keys_ = cubridge::generate_keypair();
-  std::optional<cubridge::hot_module_sink> sink_;
+  std::shared_ptr<cubridge::hot_module_sink> sink_;
 };
 
 TEST_F(HotModuleSink, AppliesCubinAndSourceRefusesBrokenAndRollsBack) {
@@ -91,7 +92,7 @@ TEST_F(HotModuleSink, PushedOverHttpServesOnTheNextLaunch) {
   options.keys.add(keys_.public_key);
   options.persist_state = false;  // each test's modules start fresh
   options.serve_metrics = true;
-  cubridge::update_endpoint endpoint(*sink_, options);
+  cubridge::update_endpoint endpoint(sink_, options);
   endpoint.start();
   httplib::Client client("127.0.0.1", endpoint.port());
   cubridge::bundle_manifest_input in{"versions", 2, "sm_90", cubridge::payload_kind::cubin};
@@ -120,6 +121,29 @@ TEST_F(HotModuleSink, PushedOverHttpServesOnTheNextLaunch) {
     EXPECT_NE(metrics->body.find(line), std::string::npos) << line << " in\n" << metrics->body;
 }
 
+// The endpoint holds its gate, the gate its sink, the sink a handle of its module: the
+// service's own handles of the module and the sink may go first, and pushes still apply.
+TEST_F(HotModuleSink, TheEndpointKeepsItsSinkAndItsModuleAlive) {
+  const auto kernel = hot_->get_kernel("write_version");
+  cubridge::update_endpoint_options options;
+  options.keys.add(keys_.public_key);
+  options.persist_state = false;  // each test's modules start fresh
+  cubridge::update_endpoint endpoint(std::exchange(sink_, nullptr), options);
+  hot_.reset();  // the service's handle of the module, gone before the endpoint
+  endpoint.start();
+  httplib::Client client("127.0.0.1", endpoint.port());
+  cubridge::bundle_manifest_input in{"versions", 2, "sm_90", cubridge::payload_kind::cubin};
+  const auto b = cubridge::sign_bundle(in, hot_image("v2"), keys_.secret_key);
+  const auto r = client.Put("/v1/modules/versions",
+                            std::string(reinterpret_cast<const char*>(b.data()), b.size()),
+                            "application/octet-stream");
+  ASSERT_TRUE(r) << httplib::to_string(r.error());
+  EXPECT_EQ(r->status, 200) << r->body;
+  (void)kernel.launch({.block = {256}, .stream = *stream_}, out_->span());
+  EXPECT_EQ(cubridge::driver::api().cuCtxSynchronize(), CUDA_SUCCESS);
+  EXPECT_EQ(cubridge::testing::read_back(*out_, 255), 2u) << "the pushed version serves";
+}
+
 // Issue 12, the test as the issue states it: promote directly (no endpoint), then push an older
 // bundle (refused, 409), then roll back through the endpoint, then read the status: every answer
 // comes from the module's version chain, so all of them agree.
@@ -128,15 +152,15 @@ TEST_F(HotModuleSink, DirectPromoteThenOlderPushRefusedThenEndpointRollbackThenC
   cubridge::update_endpoint_options options;
   options.keys.add(keys_.public_key);
   options.persist_state = false;  // each test's modules start fresh
-  cubridge::update_endpoint endpoint(*sink_, options);
+  cubridge::update_endpoint endpoint(sink_, options);
   endpoint.start();
   httplib::Client client("127.0.0.1", endpoint.port());
   client.set_read_timeout(30, 0);
 
   // 1. A direct promote, past the sink and the endpoint: the v2 image as bundle version 7.
-  auto staged = hot_->stage(hot_image("v2"),
-                            {.source_name = "by hand", .bundle_version = 7, .key_id = "0123abcd"});
-  EXPECT_EQ(staged.origin().bundle_version, 7u);
+  auto staged =
+      hot_->stage(hot_image("v2"), {.source_name = "by hand", .label = 7, .signer = "0123abcd"});
+  EXPECT_EQ(staged.origin().label, 7u);
   EXPECT_EQ(staged.origin().source, "by hand");
   const auto promoted_id = hot_->promote(std::move(staged));
   EXPECT_EQ(promoted_id, 2u);
@@ -186,12 +210,12 @@ TEST_F(HotModuleSink, DirectPromoteThenOlderPushRefusedThenEndpointRollbackThenC
 
   const auto held = hot_->versions();
   EXPECT_EQ(held.serving.id, 1u);
-  EXPECT_EQ(held.serving.origin.bundle_version, 1u);
+  EXPECT_EQ(held.serving.origin.label, 1u);
   EXPECT_EQ(held.serving.origin.source, "load");
   ASSERT_TRUE(held.rollback_target.has_value());
   EXPECT_EQ(held.rollback_target->id, promoted_id);
-  EXPECT_EQ(held.rollback_target->origin.bundle_version, 7u);
-  EXPECT_EQ(held.rollback_target->origin.key_id, "0123abcd");
+  EXPECT_EQ(held.rollback_target->origin.label, 7u);
+  EXPECT_EQ(held.rollback_target->origin.signer, "0123abcd");
   EXPECT_EQ(hot_->stats().current_id, 1u);
 
   // The floor stays at v7 after the rollback below it; a newer push is applied on top.
@@ -206,9 +230,9 @@ TEST_F(HotModuleSink, DirectPromoteThenOlderPushRefusedThenEndpointRollbackThenC
   EXPECT_EQ(run_write_version(), 2u);
   EXPECT_EQ(sink_->current_version("versions"), 8u);
   const auto after = hot_->versions();
-  EXPECT_EQ(after.serving.origin.bundle_version, 8u);
-  EXPECT_EQ(after.serving.origin.key_id, cubridge::to_hex(keys_.public_key.id()));
-  EXPECT_EQ(after.rollback_target->origin.bundle_version, 1u);
+  EXPECT_EQ(after.serving.origin.label, 8u);
+  EXPECT_EQ(after.serving.origin.signer, cubridge::to_hex(keys_.public_key.id()));
+  EXPECT_EQ(after.rollback_target->origin.label, 1u);
 }
 
 // Issue 16: a group (three contexts: on one GPU here; one per device on a node) behind the
@@ -220,11 +244,11 @@ TEST_F(HotModuleSink, AGroupTakesAPushOnEveryMemberOrOnNone) {
   for (int i = 0; i < 3; ++i)
     contexts.push_back(cubridge::context::create(cubridge::device::get(0)));
   for (auto& c : contexts) args.emplace_back(c);
-  auto group = cubridge::hot_module_group::load("grouped", args, hot_image("v1"),
-                                                {.origin = {.bundle_version = 1}});
-  cubridge::hot_module_sink sink;
-  sink.add(group);
-  EXPECT_THROW(sink.add(group), cubridge::error);  // a name once
+  auto group =
+      cubridge::hot_module_group::load("grouped", args, hot_image("v1"), {.origin = {.label = 1}});
+  auto sink = std::make_shared<cubridge::hot_module_sink>();
+  sink->add(group);
+  EXPECT_THROW(sink->add(group), cubridge::error);  // a name once
   auto serving_everywhere = [&] {
     std::vector<unsigned> written;
     auto k = group.get_kernel("write_version");
@@ -261,14 +285,14 @@ TEST_F(HotModuleSink, AGroupTakesAPushOnEveryMemberOrOnNone) {
   EXPECT_EQ(r->status, 422) << r->body;
   EXPECT_NE(r->body.find("member"), std::string::npos) << r->body;
   EXPECT_EQ(serving_everywhere(), (std::vector<unsigned>{2, 2, 2}));
-  EXPECT_EQ(sink.current_version("grouped"), 2u);
+  EXPECT_EQ(sink->current_version("grouped"), 2u);
   const auto rollback =
       client.Post("/v1/modules/grouped/rollback",
                   cubridge::sign_rollback_request("grouped", 2, keys_.secret_key), "text/plain");
   ASSERT_TRUE(rollback);
   EXPECT_EQ(rollback->status, 200) << rollback->body;
   EXPECT_EQ(serving_everywhere(), (std::vector<unsigned>{1, 1, 1}));
-  const auto status = sink.status();
+  const auto status = sink->status();
   ASSERT_EQ(status.size(), 1u);
   EXPECT_EQ(status[0].current_version, 1u);
   EXPECT_EQ(status[0].versions_held, (std::vector<std::uint64_t>{2, 1}));
@@ -277,7 +301,7 @@ TEST_F(HotModuleSink, AGroupTakesAPushOnEveryMemberOrOnNone) {
   EXPECT_EQ(status[0].counters->rollbacks, 1u);
   EXPECT_EQ(status[0].counters->rejected, 1u);
   for (std::size_t i = 0; i < group.size(); ++i)
-    EXPECT_EQ(group.member(i).versions().serving.origin.bundle_version, 1u) << "member " << i;
+    EXPECT_EQ(group.member(i).versions().serving.origin.label, 1u) << "member " << i;
 }
 
 }  // namespace

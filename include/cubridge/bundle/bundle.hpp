@@ -44,6 +44,7 @@ enum class bundle_reason {
   payload_mismatch,       ///< payload size or SHA-256 differ from the manifest
   payload_kind_mismatch,  ///< payload is not what the manifest's kind says (per inspect_image)
   target_mismatch,        ///< the image has no code that runs on the manifest's target
+  wrong_device,           ///< it does not run on the receiver's device (verify_limits::device)
   bad_key,                ///< a key in text form could not be parsed
 };
 
@@ -205,6 +206,13 @@ struct verify_limits {
   bool require_expiry = false;
   /// Refuse (bundle_reason::expired) bundles whose `created` is more than this before `now`.
   std::optional<std::chrono::seconds> max_age;
+  /// The compute capability of the device that will load the payload ({9, 0} for an H200), so
+  /// that "does this image run here?" is answered once, here: a cubin or fatbin must have code
+  /// that runs on it (can_run_on), CUDA source (compiled by the receiver for exactly this
+  /// device) must target its numbers; else bundle_reason::wrong_device. The image_info
+  /// returned records it (image_info::checked_for), so loading it does not decide it again.
+  /// nullopt: only the signed target is checked.
+  std::optional<compute_capability> device;
 };
 
 /// A bundle that passed every check of verify_bundle.
@@ -233,8 +241,9 @@ struct verified_bundle {
 /// schema (a NUL byte or invalid UTF-8 anywhere in the manifest: malformed_manifest), key id
 /// trusted, signature (all-zero: unsigned_bundle), expiry against `limits.now` (expired: now at
 /// or past `expires`, older than `max_age`, none where required), payload size and SHA-256,
-/// payload kind (inspect_image for cubin and fatbin; no NUL bytes for cuda_source) and target
-/// (the image must run on the manifest's target, see can_run_on).
+/// payload kind (inspect_image for cubin and fatbin; no NUL bytes for cuda_source), target
+/// (the image must run on the manifest's target, see can_run_on) and, with `limits.device`,
+/// the receiver's device (wrong_device; the returned image's checked_for is that device).
 /// Throws cubridge::bundle_error; nothing else for any input.
 [[nodiscard]] verified_bundle verify_bundle(std::span<const std::byte> bytes,
                                             const trusted_keys& keys,

@@ -98,6 +98,11 @@ struct image_info {
   /// cubin and PTX entry, compressed (LZ4, zstd) or not, is read or refused with an image_error,
   /// so as built this is always true; kept for callers that check it.
   bool kernels_complete = true;
+  /// The device compute capability this image was found to run on by a check on the way here
+  /// (check_runs_on; verify_bundle with verify_limits::device), so that "does it run here?" is
+  /// decided once: require_runs_on, and so module::load and library::load, answer a repeat
+  /// for the same numbers with one compare. nullopt: not checked. Set only by such a check.
+  std::optional<compute_capability> checked_for;
 
   /// The kernel named `name`, or nullptr.
   [[nodiscard]] const image_kernel* find_kernel(std::string_view name) const noexcept;
@@ -136,7 +141,14 @@ struct image_info {
 /// of which runs on a device of sm_86 (compute capability 8.6)".
 /// Throws cubridge::error (errc::precondition) unless 1 <= device.major <= 99 and
 /// 0 <= device.minor <= 9.
+/// Nothing to do, too, when image.checked_for has the numbers of `device`: a check on the way
+/// here decided it.
 void require_runs_on(const image_info& image, compute_capability device, std::string_view what);
+
+/// As require_runs_on, then records `device` in image.checked_for, so that a later check for the
+/// same device (module::load of this image and info) is one compare. @throws as require_runs_on;
+/// image.checked_for is unchanged when it throws.
+void check_runs_on(image_info& image, compute_capability device, std::string_view what);
 
 namespace detail {
 /// Test seam: how many times inspect_image has run in this process (inspect_image_file

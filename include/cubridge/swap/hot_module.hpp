@@ -84,7 +84,7 @@ class staged_version {
     return *this;
   }
   [[nodiscard]] const module& loaded() const noexcept { return version_.loaded; }
-  /// Where it came from (stage_options::bundle_version, key_id, source_name; the stage time).
+  /// Where it came from (stage_options::label, signer, source_name; the stage time).
   /// The chain keeps it with the version once promoted (hot_module::versions()).
   [[nodiscard]] const version_origin& origin() const noexcept { return origin_; }
 
@@ -113,11 +113,11 @@ struct stage_options {
   std::function<void(const module&)> smoke_test;
   /// Name for messages (e.g. the file it came from); the version's origin().source.
   std::string source_name;
-  /// The signed bundle version this image came from (origin().bundle_version); 0: none. The
-  /// update endpoint's sink (hot_module_sink.hpp) sets it and reads it back from the chain.
-  std::uint64_t bundle_version = 0;
-  /// The signing key's id in hex (origin().key_id); empty when not from a bundle.
-  std::string key_id;
+  /// The version's label (origin().label); 0: none. The update layer's sink
+  /// (hot_module_sink.hpp) sets the signed bundle version and reads it back from the chain.
+  std::uint64_t label = 0;
+  /// Who vouched for the code (origin().signer); the sink sets the signing key's id in hex.
+  std::string signer;
   /// `__device__` variables whose contents promote() copies from the serving version into this
   /// one just before the switch (counters, tables). Each must exist in both with the same size.
   std::vector<std::string> carry_globals;
@@ -126,7 +126,7 @@ struct stage_options {
 /// Counters for reports.
 struct hot_module_stats {
   /// The serving version's chain id (1 for the loaded one, +1 per promote; a rollback returns
-  /// to an older id). Not a bundle version: that is versions().serving.origin.bundle_version.
+  /// to an older id). Not a label: that is versions().serving.origin.label.
   std::uint64_t current_id = 0;
   /// Switches to another version: promote() and rollback() calls that switched.
   std::uint64_t promotions = 0;
@@ -156,7 +156,7 @@ struct hot_module_options {
   /// version's lock); reading stats() is fine. After a failure the background thread retries
   /// every 100 ms, not 1 ms.
   std::function<void(const std::string& message)> on_reclaim_failure;
-  /// Where the first version came from, e.g. {.bundle_version = 1} when its image is bundle
+  /// Where the first version came from, e.g. {.label = 1} when its image is bundle
   /// version 1 (the update endpoint then refuses pushes of version 1 or below). An empty source
   /// becomes "load"; an unset staged_at, the load time.
   version_origin origin;
@@ -189,9 +189,12 @@ class pinned_version {
   std::uint64_t module_serial_;  // the hot module it pins a version of
 };
 
-/// Owning, move-only versioned module. Thread-safe: launches, stage, promote and rollback may run
-/// on any threads at once. Every member of a moved-from hot_module throws error
-/// (errc::precondition); its hot_kernels keep working.
+/// A versioned module, held by shared handle: copies name the same module (as its hot_kernels
+/// do), and it is unloaded when the last handle and the last hot_kernel of it are gone. So what
+/// serves updates into it (hot_module_sink, hot_reloader) keeps a copy and cannot outlive it.
+/// Thread-safe: launches, stage, promote and rollback may run on any threads at once, through
+/// any copy. Every member of a moved-from hot_module throws error (errc::precondition); its
+/// hot_kernels and the other copies keep working.
 class hot_module {
  public:
   /// Loads the first version into `ctx`. Its kernels (from the image, see image.hpp) define the
@@ -200,6 +203,8 @@ class hot_module {
                                        std::span<const std::byte> image,
                                        hot_module_options options = {});
 
+  hot_module(const hot_module&) noexcept = default;
+  hot_module& operator=(const hot_module&) noexcept = default;
   hot_module(hot_module&&) noexcept = default;
   hot_module& operator=(hot_module&&) noexcept = default;
   ~hot_module();

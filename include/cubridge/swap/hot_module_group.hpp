@@ -91,9 +91,11 @@ struct hot_module_group_stats {
 
 class group_kernel;
 
-/// Owning, move-only hot module over several devices. Thread-safe as hot_module: launches, stage,
-/// promote, rollback and pin may run on any threads at once. Every member of a moved-from group
-/// throws error (errc::precondition); its group_kernels keep working.
+/// A hot module over several devices, held by shared handle as hot_module is: copies name the
+/// same group, which lives while a handle or a group_kernel of it does. Thread-safe as
+/// hot_module: launches, stage, promote, rollback and pin may run on any threads at once. Every
+/// member of a moved-from group throws error (errc::precondition); its group_kernels and the
+/// other copies keep working.
 class hot_module_group {
  public:
   /// Loads the first version on every context: `images[i]` into `contexts[i]` (each built for
@@ -110,6 +112,8 @@ class hot_module_group {
                                              std::span<const std::byte> image,
                                              const hot_module_options& options = {});
 
+  hot_module_group(const hot_module_group&) noexcept = default;
+  hot_module_group& operator=(const hot_module_group&) noexcept = default;
   hot_module_group(hot_module_group&&) noexcept = default;
   hot_module_group& operator=(hot_module_group&&) noexcept = default;
   ~hot_module_group();

@@ -39,9 +39,10 @@ class hot_reloader {
  public:
   struct options {
     std::chrono::milliseconds debounce{200};
-    compile_options compile;         ///< for .cu files; architecture is set from the device
-    compile_cache* cache = nullptr;  ///< optional; must outlive the reloader
-    /// Smoke test etc.; source_name is set to the file, bundle_version to 0 and key_id to
+    compile_options compile;  ///< for .cu files; architecture is set from the device
+    /// Optional; shared with the reloader, which keeps it while it watches.
+    std::shared_ptr<compile_cache> cache;
+    /// Smoke test etc.; source_name is set to the file, label to 0 and signer to
     /// empty (a dropped file is no signed bundle): the chain records the version's origin as
     /// that file, and the update endpoint sees it as serving no bundle version.
     stage_options stage;
@@ -50,9 +51,10 @@ class hot_reloader {
     std::function<void(const std::filesystem::path&, std::exception_ptr)> on_refused;
   };
 
-  /// Starts watching. `target` must outlive the reloader. @throws error (errc::io) if the
+  /// Starts watching, holding a handle of `target` (hot_module is a shared handle) until it is
+  /// destroyed. @throws error (errc::io) if the
   /// directory cannot be watched.
-  hot_reloader(hot_module& target, std::filesystem::path directory, options opts);
+  hot_reloader(hot_module target, std::filesystem::path directory, options opts);
   ~hot_reloader();
   hot_reloader(const hot_reloader&) = delete;
   hot_reloader& operator=(const hot_reloader&) = delete;

@@ -41,13 +41,15 @@
 namespace cubridge {
 
 /// Where a version came from. Versions promoted by a watched directory or by hand carry no
-/// bundle version (0); the update endpoint's sink stages each bundle with its signed version
-/// and key.
+/// label (0) and no signer; the update layer's sink (hot_module_sink.hpp) stages each bundle
+/// with its signed version as the label and its signing key as the signer.
 struct version_origin {
-  /// The signed bundle's version; 0 when the version did not come from a bundle.
-  std::uint64_t bundle_version = 0;
-  /// The signing key's id in hex (to_hex(key_id), bundle.hpp); empty when not from a bundle.
-  std::string key_id;
+  /// A number its promoter gives the version, to tell versions apart across restarts (the
+  /// update layer: the signed bundle's version); 0: none.
+  std::uint64_t label = 0;
+  /// Who vouched for the code, in words (the update layer: the signing key's id in hex); empty
+  /// when nobody did.
+  std::string signer;
   /// Where the code came from, in words: a file, "bundle v7", "load".
   std::string source;
   /// When it was staged (loaded and validated); the epoch when unknown.

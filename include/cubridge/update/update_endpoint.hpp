@@ -166,9 +166,9 @@ struct update_endpoint_stats {
 /// The update endpoint. Not copyable or movable (its threads point into it).
 class update_endpoint {
  public:
-  /// Prepares an endpoint over `sink`, which must outlive it, with a gate of its own made from
+  /// Prepares an endpoint over `sink`, which its gate holds, with a gate of its own made from
   /// options.gate_options() (update_gate::create). Listens on nothing yet.
-  update_endpoint(module_sink& sink, update_endpoint_options options);
+  update_endpoint(std::shared_ptr<module_sink> sink, update_endpoint_options options);
   /// Prepares an endpoint over a node's shared gate (the fleet agent may hold the same one):
   /// the gate's sink and policy serve; of `options` only the transport fields and
   /// serve_metrics count (max_body_bytes still bounds a body before the gate sees it). Listens

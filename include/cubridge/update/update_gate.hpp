@@ -122,12 +122,13 @@ struct gate_decision {
 /// destruction: one gate per file, across processes and within one.
 class update_gate {
  public:
-  /// A gate over `sink`, which must outlive it, to share between the doors of a node (the
-  /// update endpoint, the fleet agent). Reads nothing yet: see start().
-  [[nodiscard]] static std::shared_ptr<update_gate> create(module_sink& sink,
+  /// A gate over `sink`, which it holds, to share between the doors of a node (the update
+  /// endpoint, the fleet agent). Reads nothing yet: see start(). @throws error
+  /// (errc::precondition) when `sink` is null.
+  [[nodiscard]] static std::shared_ptr<update_gate> create(std::shared_ptr<module_sink> sink,
                                                            update_gate_options options);
   /// As create(), for a gate owned otherwise.
-  update_gate(module_sink& sink, update_gate_options options);
+  update_gate(std::shared_ptr<module_sink> sink, update_gate_options options);
   update_gate(const update_gate&) = delete;
   update_gate& operator=(const update_gate&) = delete;
   /// Releases the state file's lock.

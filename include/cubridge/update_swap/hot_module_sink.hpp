@@ -6,14 +6,20 @@
 // device (build_machine_code, machine_code.hpp), so the driver never JITs in the service.
 //
 // The sink keeps no versions of its own: each pushed version is staged with the bundle's version
-// and key (stage_options::bundle_version, key_id), and which bundle version serves, and which one
-// a rollback returns to, is read from the module's chain (hot_module::versions()). A version
-// promoted some other way (a hot_reloader, a direct promote() or rollback()) is seen as it is.
+// as its label and the signing key's id as its signer (stage_options::label, signer: the swap
+// layer's words for them), and which bundle version serves, and which one a rollback returns
+// to, is read from the module's chain (hot_module::versions()). A version promoted some other
+// way (a hot_reloader, a direct promote() or rollback()) is seen as it is, with label 0 (no
+// bundle version) unless its promoter gave one.
+//
+// The sink holds a handle of every module it serves (hot_module is a shared handle), and the
+// gate and endpoint over it hold the sink by shared pointer: no destruction order can leave one
+// pointing at something gone.
 //
 //   auto filters = cubridge::hot_module::load(ctx, "filters", v1_cubin,
-//                                             {.origin = {.bundle_version = 1}});
-//   cubridge::hot_module_sink sink;
-//   sink.add(filters);                               // serves bundle version 1
+//                                             {.origin = {.label = 1}});
+//   auto sink = std::make_shared<cubridge::hot_module_sink>();
+//   sink->add(filters);                              // serves bundle version 1
 //   cubridge::update_endpoint endpoint(sink, options);
 //   endpoint.start();
 
@@ -43,24 +49,24 @@ class hot_module_sink final : public module_sink {
   explicit hot_module_sink(compile_options compile = {});
   ~hot_module_sink() override;
 
-  /// Serves updates for `module` (which must outlive the sink). Its serving version's bundle
-  /// version is the one its chain records (hot_module_options::origin at load; 0: none, any
-  /// version is accepted). `stage` is used for each new version (smoke test, carried globals;
-  /// its bundle_version and key_id are set per bundle). All modules must be on devices of one
+  /// Serves updates for `module`, keeping a handle of it. Its serving version's bundle version
+  /// is the label its chain records (hot_module_options::origin at load; 0: none, any version
+  /// is accepted). `stage` is used for each new version (smoke test, carried globals; its label
+  /// and signer are set per bundle). All modules must be on devices of one
   /// compute capability. @throws error (errc::precondition) for a name already added or a
   /// module on a device of another compute capability; error when the device cannot be queried.
-  void add(hot_module& module, stage_options stage = {});
-  /// Serves updates for `group` (which must outlive the sink) under the group's name: a pushed
+  void add(hot_module module, stage_options stage = {});
+  /// Serves updates for `group`, keeping a handle of it, under the group's name: a pushed
   /// version is staged on every member and promoted on all at once, or refused on all
   /// (hot_module_group::stage, promote); a rollback returns every member. Its members must be
   /// on devices of one compute capability, that of the sink's other modules. @throws as
   /// add(module, stage); error (errc::precondition) for members on devices of several compute
   /// capabilities.
-  void add(hot_module_group& group, stage_options stage = {});
+  void add(hot_module_group group, stage_options stage = {});
 
   /// The compute capability of the modules' device; nullopt before add().
   [[nodiscard]] std::optional<compute_capability> device_capability() const override;
-  /// The serving version's origin().bundle_version, from the module's chain.
+  /// The serving version's origin().label (its bundle version), from the module's chain.
   [[nodiscard]] std::uint64_t current_version(std::string_view name) const override;
   /// Compiles (cuda_source), stages with the bundle's version and key, and promotes. Outcomes:
   /// done; unknown_module for a name not added; rejected with the compiler's log or the

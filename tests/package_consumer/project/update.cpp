@@ -7,6 +7,7 @@
 #include <cubridge/update/update_endpoint.hpp>
 
 #include <cstdio>
+#include <memory>
 
 namespace {
 
@@ -36,7 +37,7 @@ int main() {
     std::printf("cubridge consumer update: the rollback request changed on the way\n");
     return 1;
   }
-  empty_sink sink;
+  const auto sink = std::make_shared<empty_sink>();
   cubridge::update_endpoint_options options;
   options.keys = trusted;
   options.threads = 1;
