@@ -98,19 +98,19 @@ void throw_runtime_error(cudaError_t result, const char* call, std::string invol
 }  // namespace detail
 }  // namespace cubridge
 
+#include <cassert>
 #include <cstdio>
 
 namespace cubridge::detail {
 void report_release_failure(CUresult result, const char* call) noexcept {
   if (result == CUDA_ERROR_DEINITIALIZED || result == CUDA_ERROR_CONTEXT_IS_DESTROYED) return;
-#ifndef NDEBUG
   try {
     std::fprintf(stderr, "cubridge: %s failed in a destructor: %s\n", call,
                  driver_error_name(result).c_str());
   } catch (...) {
   }
-#else
-  (void)call;
-#endif
+  // Debug builds stop here, as RMM's RMM_ASSERT_CUDA_SUCCESS_SAFE_SHUTDOWN does: a release that
+  // fails is a bug (a double free, a handle of another context) that Release only reports.
+  assert(false && "a CUDA release failed in a destructor (see the line above)");
 }
 }  // namespace cubridge::detail
