@@ -1,4 +1,5 @@
 #include <cubridge/core/detail/check.hpp>
+#include <cubridge/core/detail/owning_handle.hpp>
 #include <cubridge/core/driver.hpp>
 #include <cubridge/core/error.hpp>
 
@@ -93,6 +94,13 @@ void throw_runtime_error(cudaError_t result, const char* call, std::string invol
                          std::source_location where) {
   throw error(error_source::runtime, result, cudaGetErrorName(result), cudaGetErrorString(result),
               call, std::move(involved), where);
+}
+
+void throw_moved_from(std::string_view type, std::string_view consequence) {
+  std::string involved(type);
+  involved += " was moved from or released: it holds no handle any more";
+  if (!consequence.empty()) involved += " (" + std::string(consequence) + ")";
+  throw_errc(errc::precondition, std::string(type), std::move(involved));
 }
 
 }  // namespace detail
