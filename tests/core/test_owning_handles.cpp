@@ -82,13 +82,14 @@ struct stream_subject {
     CUBRIDGE_ASSERT_CU(cu().cuStreamDestroy(raw));
   }
   static accessor_list<type> accessors() {
-    return {{"get", [](const type& s) { (void)s.get(); }},
-            {"runtime_handle", [](const type& s) { (void)s.runtime_handle(); }},
-            {"context", [](const type& s) { (void)s.context(); }},
-            {"synchronize", [](const type& s) { s.synchronize(); }},
-            {"ready", [](const type& s) { (void)s.ready(); }},
-            {"wait", [](const type& s) { s.wait(cubridge::event_ref::from_native(fake<CUevent>())); }},
-            {"as a stream_ref", [](const type& s) { (void)cubridge::stream_ref(s).get(); }}};
+    return {
+        {"get", [](const type& s) { (void)s.get(); }},
+        {"runtime_handle", [](const type& s) { (void)s.runtime_handle(); }},
+        {"context", [](const type& s) { (void)s.context(); }},
+        {"synchronize", [](const type& s) { s.synchronize(); }},
+        {"ready", [](const type& s) { (void)s.ready(); }},
+        {"wait", [](const type& s) { s.wait(cubridge::event_ref::from_native(fake<CUevent>())); }},
+        {"as a stream_ref", [](const type& s) { (void)cubridge::stream_ref(s).get(); }}};
   }
 };
 
@@ -248,8 +249,7 @@ struct device_buffer_subject {
             {"context", [](const type& b) { (void)b.context(); }},
             {"address", [](const type& b) { (void)b.address(); }},
             {"span", [](const type& b) { (void)b.span(); }},
-            {"as a device_span",
-             [](const type& b) {
+            {"as a device_span", [](const type& b) {
                const cubridge::device_span<const std::uint32_t> view = b;
                (void)view;
              }}};
@@ -288,11 +288,11 @@ struct pinned_buffer_subject {
   }
 };
 
-using subjects = ::testing::Types<stream_subject, event_subject, module_subject, library_subject,
-                                  context_subject,
-                                  device_buffer_subject<cubridge::driver_buffer<std::uint32_t>>,
-                                  device_buffer_subject<cubridge::runtime_buffer<std::uint32_t>>,
-                                  pinned_buffer_subject>;
+using subjects =
+    ::testing::Types<stream_subject, event_subject, module_subject, library_subject,
+                     context_subject, device_buffer_subject<cubridge::driver_buffer<std::uint32_t>>,
+                     device_buffer_subject<cubridge::runtime_buffer<std::uint32_t>>,
+                     pinned_buffer_subject>;
 
 struct subject_names {
   template <class Subject>
@@ -535,8 +535,9 @@ TEST(OwningHandles, FromNativeOwnsWhatItAdopts) {
   }
   cubridge::scoped_current guard(ctx);
   CUcontext owner = nullptr;
-  EXPECT_NE(cu().cuPointerGetAttribute(&owner, CU_POINTER_ATTRIBUTE_CONTEXT, as_address(raw_memory)),
-            CUDA_SUCCESS)
+  EXPECT_NE(
+      cu().cuPointerGetAttribute(&owner, CU_POINTER_ATTRIBUTE_CONTEXT, as_address(raw_memory)),
+      CUDA_SUCCESS)
       << "the adopted memory is freed";
 }
 

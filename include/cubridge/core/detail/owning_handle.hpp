@@ -103,11 +103,7 @@ class owning_handle : public Base {
   }
   /// The context it was created in (and keeps alive when that is an owning context).
   /// @throws error (errc::precondition) if moved from or released.
-  [[nodiscard]] context_ref context() const
-    requires Traits::keeps_context
-  {
-    return owner().ref();
-  }
+  [[nodiscard]] context_ref context() const requires Traits::keeps_context { return owner().ref(); }
 
  protected:
   owning_handle(value_type value, owner_type owner) noexcept
