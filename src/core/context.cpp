@@ -58,8 +58,12 @@ class created_context final : public detail::context_owner {
  public:
   using context_owner::context_owner;
   ~created_context() override {
-    detail::check_release(driver::api().cuCtxDestroy(get()), "cuCtxDestroy");
+    if (!released_) detail::check_release(driver::api().cuCtxDestroy(get()), "cuCtxDestroy");
   }
+  void disown() noexcept { released_ = true; }
+
+ private:
+  bool released_ = false;
 };
 }  // namespace
 
@@ -71,7 +75,23 @@ context context::create(cubridge::device dev, unsigned flags) {
                   std::to_string(flags));
   CUcontext popped = nullptr;
   detail::check_release(driver::api().cuCtxPopCurrent(&popped), "cuCtxPopCurrent");
-  return context(std::make_shared<const created_context>(handle));
+  return context(std::make_shared<created_context>(handle));
+}
+
+context context::from_native(CUcontext handle) {
+  CUBRIDGE_EXPECTS(handle != nullptr, "adopting a context: a null handle is no context to own");
+  return context(std::make_shared<created_context>(handle));
+}
+
+CUcontext detail::context_traits::release(value_type& owner) {
+  // Streams, buffers and modules created in it hold shares: giving it up under them would leave
+  // the caller destroying a context they still use.
+  CUBRIDGE_EXPECTS(owner.use_count() == 1, "releasing " +
+                                               context_ref::from_native(owner->get()).describe() +
+                                               " while " + std::to_string(owner.use_count() - 1) +
+                                               " objects created in it still hold it");
+  static_cast<created_context&>(*owner).disown();
+  return owner->get();
 }
 
 }  // namespace cubridge

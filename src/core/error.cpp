@@ -1,4 +1,5 @@
 #include <cubridge/core/detail/check.hpp>
+#include <cubridge/core/detail/owning_handle.hpp>
 #include <cubridge/core/driver.hpp>
 #include <cubridge/core/error.hpp>
 
@@ -95,22 +96,29 @@ void throw_runtime_error(cudaError_t result, const char* call, std::string invol
               call, std::move(involved), where);
 }
 
+void throw_moved_from(std::string_view type, std::string_view consequence) {
+  std::string involved(type);
+  involved += " was moved from or released: it holds no handle any more";
+  if (!consequence.empty()) involved += " (" + std::string(consequence) + ")";
+  throw_errc(errc::precondition, std::string(type), std::move(involved));
+}
+
 }  // namespace detail
 }  // namespace cubridge
 
+#include <cassert>
 #include <cstdio>
 
 namespace cubridge::detail {
 void report_release_failure(CUresult result, const char* call) noexcept {
   if (result == CUDA_ERROR_DEINITIALIZED || result == CUDA_ERROR_CONTEXT_IS_DESTROYED) return;
-#ifndef NDEBUG
   try {
     std::fprintf(stderr, "cubridge: %s failed in a destructor: %s\n", call,
                  driver_error_name(result).c_str());
   } catch (...) {
   }
-#else
-  (void)call;
-#endif
+  // Debug builds stop here, as RMM's RMM_ASSERT_CUDA_SUCCESS_SAFE_SHUTDOWN does: a release that
+  // fails is a bug (a double free, a handle of another context) that Release only reports.
+  assert(false && "a CUDA release failed in a destructor (see the line above)");
 }
 }  // namespace cubridge::detail

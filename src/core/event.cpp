@@ -10,29 +10,40 @@
 
 namespace cubridge {
 
+void detail::throw_moved_from_event() {
+  throw_moved_from(event_traits::name);
+}
+
+// Each checks the handle (get()) before it calls the driver: a moved-from event is refused as
+// such, with or without a driver.
 void event_ref::record(stream_ref stream) const {
+  const CUevent handle = get();
   const CUstream on = stream.get();
-  CUBRIDGE_CU(cuEventRecord, (handle_, on),
-              detail::event_name(handle_) + " on " + detail::stream_name(stream.get()));
+  CUBRIDGE_CU(cuEventRecord, (handle, on),
+              detail::event_name(handle) + " on " + detail::stream_name(on));
 }
 
 void event_ref::synchronize() const {
-  CUBRIDGE_CU(cuEventSynchronize, (handle_), detail::event_name(handle_));
+  const CUevent handle = get();
+  CUBRIDGE_CU(cuEventSynchronize, (handle), detail::event_name(handle));
 }
 
 bool event_ref::ready() const {
-  const CUresult r = driver::api().cuEventQuery(handle_);
+  const CUevent handle = get();
+  const CUresult r = driver::api().cuEventQuery(handle);
   if (r == CUDA_ERROR_NOT_READY) return false;
   if (r != CUDA_SUCCESS)
-    detail::throw_driver_error(r, "cuEventQuery", detail::event_name(handle_),
+    detail::throw_driver_error(r, "cuEventQuery", detail::event_name(handle),
                                std::source_location::current());
   return true;
 }
 
 float event_ref::elapsed_ms_since(event_ref start) const {
+  const CUevent handle = get();
+  const CUevent from = start.get();
   float ms = 0;
-  CUBRIDGE_CU(cuEventElapsedTime, (&ms, start.get(), handle_),
-              "from " + detail::event_name(start.get()) + " to " + detail::event_name(handle_));
+  CUBRIDGE_CU(cuEventElapsedTime, (&ms, from, handle),
+              "from " + detail::event_name(from) + " to " + detail::event_name(handle));
   return ms;
 }
 
@@ -40,29 +51,17 @@ event event::create(context_arg ctx, unsigned flags) {
   scoped_current guard(ctx.ref());
   CUevent handle = nullptr;
   CUBRIDGE_CU(cuEventCreate, (&handle, flags), "creating an event in " + ctx.ref().describe());
-  return event(std::move(ctx), handle);
+  return event(handle, std::move(ctx));
 }
 
-event::event(context_arg ctx, CUevent handle) noexcept : event_ref(handle), ctx_(std::move(ctx)) {}
-
-event::event(event&& other) noexcept
-    : event_ref(std::exchange(other.handle_, nullptr)), ctx_(std::move(other.ctx_)) {}
-
-event& event::operator=(event&& other) noexcept {
-  if (this != &other) {
-    if (handle_) detail::check_release(driver::api().cuEventDestroy(handle_), "cuEventDestroy");
-    handle_ = std::exchange(other.handle_, nullptr);
-    ctx_ = std::move(other.ctx_);
-  }
-  return *this;
+event event::from_native(CUevent handle, context_arg ctx) {
+  CUBRIDGE_EXPECTS(handle != nullptr && handle != detail::moved_from_event(),
+                   "adopting an event: only a created event can be owned (and destroyed)");
+  return event(handle, std::move(ctx));
 }
 
-event::~event() {
-  if (handle_) detail::check_release(driver::api().cuEventDestroy(handle_), "cuEventDestroy");
-}
-
-CUevent event::release() noexcept {
-  return std::exchange(handle_, nullptr);
+void detail::event_traits::destroy(CUevent handle, const context_arg&) noexcept {
+  check_release(driver::api().cuEventDestroy(handle), "cuEventDestroy");
 }
 
 }  // namespace cubridge

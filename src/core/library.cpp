@@ -11,6 +11,7 @@
 #include "loading.hpp"
 
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace cubridge {
@@ -39,13 +40,16 @@ std::vector<std::string> library_kernel_names(CUlibrary handle, const std::strin
 
 }  // namespace
 
-struct library::state {
+struct detail::library_state {
   CUlibrary handle = nullptr;
   std::string name;
-  state(CUlibrary h, std::string n) : handle(h), name(std::move(n)) {}
-  state(const state&) = delete;
-  state& operator=(const state&) = delete;
-  ~state() { detail::check_release(driver::api().cuLibraryUnload(handle), "cuLibraryUnload"); }
+  library_state(CUlibrary h, std::string n) : handle(h), name(std::move(n)) {}
+  library_state(const library_state&) = delete;
+  library_state& operator=(const library_state&) = delete;
+  ~library_state() {
+    // A released library's handle is null: the caller unloads it.
+    if (handle) detail::check_release(driver::api().cuLibraryUnload(handle), "cuLibraryUnload");
+  }
 };
 
 library library::load(std::span<const std::byte> image, load_options options) {
@@ -67,7 +71,7 @@ library library::load(std::span<const std::byte> image, load_options options) {
                                with_log("loading " + what, logs.error_text()),
                                std::source_location::current());
   // Owned before the check, so that a refused library is unloaded.
-  auto loaded = std::make_shared<const state>(handle, std::move(options.name));
+  auto loaded = std::make_shared<detail::library_state>(handle, std::move(options.name));
   detail::require_loaded_kernels(bytes.expected_kernels(), library_kernel_names(handle, what),
                                  "cuLibraryEnumerateKernels", what);
   return library(std::move(loaded));
@@ -79,25 +83,41 @@ library library::load_file(const std::filesystem::path& path, load_options optio
   return load(bytes, std::move(options));
 }
 
-CUlibrary library::get() const noexcept {
-  return state_ ? state_->handle : nullptr;
+library library::from_native(CUlibrary handle, std::string name) {
+  CUBRIDGE_EXPECTS(handle != nullptr, "adopting a library: a null handle is no library to own");
+  if (name.empty()) name = "<adopted>";
+  return library(std::make_shared<detail::library_state>(handle, std::move(name)));
 }
-const std::string& library::name() const noexcept {
-  return state_->name;
+
+CUlibrary detail::library_traits::native(const value_type& state) noexcept {
+  return state->handle;
+}
+
+CUlibrary detail::library_traits::release(value_type& state) {
+  // A kernel holds a share of the state: released under it, the library would be unloaded by
+  // the caller while the kernel still launches from it.
+  CUBRIDGE_EXPECTS(state.use_count() == 1, "releasing library '" + state->name + "' while " +
+                                               std::to_string(state.use_count() - 1) +
+                                               " kernels taken from it are alive");
+  return std::exchange(state->handle, nullptr);
+}
+
+const std::string& library::name() const {
+  return owned()->name;
 }
 
 kernel library::get_kernel(std::string_view name) const {
-  CUBRIDGE_EXPECTS(state_ != nullptr, "library was moved from");
+  const auto& state = owned();
   const std::string kernel_name(name);
   // The driver reports a library kernel's parameters only with a context current
   // (cuKernelGetParamInfo gives CUDA_ERROR_INVALID_CONTEXT otherwise, seen on the H200).
   CUBRIDGE_EXPECTS(context_ref::current(),
-                   "looking up kernel '" + kernel_name + "' in library '" + state_->name +
+                   "looking up kernel '" + kernel_name + "' in library '" + state->name +
                        "' needs a current context (push one with scoped_current)");
   CUkernel handle = nullptr;
-  CUBRIDGE_CU(cuLibraryGetKernel, (&handle, state_->handle, kernel_name.c_str()),
-              "kernel '" + kernel_name + "' in library '" + state_->name + "'");
-  return kernel::make(state_, kernel_name, reinterpret_cast<CUfunction>(handle), handle);
+  CUBRIDGE_CU(cuLibraryGetKernel, (&handle, state->handle, kernel_name.c_str()),
+              "kernel '" + kernel_name + "' in library '" + state->name + "'");
+  return kernel::make(state, kernel_name, reinterpret_cast<CUfunction>(handle), handle);
 }
 
 }  // namespace cubridge

@@ -11,6 +11,7 @@
 #include "loading.hpp"
 
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace cubridge {
@@ -46,18 +47,19 @@ std::vector<std::string> module_kernel_names(CUmodule handle, const std::string&
 
 }  // namespace
 
-struct module::state {
+struct detail::module_state {
   context_arg ctx;
   CUmodule handle = nullptr;
   std::string name;
   std::string info_log;
-  state(context_arg c, CUmodule h, std::string n, std::string log)
+  module_state(context_arg c, CUmodule h, std::string n, std::string log)
       : ctx(std::move(c)), handle(h), name(std::move(n)), info_log(std::move(log)) {}
-  state(const state&) = delete;
-  state& operator=(const state&) = delete;
-  ~state() {
-    // cuModuleUnload blocks until the module's running kernels finish (FACTS.md).
-    detail::check_release(driver::api().cuModuleUnload(handle), "cuModuleUnload");
+  module_state(const module_state&) = delete;
+  module_state& operator=(const module_state&) = delete;
+  ~module_state() {
+    // cuModuleUnload blocks until the module's running kernels finish (FACTS.md). A released
+    // module's handle is null: the caller unloads it.
+    if (handle) detail::check_release(driver::api().cuModuleUnload(handle), "cuModuleUnload");
   }
   [[nodiscard]] std::string describe() const {
     return "module '" + name + "' in " + ctx.ref().describe();
@@ -85,8 +87,8 @@ module module::load(context_arg ctx, std::span<const std::byte> image, const ima
                                with_log("loading " + what, logs.error_text()),
                                std::source_location::current());
   // Owned before the check, so that a refused module is unloaded.
-  auto loaded = std::make_shared<const state>(std::move(ctx), handle, std::move(options.name),
-                                              logs.info_text());
+  auto loaded = std::make_shared<detail::module_state>(std::move(ctx), handle,
+                                                       std::move(options.name), logs.info_text());
   detail::require_loaded_kernels(bytes.expected_kernels(), module_kernel_names(handle, what),
                                  "cuModuleEnumerateFunctions", what);
   return module(std::move(loaded));
@@ -98,35 +100,52 @@ module module::load_file(context_arg ctx, const std::filesystem::path& path, loa
   return load(std::move(ctx), bytes, std::move(options));
 }
 
-CUmodule module::get() const noexcept {
-  return state_ ? state_->handle : nullptr;
+module module::from_native(CUmodule handle, context_arg ctx, std::string name) {
+  CUBRIDGE_EXPECTS(handle != nullptr, "adopting a module: a null handle is no module to own");
+  if (name.empty()) name = "<adopted>";
+  return module(std::make_shared<detail::module_state>(std::move(ctx), handle, std::move(name),
+                                                       std::string{}));
 }
-const std::string& module::name() const noexcept {
-  return state_->name;
+
+CUmodule detail::module_traits::native(const value_type& state) noexcept {
+  return state->handle;
 }
-context_ref module::context() const noexcept {
-  return state_->ctx.ref();
+
+CUmodule detail::module_traits::release(value_type& state) {
+  // A kernel holds a share of the state: released under it, the module would be unloaded by the
+  // caller while the kernel still launches from it.
+  CUBRIDGE_EXPECTS(state.use_count() == 1, "releasing " + state->describe() + " while " +
+                                               std::to_string(state.use_count() - 1) +
+                                               " kernels taken from it are alive");
+  return std::exchange(state->handle, nullptr);
 }
-const std::string& module::info_log() const noexcept {
-  return state_->info_log;
+
+const std::string& module::name() const {
+  return owned()->name;
+}
+context_ref module::context() const {
+  return owned()->ctx.ref();
+}
+const std::string& module::info_log() const {
+  return owned()->info_log;
 }
 
 kernel module::get_kernel(std::string_view name) const {
-  CUBRIDGE_EXPECTS(state_ != nullptr, "module was moved from");
+  const auto& state = owned();
   const std::string kernel_name(name);
   CUfunction function = nullptr;
-  CUBRIDGE_CU(cuModuleGetFunction, (&function, state_->handle, kernel_name.c_str()),
-              "kernel '" + kernel_name + "' in " + state_->describe());
-  return kernel::make(state_, kernel_name, function, nullptr);
+  CUBRIDGE_CU(cuModuleGetFunction, (&function, state->handle, kernel_name.c_str()),
+              "kernel '" + kernel_name + "' in " + state->describe());
+  return kernel::make(state, kernel_name, function, nullptr);
 }
 
 device_span<std::byte> module::get_global(std::string_view name) const {
-  CUBRIDGE_EXPECTS(state_ != nullptr, "module was moved from");
+  const auto& state = owned();
   const std::string variable(name);
   CUdeviceptr address = 0;
   std::size_t bytes = 0;
-  CUBRIDGE_CU(cuModuleGetGlobal, (&address, &bytes, state_->handle, variable.c_str()),
-              "variable '" + variable + "' in " + state_->describe());
+  CUBRIDGE_CU(cuModuleGetGlobal, (&address, &bytes, state->handle, variable.c_str()),
+              "variable '" + variable + "' in " + state->describe());
   return device_span<std::byte>::from_native(address, bytes);
 }
 

@@ -27,9 +27,8 @@ void before_stream_destroy(CUstream stream) noexcept {
 }
 
 void detail::throw_moved_from_stream() {
-  throw_errc(errc::precondition, "cubridge::stream",
-             "the stream was moved from or released: it has no handle any more (a launch on it "
-             "would otherwise run on the legacy default stream)");
+  throw_moved_from(stream_traits::name,
+                   "a launch on it would otherwise run on the legacy default stream");
 }
 
 // Each checks the handle (get()) before it calls the driver: a moved-from stream is refused
@@ -67,38 +66,20 @@ stream stream::create(context_arg ctx, unsigned flags) {
   scoped_current guard(ctx.ref());
   CUstream handle = nullptr;
   CUBRIDGE_CU(cuStreamCreate, (&handle, flags), "creating a stream in " + ctx.ref().describe());
-  return stream(std::move(ctx), handle);
+  return stream(handle, std::move(ctx));
 }
 
-stream::stream(context_arg ctx, CUstream handle) noexcept
-    : stream_ref(handle), ctx_(std::move(ctx)) {}
-
-stream::stream(stream&& other) noexcept
-    : stream_ref(std::exchange(other.handle_, detail::moved_from_stream())),
-      ctx_(std::move(other.ctx_)) {}
-
-stream& stream::operator=(stream&& other) noexcept {
-  if (this != &other) {
-    if (!is_moved_from()) {
-      before_stream_destroy(handle_);
-      detail::check_release(driver::api().cuStreamDestroy(handle_), "cuStreamDestroy");
-    }
-    handle_ = std::exchange(other.handle_, detail::moved_from_stream());
-    ctx_ = std::move(other.ctx_);
-  }
-  return *this;
+stream stream::from_native(CUstream handle, context_arg ctx) {
+  const auto view = stream_ref::from_native(handle);
+  CUBRIDGE_EXPECTS(!view.is_legacy() && !view.is_per_thread() && !view.is_moved_from(),
+                   "adopting " + detail::stream_name(handle) +
+                       ": only a created stream can be owned (and destroyed)");
+  return stream(handle, std::move(ctx));
 }
 
-stream::~stream() {
-  if (is_moved_from()) return;
-  before_stream_destroy(handle_);
-  detail::check_release(driver::api().cuStreamDestroy(handle_), "cuStreamDestroy");
-}
-
-CUstream stream::release() {
-  const CUstream handle = get();
-  handle_ = detail::moved_from_stream();
-  return handle;
+void detail::stream_traits::destroy(CUstream handle, const context_arg&) noexcept {
+  before_stream_destroy(handle);
+  check_release(driver::api().cuStreamDestroy(handle), "cuStreamDestroy");
 }
 
 }  // namespace cubridge

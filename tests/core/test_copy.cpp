@@ -7,6 +7,7 @@
 #include <cubridge/core/scoped_current.hpp>
 #include <cubridge/core/stream.hpp>
 
+#include "driver_helpers.hpp"
 #include "gpu_test.hpp"
 
 #include <cstddef>
@@ -18,17 +19,13 @@
 
 namespace {
 
+using cubridge::testing::as_address;
+using cubridge::testing::cu;
+using cubridge::testing::make_context;
+
 using cubridge::device_span;
 using cubridge::driver_buffer;
 using cubridge::runtime_buffer;
-
-const cubridge::driver::entry_points& cu() {
-  return cubridge::driver::api();
-}
-
-CUdeviceptr as_address(const void* p) {
-  return static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(p));
-}
 
 std::vector<std::uint32_t> random_u32(std::size_t n, unsigned seed) {
   std::mt19937 gen(seed);
@@ -43,10 +40,6 @@ std::vector<double> random_doubles(std::size_t n, unsigned seed) {
   std::vector<double> v(n);
   for (auto& x : v) x = dist(gen);
   return v;
-}
-
-cubridge::context make_context() {
-  return cubridge::context::create(cubridge::device::get(0));
 }
 
 /// Reads device memory with a raw cuMemcpy (the current context must be set).

@@ -6,6 +6,7 @@
 #include <cubridge/core/pointer.hpp>
 #include <cubridge/core/scoped_current.hpp>
 
+#include "driver_helpers.hpp"
 #include "gpu_test.hpp"
 
 #include <cuda_runtime_api.h>
@@ -21,41 +22,19 @@
 
 namespace {
 
+using cubridge::testing::as_address;
+using cubridge::testing::cu;
+using cubridge::testing::make_context;
+using cubridge::testing::raw_current;
+
 using cubridge::driver_buffer;
 using cubridge::runtime_buffer;
 
-static_assert(!std::is_copy_constructible_v<driver_buffer<int>>);
-static_assert(!std::is_copy_assignable_v<driver_buffer<int>>);
-static_assert(std::is_nothrow_move_constructible_v<driver_buffer<int>>);
-static_assert(std::is_nothrow_move_assignable_v<driver_buffer<int>>);
-static_assert(std::is_nothrow_move_constructible_v<runtime_buffer<float>>);
+// Moves, release and the moved-from state: test_owning_handles.cpp, for every owning type.
 static_assert(driver_buffer<int>::api == cubridge::allocator_api::driver);
 static_assert(runtime_buffer<int>::api == cubridge::allocator_api::runtime);
 static_assert(std::is_convertible_v<const driver_buffer<int>&, cubridge::device_span<int>>);
 static_assert(std::is_convertible_v<const runtime_buffer<int>&, cubridge::device_span<const int>>);
-
-const cubridge::driver::entry_points& cu() {
-  return cubridge::driver::api();
-}
-
-CUdeviceptr as_address(const void* p) {
-  return static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(p));
-}
-
-/// The calling thread's current context, straight from the driver.
-CUcontext raw_current() {
-  CUcontext c = nullptr;
-  EXPECT_EQ(cu().cuCtxGetCurrent(&c), CUDA_SUCCESS);
-  return c;
-}
-
-/// True if the driver knows `p` as memory of some context (asked with `witness` pushed).
-bool driver_knows(cubridge::context_ref witness, const void* p) {
-  cubridge::scoped_current guard(witness);
-  CUcontext owner = nullptr;
-  return cu().cuPointerGetAttribute(&owner, CU_POINTER_ATTRIBUTE_CONTEXT, as_address(p)) ==
-         CUDA_SUCCESS;
-}
 
 std::vector<std::uint32_t> random_u32(std::size_t n, unsigned seed) {
   std::mt19937 gen(seed);
@@ -70,10 +49,6 @@ std::vector<float> random_floats(std::size_t n, unsigned seed) {
   std::vector<float> v(n);
   for (auto& x : v) x = dist(gen);
   return v;
-}
-
-cubridge::context make_context() {
-  return cubridge::context::create(cubridge::device::get(0));
 }
 
 // --- where the memory lives ---------------------------------------------------------------------
@@ -186,153 +161,6 @@ TEST(DeviceBuffer, EachApiReadsTheOthersMemory) {
               cudaSuccess);
   }
   EXPECT_EQ(output, input);
-}
-
-// --- moves and ownership -----------------------------------------------------------------------
-
-TEST(DriverBuffer, MoveConstructionTransfersOwnership) {
-  CUBRIDGE_REQUIRE_GPU();
-  auto ctx = make_context();
-  constexpr std::size_t n = 2048;
-  const auto input = random_u32(n, 21);
-  std::unique_ptr<driver_buffer<std::uint32_t>> moved;
-  std::uint32_t* pointer = nullptr;
-  {
-    auto original = driver_buffer<std::uint32_t>::allocate(ctx, n);
-    pointer = original.data();
-    {
-      cubridge::scoped_current guard(ctx);
-      CUBRIDGE_ASSERT_CU(
-          cu().cuMemcpy(original.address(), as_address(input.data()), original.size_bytes()));
-    }
-    moved = std::make_unique<driver_buffer<std::uint32_t>>(std::move(original));
-    EXPECT_EQ(original.data(), nullptr);   // NOLINT(bugprone-use-after-move): the point of the test
-    EXPECT_EQ(original.size(), 0u);        // NOLINT(bugprone-use-after-move)
-    EXPECT_EQ(original.size_bytes(), 0u);  // NOLINT(bugprone-use-after-move)
-    EXPECT_EQ(moved->data(), pointer);
-    EXPECT_EQ(moved->size(), n);
-    EXPECT_EQ(moved->context(), ctx.ref());
-  }  // the moved-from buffer is destroyed here and must not free the memory
-  EXPECT_TRUE(driver_knows(ctx, pointer)) << "a moved-from buffer freed the memory";
-  std::vector<std::uint32_t> output(n, 0);
-  {
-    cubridge::scoped_current guard(ctx);
-    CUBRIDGE_ASSERT_CU(
-        cu().cuMemcpy(as_address(output.data()), moved->address(), moved->size_bytes()));
-  }
-  EXPECT_EQ(output, input);
-  moved.reset();
-  EXPECT_FALSE(driver_knows(ctx, pointer)) << "the buffer did not free its memory";
-}
-
-TEST(DriverBuffer, MoveAssignmentFreesTheOldMemory) {
-  CUBRIDGE_REQUIRE_GPU();
-  auto ctx = make_context();
-  auto target = driver_buffer<float>::allocate(ctx, 512);
-  auto source = driver_buffer<float>::allocate(ctx, 1024);
-  float* old_target = target.data();
-  float* old_source = source.data();
-  ASSERT_NE(old_target, old_source);
-  target = std::move(source);
-  EXPECT_EQ(target.data(), old_source);
-  EXPECT_EQ(target.size(), 1024u);
-  EXPECT_EQ(source.data(), nullptr);  // NOLINT(bugprone-use-after-move)
-  EXPECT_EQ(source.size(), 0u);       // NOLINT(bugprone-use-after-move)
-  EXPECT_FALSE(driver_knows(ctx, old_target)) << "move assignment leaked the old memory";
-  EXPECT_TRUE(driver_knows(ctx, old_source));
-}
-
-TEST(RuntimeBuffer, MoveTransfersOwnershipAndFreesOnce) {
-  CUBRIDGE_REQUIRE_GPU();
-  auto ctx = make_context();
-  constexpr std::size_t n = 3000;
-  const auto input = random_floats(n, 5);
-  auto a = runtime_buffer<float>::allocate(ctx, n);
-  float* pointer = a.data();
-  {
-    cubridge::scoped_current guard(ctx);
-    ASSERT_EQ(cudaMemcpy(a.data(), input.data(), a.size_bytes(), cudaMemcpyHostToDevice),
-              cudaSuccess);
-  }
-  {
-    auto b = std::move(a);
-    EXPECT_EQ(a.data(), nullptr);  // NOLINT(bugprone-use-after-move)
-    EXPECT_EQ(a.size(), 0u);       // NOLINT(bugprone-use-after-move)
-    EXPECT_EQ(b.data(), pointer);
-    auto c = runtime_buffer<float>::allocate(ctx, 10);
-    float* small = c.data();
-    c = std::move(b);
-    EXPECT_FALSE(driver_knows(ctx, small)) << "move assignment leaked the old memory";
-    EXPECT_EQ(c.data(), pointer);
-    std::vector<float> output(n, 0.0f);
-    {
-      cubridge::scoped_current guard(ctx);
-      ASSERT_EQ(cudaMemcpy(output.data(), c.data(), c.size_bytes(), cudaMemcpyDeviceToHost),
-                cudaSuccess);
-    }
-    EXPECT_EQ(output, input);
-  }  // c frees once; b and a hold nothing
-  EXPECT_FALSE(driver_knows(ctx, pointer));
-  // `a` (moved-from) is destroyed at the end of the test: nothing to free, nothing must fail.
-}
-
-TEST(DeviceBuffer, ReleaseGivesUpOwnership) {
-  CUBRIDGE_REQUIRE_GPU();
-  auto ctx = make_context();
-  int* raw = nullptr;
-  {
-    auto buffer = driver_buffer<int>::allocate(ctx, 100);
-    raw = buffer.release();
-    EXPECT_EQ(buffer.data(), nullptr);
-    EXPECT_EQ(buffer.size(), 0u);
-  }
-  ASSERT_NE(raw, nullptr);
-  EXPECT_TRUE(driver_knows(ctx, raw)) << "a released buffer must not free its memory";
-  cubridge::scoped_current guard(ctx);
-  EXPECT_EQ(cu().cuMemFree(as_address(raw)), CUDA_SUCCESS);
-}
-
-// --- the buffer keeps its context alive ---------------------------------------------------------
-
-template <class Buffer>
-void check_buffer_outlives_its_context_object() {
-  auto witness = make_context();  // to ask the driver about addresses with some context current
-  constexpr std::size_t n = 10'000;
-  const auto input = random_u32(n, 77);
-  std::unique_ptr<Buffer> buffer;
-  CUcontext raw = nullptr;
-  {
-    auto ctx = make_context();
-    raw = ctx.get();
-    buffer = std::make_unique<Buffer>(Buffer::allocate(ctx, n));
-  }  // the context object is gone; the buffer holds the context
-  ASSERT_EQ(buffer->context().get(), raw);
-  unsigned long long id = 0;
-  EXPECT_EQ(cu().cuCtxGetId(raw, &id), CUDA_SUCCESS) << "the buffer must keep its context alive";
-  EXPECT_EQ(cubridge::context_of(buffer->data()).get(), raw);
-  std::vector<std::uint32_t> output(n, 0);
-  {
-    cubridge::scoped_current guard(buffer->context());
-    CUBRIDGE_ASSERT_CU(
-        cu().cuMemcpy(buffer->address(), as_address(input.data()), buffer->size_bytes()));
-    CUBRIDGE_ASSERT_CU(
-        cu().cuMemcpy(as_address(output.data()), buffer->address(), buffer->size_bytes()));
-  }
-  EXPECT_EQ(output, input);
-  const void* pointer = buffer->data();
-  buffer.reset();  // frees the memory, then destroys the context
-  EXPECT_EQ(raw_current(), nullptr);
-  EXPECT_FALSE(driver_knows(witness, pointer));
-}
-
-TEST(DriverBuffer, KeepsItsContextAlive) {
-  CUBRIDGE_REQUIRE_GPU();
-  check_buffer_outlives_its_context_object<driver_buffer<std::uint32_t>>();
-}
-
-TEST(RuntimeBuffer, KeepsItsContextAlive) {
-  CUBRIDGE_REQUIRE_GPU();
-  check_buffer_outlives_its_context_object<runtime_buffer<std::uint32_t>>();
 }
 
 // --- edge cases and failures -------------------------------------------------------------------

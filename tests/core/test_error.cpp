@@ -140,4 +140,30 @@ TEST(Error, DriverErrorNameWorksWithoutADriver) {
     EXPECT_EQ(name, "CUresult 400");
 }
 
+// check_release, for destructors: process exit and a context destroyed behind our back are
+// tolerated; anything else is reported, and in Debug builds fails an assert (as RMM's
+// ..._SAFE_SHUTDOWN). Needs no driver (the name falls back to the number).
+TEST(CheckRelease, ToleratesShutdownAndADestroyedContext) {
+  ::testing::internal::CaptureStderr();
+  cubridge::detail::check_release(CUDA_SUCCESS, "cuMemFree");
+  cubridge::detail::check_release(CUDA_ERROR_DEINITIALIZED, "cuMemFree");
+  cubridge::detail::check_release(CUDA_ERROR_CONTEXT_IS_DESTROYED, "cuStreamDestroy");
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
+}
+
+#ifndef NDEBUG
+TEST(CheckReleaseDeathTest, AssertsOnAnyOtherFailureInDebugBuilds) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(cubridge::detail::check_release(CUDA_ERROR_INVALID_HANDLE, "cuEventDestroy"),
+               "cuEventDestroy failed in a destructor");
+}
+#else
+TEST(CheckRelease, ReportsAnyOtherFailureInReleaseBuilds) {
+  ::testing::internal::CaptureStderr();
+  cubridge::detail::check_release(CUDA_ERROR_INVALID_HANDLE, "cuEventDestroy");
+  EXPECT_NE(::testing::internal::GetCapturedStderr().find("cuEventDestroy failed in a destructor"),
+            std::string::npos);
+}
+#endif
+
 }  // namespace

@@ -8,6 +8,7 @@
 #include <cubridge/core/scoped_current.hpp>
 #include <cubridge/core/stream.hpp>
 
+#include "driver_helpers.hpp"
 #include "gpu_test.hpp"
 
 #include <cuda_runtime_api.h>
@@ -22,35 +23,18 @@
 
 namespace {
 
+using cubridge::testing::as_address;
+using cubridge::testing::cu;
+using cubridge::testing::make_context;
+using cubridge::testing::raw_current;
+
 using cubridge::event;
 using cubridge::event_ref;
 using cubridge::stream;
 
-static_assert(!std::is_copy_constructible_v<event>);
-static_assert(!std::is_copy_assignable_v<event>);
-static_assert(std::is_nothrow_move_constructible_v<event>);
-static_assert(std::is_nothrow_move_assignable_v<event>);
+// Moves, release and the moved-from state: test_owning_handles.cpp, for every owning type.
 static_assert(std::is_convertible_v<const event&, event_ref>);
 static_assert(!std::is_constructible_v<event_ref, std::nullptr_t>);
-static_assert(event_ref::from_native(nullptr).get() == nullptr);
-
-const cubridge::driver::entry_points& cu() {
-  return cubridge::driver::api();
-}
-
-CUdeviceptr as_address(const void* p) {
-  return static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(p));
-}
-
-CUcontext raw_current() {
-  CUcontext c = nullptr;
-  EXPECT_EQ(cu().cuCtxGetCurrent(&c), CUDA_SUCCESS);
-  return c;
-}
-
-cubridge::context make_context() {
-  return cubridge::context::create(cubridge::device::get(0));
-}
 
 /// A context with the test kernels loaded.
 struct gpu {
@@ -214,66 +198,6 @@ TEST(Event, WaitAcrossContextsOfOneDevice) {
         cu().cuMemcpy(as_address(output.data()), destination.address(), destination.size_bytes()));
     for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(output[i], value) << "at " << i;
   }
-}
-
-TEST(Event, MoveConstructionTransfersTheHandle) {
-  CUBRIDGE_REQUIRE_GPU();
-  auto ctx = make_context();
-  auto s = stream::create(ctx);
-  auto original = event::create(ctx);
-  const CUevent handle = original.get();
-  auto moved = std::move(original);
-  EXPECT_EQ(original.get(), nullptr);  // NOLINT(bugprone-use-after-move): the point of the test
-  EXPECT_EQ(moved.get(), handle);
-  moved.record(s);
-  moved.synchronize();
-  EXPECT_TRUE(moved.ready());
-}
-
-TEST(Event, MoveAssignmentDestroysTheOldEvent) {
-  CUBRIDGE_REQUIRE_GPU();
-  auto ctx = make_context();
-  auto s = stream::create(ctx);
-  auto target = event::create(ctx);
-  auto source = event::create(ctx, CU_EVENT_DEFAULT);
-  const CUevent source_handle = source.get();
-  target = std::move(source);
-  EXPECT_EQ(target.get(), source_handle);
-  EXPECT_EQ(source.get(), nullptr);  // NOLINT(bugprone-use-after-move)
-  target.record(s);
-  target.synchronize();
-  EXPECT_TRUE(target.ready());
-}
-
-TEST(Event, ReleaseGivesUpOwnership) {
-  CUBRIDGE_REQUIRE_GPU();
-  auto ctx = make_context();
-  CUevent raw = nullptr;
-  {
-    auto e = event::create(ctx);
-    raw = e.release();
-    EXPECT_EQ(e.get(), nullptr);
-  }
-  ASSERT_NE(raw, nullptr);
-  EXPECT_EQ(cu().cuEventQuery(raw), CUDA_SUCCESS) << "a released event must live on";
-  EXPECT_EQ(cu().cuEventDestroy(raw), CUDA_SUCCESS);
-}
-
-TEST(Event, KeepsItsContextAlive) {
-  CUBRIDGE_REQUIRE_GPU();
-  std::unique_ptr<event> e;
-  CUcontext raw = nullptr;
-  {
-    auto ctx = make_context();
-    raw = ctx.get();
-    e = std::make_unique<event>(event::create(ctx));
-  }
-  unsigned long long id = 0;
-  EXPECT_EQ(cu().cuCtxGetId(raw, &id), CUDA_SUCCESS) << "the event must keep its context alive";
-  auto s = stream::create(cubridge::context_ref::from_native(raw));
-  e->record(s);
-  e->synchronize();
-  EXPECT_TRUE(e->ready());
 }
 
 }  // namespace

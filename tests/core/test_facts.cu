@@ -5,6 +5,7 @@
 #include <cubridge/core/module.hpp>
 #include <cubridge/core/scoped_current.hpp>
 
+#include "driver_helpers.hpp"
 #include "gpu_test.hpp"
 
 #include <cuda_runtime_api.h>
@@ -14,13 +15,11 @@
 
 namespace {
 
+using cubridge::testing::cu;
+
 __global__ void write_values(int* out, int value, int n) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) out[i] = value + i;
-}
-
-const cubridge::driver::entry_points& cu() {
-  return cubridge::driver::api();
 }
 
 #define FACT_CHECK(condition, code)                                              \

@@ -15,6 +15,7 @@
 #include <cubridge/core/scoped_current.hpp>
 #include <cubridge/core/stream.hpp>
 
+#include "driver_helpers.hpp"
 #include "gpu_test.hpp"
 
 #include <cublas_v2.h>
@@ -34,6 +35,10 @@
 
 namespace {
 
+using cubridge::testing::as_address;
+using cubridge::testing::cu;
+using cubridge::testing::raw_current;
+
 // --- kernels of this file (runtime API, <<<>>>) -------------------------------------------------
 
 __global__ void affine(const float* in, float* out, float a, float b, std::size_t n) {
@@ -47,14 +52,6 @@ __global__ void square_plus_index(const unsigned* in, unsigned* out, std::size_t
 }
 
 // --- helpers ------------------------------------------------------------------------------------
-
-const cubridge::driver::entry_points& cu() {
-  return cubridge::driver::api();
-}
-
-CUdeviceptr as_address(const void* p) {
-  return static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(p));
-}
 
 /// Failures of one scenario, collected as text (gtest assertions do not report from a child).
 class outcome {
@@ -95,12 +92,6 @@ template <class Scenario>
 
 bool primary_active() {
   return cubridge::device::get(0).primary_state().active;
-}
-
-CUcontext raw_current() {
-  CUcontext c = nullptr;
-  if (cu().cuCtxGetCurrent(&c) != CUDA_SUCCESS) return reinterpret_cast<CUcontext>(-1);
-  return c;
 }
 
 std::vector<float> random_floats(std::size_t n, unsigned seed, float low = -1.0f,

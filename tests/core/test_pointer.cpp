@@ -7,6 +7,7 @@
 #include <cubridge/core/scoped_current.hpp>
 #include <cubridge/core/shared_device_memory.hpp>
 
+#include "driver_helpers.hpp"
 #include "gpu_test.hpp"
 
 #include <cuda_runtime_api.h>
@@ -19,13 +20,8 @@
 
 namespace {
 
-const cubridge::driver::entry_points& cu() {
-  return cubridge::driver::api();
-}
-
-cubridge::context make_context() {
-  return cubridge::context::create(cubridge::device::get(0));
-}
+using cubridge::testing::cu;
+using cubridge::testing::make_context;
 
 /// "0x7ffd1234" as cubridge writes addresses in messages.
 std::string hex(const void* p) {

@@ -1,20 +1,17 @@
 #include <cubridge/core/context.hpp>
 #include <cubridge/core/scoped_current.hpp>
 
+#include "driver_helpers.hpp"
 #include "gpu_test.hpp"
 
 #include <type_traits>
 
 namespace {
 
+using cubridge::testing::raw_current;
+
 static_assert(!std::is_copy_constructible_v<cubridge::scoped_current>);
 static_assert(!std::is_move_constructible_v<cubridge::scoped_current>);
-
-CUcontext raw_current() {
-  CUcontext c = nullptr;
-  EXPECT_EQ(cubridge::driver::api().cuCtxGetCurrent(&c), CUDA_SUCCESS);
-  return c;
-}
 
 TEST(ScopedCurrent, RestoresAnEmptyStack) {
   CUBRIDGE_REQUIRE_GPU();

@@ -6,6 +6,7 @@
 #include <cubridge/core/shared_device_memory.hpp>
 #include <cubridge/core/stream.hpp>
 
+#include "driver_helpers.hpp"
 #include "gpu_test.hpp"
 
 #include <cstddef>
@@ -18,23 +19,15 @@
 
 namespace {
 
+using cubridge::testing::as_address;
+using cubridge::testing::cu;
+using cubridge::testing::make_context;
+
 using cubridge::shared_device_memory;
 
 static_assert(!std::is_copy_constructible_v<shared_device_memory>);
 static_assert(std::is_nothrow_move_constructible_v<shared_device_memory>);
 static_assert(std::is_nothrow_move_assignable_v<shared_device_memory>);
-
-const cubridge::driver::entry_points& cu() {
-  return cubridge::driver::api();
-}
-
-CUdeviceptr as_address(const void* p) {
-  return static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(p));
-}
-
-cubridge::context make_context() {
-  return cubridge::context::create(cubridge::device::get(0));
-}
 
 /// Skips the test unless device 0 supports the VMM API.
 #define REQUIRE_VMM()                                                      \

@@ -6,6 +6,7 @@
 #include <cubridge/core/scoped_current.hpp>
 #include <cubridge/core/stream.hpp>
 
+#include "driver_helpers.hpp"
 #include "gpu_test.hpp"
 
 #include <cuda_runtime_api.h>
@@ -21,35 +22,19 @@
 
 namespace {
 
+using cubridge::testing::as_address;
+using cubridge::testing::cu;
+using cubridge::testing::make_context;
+using cubridge::testing::raw_current;
+
 using cubridge::stream;
 using cubridge::stream_ref;
 
-static_assert(!std::is_copy_constructible_v<stream>);
-static_assert(!std::is_copy_assignable_v<stream>);
-static_assert(std::is_nothrow_move_constructible_v<stream>);
-static_assert(std::is_nothrow_move_assignable_v<stream>);
+// Moves, release and the moved-from state: test_owning_handles.cpp, for every owning type.
 static_assert(std::is_convertible_v<const stream&, stream_ref>);
 static_assert(!std::is_constructible_v<stream_ref, std::nullptr_t>);
 static_assert(!std::is_constructible_v<stream_ref, int>);
 static_assert(stream_ref::from_native(nullptr) == stream_ref::legacy_default());
-
-const cubridge::driver::entry_points& cu() {
-  return cubridge::driver::api();
-}
-
-CUdeviceptr as_address(const void* p) {
-  return static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(p));
-}
-
-CUcontext raw_current() {
-  CUcontext c = nullptr;
-  EXPECT_EQ(cu().cuCtxGetCurrent(&c), CUDA_SUCCESS);
-  return c;
-}
-
-cubridge::context make_context() {
-  return cubridge::context::create(cubridge::device::get(0));
-}
 
 std::vector<unsigned char> random_bytes(std::size_t n, unsigned seed) {
   std::mt19937 gen(seed);
@@ -192,47 +177,6 @@ TEST(Stream, FromNativeAdoptsARuntimeStream) {
   EXPECT_EQ(cudaStreamDestroy(raw), cudaSuccess);
 }
 
-TEST(Stream, MoveConstructionTransfersTheHandle) {
-  CUBRIDGE_REQUIRE_GPU();
-  auto ctx = make_context();
-  auto original = stream::create(ctx);
-  const CUstream handle = original.get();
-  auto moved = std::move(original);
-  EXPECT_TRUE(original.is_moved_from());  // NOLINT(bugprone-use-after-move): the point of the test
-  EXPECT_EQ(moved.get(), handle);
-  EXPECT_EQ(moved.context(), ctx.ref());
-  moved.synchronize();
-  EXPECT_TRUE(moved.ready());
-}
-
-TEST(Stream, MoveAssignmentDestroysTheOldStream) {
-  CUBRIDGE_REQUIRE_GPU();
-  auto ctx = make_context();
-  auto target = stream::create(ctx);
-  auto source = stream::create(ctx);
-  const CUstream source_handle = source.get();
-  target = std::move(source);
-  EXPECT_EQ(target.get(), source_handle);
-  EXPECT_TRUE(source.is_moved_from());  // NOLINT(bugprone-use-after-move)
-  EXPECT_EQ(target.context(), ctx.ref());
-  target.synchronize();
-}
-
-TEST(Stream, ReleaseGivesUpOwnership) {
-  CUBRIDGE_REQUIRE_GPU();
-  auto ctx = make_context();
-  CUstream raw = nullptr;
-  {
-    auto s = stream::create(ctx);
-    raw = s.release();
-    EXPECT_TRUE(s.is_moved_from());
-    EXPECT_THROW((void)s.release(), cubridge::error) << "released twice";
-  }
-  ASSERT_NE(raw, nullptr);
-  EXPECT_EQ(stream_ref::from_native(raw).context(), ctx.ref()) << "released stream must live on";
-  EXPECT_EQ(cu().cuStreamDestroy(raw), CUDA_SUCCESS);
-}
-
 // A moved-from stream used to hold 0, which every API takes for the legacy default stream: a
 // launch on it ran there without a word (issue 11, item 15). Now every use is refused.
 TEST(Stream, AMovedFromStreamRefusesEveryUse) {
@@ -278,31 +222,6 @@ TEST(Stream, AMovedFromStreamRefusesEveryUse) {
       cu().cuMemcpy(as_address(host.data()), buffer.address(), 256 * sizeof(unsigned)));
   for (const auto v : host) ASSERT_EQ(v, 7u);
   // NOLINTEND(bugprone-use-after-move)
-}
-
-TEST(Stream, KeepsItsContextAlive) {
-  CUBRIDGE_REQUIRE_GPU();
-  std::unique_ptr<stream> s;
-  CUcontext raw = nullptr;
-  {
-    auto ctx = make_context();
-    raw = ctx.get();
-    s = std::make_unique<stream>(stream::create(ctx));
-  }
-  unsigned long long id = 0;
-  EXPECT_EQ(cu().cuCtxGetId(raw, &id), CUDA_SUCCESS) << "the stream must keep its context alive";
-  EXPECT_EQ(s->context().get(), raw);
-  {
-    cubridge::scoped_current guard(s->context());
-    auto buffer = cubridge::driver_buffer<unsigned char>::allocate(s->context(), 4096);
-    ASSERT_EQ(cudaMemsetAsync(buffer.data(), 0x5A, 4096, s->runtime_handle()), cudaSuccess);
-    s->synchronize();
-    std::vector<unsigned char> output(4096, 0);
-    CUBRIDGE_ASSERT_CU(cu().cuMemcpy(as_address(output.data()), buffer.address(), 4096));
-    for (const auto b : output) ASSERT_EQ(b, 0x5A);
-  }
-  s.reset();
-  EXPECT_EQ(raw_current(), nullptr);
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <cubridge/core/shared_device_memory.hpp>
 #include <cubridge/isolation/guest_context.hpp>
 
+#include "driver_helpers.hpp"
 #include "gpu_test.hpp"
 #include "isolation_host.hpp"
 
@@ -23,6 +24,8 @@
 
 namespace {
 
+using cubridge::testing::cu;
+
 using cubridge::guest_breakage;
 using cubridge::guest_context;
 using cubridge::guest_error;
@@ -33,10 +36,6 @@ using cubridge::testing::verdict;
 static_assert(!std::is_copy_constructible_v<guest_context>);
 static_assert(std::is_nothrow_move_constructible_v<guest_context>);
 static_assert(!std::is_move_constructible_v<cubridge::guest_scope>);
-
-const auto& cu() {
-  return cubridge::driver::api();
-}
 
 std::vector<CUcontext> stack_now() {
   return cubridge::detail::context_stack();

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 
@@ -30,12 +31,16 @@ void free_device(allocator_api api, context_ref ctx, void* pointer) noexcept;
 /// Frees device memory through the API that allocated it.
 template <allocator_api Api>
 struct device_free {
+  static constexpr std::string_view owner_name =
+      Api == allocator_api::driver ? "cubridge::driver_buffer" : "cubridge::runtime_buffer";
   void operator()(context_ref ctx, void* pointer) const noexcept { free_device(Api, ctx, pointer); }
 };
 }  // namespace detail
 
-/// Owning, move-only array of `size` T in device memory of one context. Keeps its context alive
-/// when made from an owning context. Contents are uninitialised.
+/// Owning, move-only array of `size` T in device memory of one context (the shape of every
+/// owning handle: detail/owning_handle.hpp). Keeps its context alive when made from an owning
+/// context. Contents are uninitialised. Every accessor of a moved-from or released buffer throws
+/// error (errc::precondition).
 template <class T, allocator_api Api>
 class device_buffer : public detail::owned_array<T, detail::device_free<Api>> {
   static_assert(std::is_trivially_copyable_v<T>, "device memory holds trivially copyable types");
@@ -51,11 +56,21 @@ class device_buffer : public detail::owned_array<T, detail::device_free<Api>> {
     void* p = detail::allocate_device(Api, ctx.ref(), size * sizeof(T));
     return device_buffer(std::move(ctx), static_cast<T*>(p), size);
   }
+  /// Adopts `size` elements at `data`, allocated in `ctx` through this buffer's API (cuMemAlloc,
+  /// cudaMalloc) elsewhere: the buffer frees them. For memory someone else frees, use
+  /// device_span<T>::from_native. @throws error (errc::precondition) for a null `data` with a
+  /// size.
+  [[nodiscard]] static device_buffer from_native(T* data, std::size_t size, context_arg ctx) {
+    CUBRIDGE_EXPECTS(data != nullptr || size == 0,
+                     "adopting " + std::to_string(size) + " elements of device memory at nullptr");
+    return device_buffer(std::move(ctx), data, size);
+  }
 
-  [[nodiscard]] CUdeviceptr address() const noexcept { return span().address(); }
-  [[nodiscard]] device_span<T> span() const noexcept { return {this->data(), this->size()}; }
-  operator device_span<T>() const noexcept { return span(); }        // NOLINT
-  operator device_span<const T>() const noexcept { return span(); }  // NOLINT
+  // Each throws error (errc::precondition) once moved from or released, as data().
+  [[nodiscard]] CUdeviceptr address() const { return span().address(); }
+  [[nodiscard]] device_span<T> span() const { return {this->data(), this->size()}; }
+  operator device_span<T>() const { return span(); }        // NOLINT
+  operator device_span<const T>() const { return span(); }  // NOLINT
   static constexpr allocator_api api = Api;
 
  private:

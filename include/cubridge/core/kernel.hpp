@@ -46,7 +46,8 @@ namespace detail {
 template <class T, allocator_api Api>
 struct kernel_argument<device_buffer<T, Api>> {
   using type = T*;
-  static T* convert(const device_buffer<T, Api>& b) noexcept { return b.data(); }
+  /// @throws error (errc::precondition) for a moved-from buffer, so nothing launches on it.
+  static T* convert(const device_buffer<T, Api>& b) { return b.data(); }
 };
 template <class A>
 using kernel_argument_t = typename kernel_argument<std::remove_cvref_t<A>>::type;

@@ -6,6 +6,7 @@
 // driver machine code only.
 
 #include <cubridge/core/context_ref.hpp>
+#include <cubridge/core/detail/owning_handle.hpp>
 #include <cubridge/core/device_span.hpp>
 #include <cubridge/core/error.hpp>
 #include <cubridge/core/image.hpp>
@@ -34,8 +35,29 @@ struct load_options {
   std::size_t log_bytes = std::size_t{16} * 1024;
 };
 
-/// Owning, move-only context-bound module. Kernels taken from it keep it loaded.
-class module {
+namespace detail {
+/// A loaded module, shared by the module and the kernels taken from it (module.cpp).
+struct module_state;
+/// What makes cubridge::module an owning handle (detail/owning_handle.hpp).
+struct module_traits {
+  using value_type = std::shared_ptr<module_state>;
+  static constexpr bool keeps_context = false;  // the state does: kernels need it too
+  static constexpr std::string_view name = "cubridge::module";
+  static value_type moved_from() noexcept { return nullptr; }
+  static CUmodule native(const value_type& state) noexcept;
+  /// Nothing: the state unloads the module when its last share (module or kernel) is gone.
+  static void destroy(value_type&, no_context) noexcept {}
+  /// @throws error (errc::precondition) while kernels taken from the module are alive.
+  static CUmodule release(value_type& state);
+};
+}  // namespace detail
+
+/// Owning, move-only context-bound module (the shape of every owning handle:
+/// detail/owning_handle.hpp). Kernels taken from it keep it loaded. Every accessor of a
+/// moved-from or released module throws error (errc::precondition).
+class module : public detail::owning_handle<detail::module_traits> {
+  using base = detail::owning_handle<detail::module_traits>;
+
  public:
   /// Loads `image` into `ctx` (pushed for the call). @throws image_error for bytes that are not
   /// an image or have no code for the device; error (with the driver's JIT log) if the driver
@@ -50,16 +72,17 @@ class module {
   /// Reads and loads a file. @throws error (errc::io) naming the path, and as load().
   [[nodiscard]] static module load_file(context_arg ctx, const std::filesystem::path& path,
                                         load_options options = {});
+  /// Adopts `handle`, a module loaded into `ctx` elsewhere (cuModuleLoad...): it is unloaded
+  /// when this and the kernels taken from it are gone. `name` is for messages. @throws error
+  /// (errc::precondition) for a null handle.
+  [[nodiscard]] static module from_native(CUmodule handle, context_arg ctx, std::string name = {});
 
-  module(module&&) noexcept = default;
-  module& operator=(module&&) noexcept = default;
-  ~module() = default;
-
-  [[nodiscard]] CUmodule get() const noexcept;
-  [[nodiscard]] const std::string& name() const noexcept;
-  [[nodiscard]] context_ref context() const noexcept;
+  // Inherited: get(), release() (refused while kernels taken from it are alive; the caller then
+  // unloads it), is_moved_from(); moves. Each accessor below throws as get() once moved from.
+  [[nodiscard]] const std::string& name() const;
+  [[nodiscard]] context_ref context() const;
   /// What the driver's JIT printed (empty for machine code).
-  [[nodiscard]] const std::string& info_log() const noexcept;
+  [[nodiscard]] const std::string& info_log() const;
 
   /// The kernel named `name` (mangled, or extern "C"). @throws error naming module and kernel
   [[nodiscard]] kernel get_kernel(std::string_view name) const;
@@ -67,9 +90,7 @@ class module {
   [[nodiscard]] device_span<std::byte> get_global(std::string_view name) const;
 
  private:
-  struct state;
-  explicit module(std::shared_ptr<const state> s) noexcept : state_(std::move(s)) {}
-  std::shared_ptr<const state> state_;
+  explicit module(std::shared_ptr<detail::module_state> s) noexcept : base(std::move(s), {}) {}
 };
 
 /// Reads a whole file. @throws error (errc::io) naming the path and the reason.

@@ -1,34 +1,50 @@
 #pragma once
 // An owned stream (cuStreamCreate) in a context it keeps alive.
 
+#include <cubridge/core/detail/owning_handle.hpp>
 #include <cubridge/core/stream_ref.hpp>
 
+#include <string_view>
 #include <utility>
 
 namespace cubridge {
 
-/// Owning, move-only CUstream / cudaStream_t. A moved-from or released stream holds a sentinel
+namespace detail {
+/// What makes cubridge::stream an owning handle (detail/owning_handle.hpp).
+struct stream_traits {
+  using value_type = CUstream;
+  static constexpr bool keeps_context = true;
+  static constexpr std::string_view name = "cubridge::stream";
+  static CUstream moved_from() noexcept { return moved_from_stream(); }
+  static CUstream native(CUstream handle) noexcept { return handle; }
+  /// Runs the stream destroy hook, then cuStreamDestroy.
+  static void destroy(CUstream handle, const context_arg& ctx) noexcept;
+  static CUstream release(CUstream handle) noexcept { return handle; }
+};
+}  // namespace detail
+
+/// Owning, move-only CUstream / cudaStream_t in a context it keeps alive (the shape of every
+/// owning handle: detail/owning_handle.hpp). A moved-from or released stream holds a sentinel
 /// (not 0, the legacy default stream): every use of it, a launch on it included, throws error
 /// (errc::precondition) instead of running on another stream.
-class stream : public stream_ref {
+class stream : public detail::owning_handle<detail::stream_traits, stream_ref> {
+  using base = detail::owning_handle<detail::stream_traits, stream_ref>;
+
  public:
   /// Creates a stream in `ctx` (CU_STREAM_NON_BLOCKING by default: it does not synchronise with
   /// the legacy default stream). @throws error naming the context.
   [[nodiscard]] static stream create(context_arg ctx, unsigned flags = CU_STREAM_NON_BLOCKING);
+  /// Adopts `handle`, a stream of `ctx` made elsewhere (cuStreamCreate, cudaStreamCreate): the
+  /// stream destroys it. For a stream someone else destroys, use stream_ref::from_native.
+  /// @throws error (errc::precondition) for 0, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD or the
+  /// moved-from sentinel, none of which can be destroyed.
+  [[nodiscard]] static stream from_native(CUstream handle, context_arg ctx);
 
-  stream(stream&& other) noexcept;
-  stream& operator=(stream&& other) noexcept;
-  stream(const stream&) = delete;
-  stream& operator=(const stream&) = delete;
-  ~stream();
-
-  /// Gives up ownership; the caller destroys the handle. The stream is then as if moved from.
-  /// @throws error (errc::precondition) if it was moved from or released already.
-  [[nodiscard]] CUstream release();
+  // Inherited: get(), release() (the caller then destroys it with before_stream_destroy first,
+  // and keeps its context alive), context() (without a driver call), is_moved_from(); moves.
 
  private:
-  stream(context_arg ctx, CUstream handle) noexcept;
-  context_arg ctx_;
+  stream(CUstream handle, context_arg ctx) noexcept : base(handle, std::move(ctx)) {}
 };
 
 /// Told a stream's handle just before the stream is destroyed, while the handle is still valid.

@@ -44,7 +44,9 @@ std::string driver_error_name(CUresult result);
 
 namespace cubridge::detail {
 /// For destructors, which never throw: tolerates CUDA_ERROR_DEINITIALIZED (process exit) and a
-/// context destroyed behind our back; in Debug builds reports anything else on stderr.
+/// context destroyed behind our back (CUDA_ERROR_CONTEXT_IS_DESTROYED); anything else is
+/// reported on stderr and, in Debug builds (NDEBUG not defined), fails an assert (RMM's
+/// ..._SAFE_SHUTDOWN): a failed release is a bug, not a condition to carry on from.
 void report_release_failure(CUresult result, const char* call) noexcept;
 inline void check_release(CUresult result, const char* call) noexcept {
   if (result != CUDA_SUCCESS) [[unlikely]]
