@@ -6,7 +6,6 @@
 #include <cubridge/core/detail/file_io.hpp>
 #include <cubridge/core/error.hpp>
 #include <cubridge/core/image.hpp>
-#include <cubridge/core/module.hpp>
 
 #include <gtest/gtest.h>
 
@@ -256,11 +255,13 @@ TEST(ImageFiles, InspectRefusesAFifoAndReadsNoHugeNonImageWhole) {
   EXPECT_EQ(cubridge::inspect_image_file(CUBRIDGE_TEST_CUBIN).targets.at(0).arch_name, "sm_90");
 }
 
-TEST(ModuleFiles, ReadFileBytesRefusesAFifo) {
+// As module::load_file and library::load_file read an image.
+TEST(ModuleFiles, ImagesAreReadWholeAndAFifoIsRefused) {
   temp_dir dir;
   const auto fifo = make_fifo(dir.path / "m.cubin");
-  expect_io_error(thrown_reading_fifo(fifo, [&] { (void)cubridge::read_file_bytes(fifo); }),
-                  {"is a FIFO"});
-  EXPECT_EQ(cubridge::read_file_bytes(CUBRIDGE_TEST_CUBIN).size(),
-            fs::file_size(CUBRIDGE_TEST_CUBIN));
+  auto read_image = [](const fs::path& path) {
+    return cubridge::detail::read_regular_file(path, cubridge::detail::max_image_bytes, "image");
+  };
+  expect_io_error(thrown_reading_fifo(fifo, [&] { (void)read_image(fifo); }), {"is a FIFO"});
+  EXPECT_EQ(read_image(CUBRIDGE_TEST_CUBIN).size(), fs::file_size(CUBRIDGE_TEST_CUBIN));
 }

@@ -72,7 +72,4 @@ class module {
   std::shared_ptr<const state> state_;
 };
 
-/// Reads a whole file. @throws error (errc::io) naming the path and the reason.
-[[nodiscard]] std::vector<std::byte> read_file_bytes(const std::filesystem::path& path);
-
 }  // namespace cubridge
