@@ -8,7 +8,6 @@
 #include "expect_refused.hpp"
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -617,50 +616,6 @@ TEST_F(BundleTest, KeysRoundTripAsFiles) {
     EXPECT_TRUE(e.is(cubridge::errc::io));
   }
   std::filesystem::remove_all(dir);
-}
-
-// Writes the fuzzer's seed bundles (fuzz/corpus/bundle/) when CUBRIDGE_WRITE_BUNDLE_SEEDS names a
-// directory; they are signed with the fuzzer's fixed key (the same text as in
-// fuzz/bundle_fuzz.cpp).
-TEST_F(BundleTest, WriteFuzzSeeds) {
-  const char* dir = std::getenv("CUBRIDGE_WRITE_BUNDLE_SEEDS");
-  if (!dir) GTEST_SKIP() << "set CUBRIDGE_WRITE_BUNDLE_SEEDS=dir to write the fuzz seeds";
-  const auto key = cubridge::secret_key_from_text(
-      "cubridge-ed25519-secret 00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n");
-  auto write = [&](const std::string& name, const bytes& b) {
-    std::ofstream out(std::filesystem::path(dir) / name, std::ios::binary);
-    out.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
-  };
-  const auto source = as_bytes("__global__ void k(float* x) { x[0] = 1; }\n");
-  write("source_v1.bundle",
-        cubridge::sign_bundle(input("kernels", 1, "sm_90", cubridge::payload_kind::cuda_source),
-                              source, key));
-  write("source_sm100f.bundle",
-        cubridge::sign_bundle(
-            input("a-b_c.d", 18446744073709551615u, "sm_100f", cubridge::payload_kind::cuda_source),
-            source, key));
-  write("cubin_sm90.bundle", cubridge::sign_bundle(input(), cubin, key));
-  write("cubin_kind_lie.bundle",
-        cubridge::sign_bundle(input("m", 2, "sm_90", cubridge::payload_kind::fatbin), cubin, key));
-  write("cubin_sm80_target.bundle", cubridge::sign_bundle(input("m", 2, "sm_80"), cubin, key));
-  auto unsigned_bundle = cubridge::sign_bundle(
-      input("u", 1, "sm_90", cubridge::payload_kind::cuda_source), source, key);
-  std::fill(unsigned_bundle.end() - 64, unsigned_bundle.end(), std::byte{0});
-  write("unsigned.bundle", unsigned_bundle);
-  write("extra_field.bundle",
-        cubridge::detail::sign_bundle_unchecked(
-            "{\"created\":\"2026-11-29T12:00:00Z\",\"extra\":[1,{}],\"kind\":\"cuda_source\"}",
-            source, key));
-  auto expiring = input("e", 3, "sm_90", cubridge::payload_kind::cuda_source);
-  expiring.expires = std::chrono::sys_days{std::chrono::year{2126} / 1 / 1};
-  write("source_expires_2126.bundle", cubridge::sign_bundle(expiring, source, key));
-  expiring.expires = *expiring.created + std::chrono::seconds{1};
-  write("source_expired.bundle", cubridge::sign_bundle(expiring, source, key));
-  const auto manifest_text = cubridge::detail::manifest_json(
-      input("n", 1, "sm_90", cubridge::payload_kind::cuda_source), source, key.public_key());
-  write("nul_after_manifest.bundle",
-        cubridge::detail::sign_bundle_unchecked(manifest_text + std::string(1, '\0') + "\xff{}",
-                                                source, key));
 }
 
 }  // namespace
