@@ -1,20 +1,27 @@
 // Tests of cubridge/bundle/bundle.hpp: signing and verifying bundles, each refusal with its reason.
 #include <cubridge/bundle/bundle.hpp>
+#include <cubridge/bundle/error.hpp>
 
 #include "gpu_test.hpp"  // only for the test image paths
 
 #include <gtest/gtest.h>
 
 #include "expect_refused.hpp"
+#include "refused_files.hpp"
+#include "temp_dir.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 namespace {
@@ -22,6 +29,11 @@ namespace {
 using cubridge::bundle_error;
 using cubridge::bundle_reason;
 using bytes = std::vector<std::byte>;
+using cubridge::testing::expect_io_error;
+using cubridge::testing::make_fifo;
+using cubridge::testing::temp_dir;
+using cubridge::testing::thrown_reading_fifo;
+using cubridge::testing::write_text;
 
 bytes read_file(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
@@ -616,6 +628,72 @@ TEST_F(BundleTest, KeysRoundTripAsFiles) {
     EXPECT_TRUE(e.is(cubridge::errc::io));
   }
   std::filesystem::remove_all(dir);
+}
+
+// The key files' readers are built on detail/file_io.hpp: a FIFO is refused, not waited on,
+// and a key is written without following a link at its path.
+TEST(KeyFiles, ReadersRefuseAFifoInsteadOfWaitingOnIt) {
+  temp_dir dir;
+  const auto fifo = make_fifo(dir.path / "k.key");
+  expect_io_error(thrown_reading_fifo(fifo, [&] { (void)cubridge::read_secret_key_file(fifo); }),
+                  {"is a FIFO"});
+  expect_io_error(thrown_reading_fifo(fifo, [&] { (void)cubridge::read_public_key_file(fifo); }),
+                  {"is a FIFO"});
+}
+
+TEST(KeyFiles, WriteKeyFileReplacesALinkAndTightensAnExistingFile) {
+  temp_dir dir;
+  const auto keys = cubridge::generate_keypair();
+  write_text(dir.path / "victim", "precious");
+  std::filesystem::create_symlink(dir.path / "victim", dir.path / "k.key");
+  cubridge::write_key_file(dir.path / "k.key", keys.secret_key);
+  EXPECT_EQ(as_text(read_file(dir.path / "victim")), "precious")
+      << "the secret key went through the link";
+  EXPECT_FALSE(std::filesystem::is_symlink(dir.path / "k.key"));
+  EXPECT_EQ(cubridge::read_secret_key_file(dir.path / "k.key").public_key(), keys.public_key);
+
+  write_text(dir.path / "loose.key", "old");
+  ::chmod((dir.path / "loose.key").c_str(), 0644);
+  cubridge::write_key_file(dir.path / "loose.key", keys.secret_key);
+  struct ::stat st {};
+  ASSERT_EQ(::stat((dir.path / "loose.key").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0600u);
+}
+
+// The names of bundle_reason and payload_kind (detail/enum_names.hpp tables) and of the code
+// bundle_error carries, as they were before they moved onto tables.
+TEST(BundleNames, ReasonsKeepTheirSpelling) {
+  using r = cubridge::bundle_reason;
+  constexpr std::array<std::pair<r, std::string_view>, 14> expected{{
+      {r::too_large, "too_large"},
+      {r::bad_magic, "bad_magic"},
+      {r::unsupported_version, "unsupported_version"},
+      {r::malformed, "malformed"},
+      {r::malformed_manifest, "malformed_manifest"},
+      {r::invalid_manifest, "invalid_manifest"},
+      {r::unknown_key, "unknown_key"},
+      {r::unsigned_bundle, "unsigned_bundle"},
+      {r::bad_signature, "bad_signature"},
+      {r::expired, "expired"},
+      {r::payload_mismatch, "payload_mismatch"},
+      {r::payload_kind_mismatch, "payload_kind_mismatch"},
+      {r::target_mismatch, "target_mismatch"},
+      {r::bad_key, "bad_key"},
+  }};
+  for (const auto& [value, name] : expected) EXPECT_EQ(cubridge::to_string(value), name);
+  EXPECT_EQ(cubridge::to_string(static_cast<r>(99)), "unknown");
+}
+
+TEST(BundleNames, PayloadKindsKeepTheirSpelling) {
+  using k = cubridge::payload_kind;
+  EXPECT_EQ(cubridge::to_string(k::cubin), "cubin");
+  EXPECT_EQ(cubridge::to_string(k::fatbin), "fatbin");
+  EXPECT_EQ(cubridge::to_string(k::cuda_source), "cuda_source");
+  EXPECT_EQ(cubridge::to_string(static_cast<k>(99)), "unknown");
+}
+
+TEST(BundleNames, UpdateErrcKeepsItsSpelling) {
+  EXPECT_EQ(cubridge::to_string(cubridge::update_errc::bad_bundle), "CUBRIDGE_BAD_BUNDLE");
 }
 
 }  // namespace
