@@ -15,10 +15,27 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <stdexcept>
 #include <thread>
+#include <vector>
+
+namespace {
+
+/// The bytes of a file the example was given (a cubin): read whole with std::ifstream.
+std::vector<std::byte> read_file(const std::filesystem::path& path) {
+  std::vector<std::byte> bytes(std::filesystem::file_size(path));
+  std::ifstream in(path, std::ios::binary);
+  if (!in.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(bytes.size())))
+    throw std::runtime_error("cannot read " + path.string());
+  return bytes;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   if (argc != 3 && argc != 5) {
@@ -33,7 +50,7 @@ int main(int argc, char** argv) {
   const bool demo = argc == 5 && std::strcmp(argv[3], "--demo") == 0;
 
   auto ctx = cubridge::context::create(cubridge::device::get(0));
-  auto service = cubridge::hot_module::load(ctx, "answer", cubridge::read_file_bytes(argv[2]));
+  auto service = cubridge::hot_module::load(ctx, "answer", read_file(argv[2]));
   auto answer = service.get_kernel("answer");
 
   // New versions arrive as files; stage + promote happen on the watcher's thread, off the
@@ -42,8 +59,7 @@ int main(int argc, char** argv) {
       watch_dir, std::chrono::milliseconds(100),
       [&](const std::filesystem::path& file) {
         cubridge::scoped_current current(ctx);
-        auto staged =
-            service.stage(cubridge::read_file_bytes(file), {.source_name = file.string()});
+        auto staged = service.stage(read_file(file), {.source_name = file.string()});
         const auto id = service.promote(std::move(staged));
         std::printf("version %llu from %s took over\n", static_cast<unsigned long long>(id),
                     file.filename().c_str());

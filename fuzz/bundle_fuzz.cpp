@@ -1,9 +1,11 @@
 // libFuzzer target for cubridge::verify_bundle: any input must either verify or raise
 // cubridge::bundle_error; anything else (a crash, a sanitizer report, another exception, a
-// timeout) is a bug. The trusted key is fixed so that the seeds in fuzz/corpus/bundle/ (signed
-// with it, see BundleTest.WriteFuzzSeeds in tests/test_bundle.cpp) reach the checks after the
+// timeout) is a bug. The trusted key is fixed (fuzz_key.hpp) so that the seeds in
+// fuzz/corpus/bundle/ (signed with it by fuzz/write_bundle_seeds.cpp) reach the checks after the
 // signature.
 #include <cubridge/bundle/bundle.hpp>
+
+#include "fuzz_key.hpp"
 
 #include <cstddef>
 #include <cstdint>
@@ -11,11 +13,7 @@
 
 namespace {
 const cubridge::trusted_keys& fuzz_keys() {
-  static const cubridge::trusted_keys keys{
-      cubridge::secret_key_from_text(
-          "cubridge-ed25519-secret "
-          "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n")
-          .public_key()};
+  static const cubridge::trusted_keys keys{cubridge_fuzz::fuzz_secret_key().public_key()};
   return keys;
 }
 }  // namespace

@@ -1,14 +1,16 @@
 // libFuzzer target for cubridge::verify_rollback_request: any body must either verify or raise
 // cubridge::bundle_error; anything else (a crash, a sanitizer report, another exception, a
-// timeout, a broken invariant below) is a bug. The trusted key is fixed so that the seeds in
-// fuzz/corpus/rollback/ (signed with it, see RollbackRequestTest.WriteFuzzSeeds in
-// tests/test_rollback_request.cpp) reach the checks after the signature.
+// timeout, a broken invariant below) is a bug. The trusted key is fixed (fuzz_key.hpp) so that the
+// seeds in fuzz/corpus/rollback/ (signed with it by fuzz/write_rollback_seeds.cpp) reach the
+// checks after the signature.
 //
 // A mutated line 1 no longer matches its signature, so each input is also verified a second time
 // with line 1 re-signed by the fixed key: that is what carries the fuzzer into the schema checks
 // (action, module name, from_version, nonce, created). The freshness window and the nonce memory
 // are the endpoint's (src/update/update_endpoint.cpp) and are not reached from here.
 #include <cubridge/bundle/rollback_request.hpp>
+
+#include "fuzz_key.hpp"
 
 #include <chrono>
 #include <cstddef>
@@ -22,9 +24,7 @@
 namespace {
 
 const cubridge::secret_key& fuzz_secret_key() {
-  static const cubridge::secret_key key = cubridge::secret_key_from_text(
-      "cubridge-ed25519-secret "
-      "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n");
+  static const cubridge::secret_key key = cubridge_fuzz::fuzz_secret_key();
   return key;
 }
 

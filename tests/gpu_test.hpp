@@ -2,14 +2,18 @@
 // Shared helpers of the GPU tests: skip with a reason where there is no GPU, and the paths of
 // the test kernels built from tests/kernels/test_kernels.cu.
 
+#include <cubridge/core/detail/file_io.hpp>
 #include <cubridge/core/device.hpp>
 #include <cubridge/core/driver.hpp>
 #include <cubridge/core/module.hpp>
 
 #include <gtest/gtest.h>
 
+#include <cstddef>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
+#include <vector>
 
 namespace cubridge::testing {
 
@@ -32,6 +36,11 @@ inline const char* test_ptx_path() {
 inline const char* test_fatbin_path() {
   return CUBRIDGE_TEST_FATBIN;
 }  // sm_80, sm_90, PTX
+
+/// The bytes of a test image or source file, read as module::load_file reads an image.
+inline std::vector<std::byte> read_bytes(const std::filesystem::path& path) {
+  return detail::read_regular_file(path, detail::max_image_bytes, "test file");
+}
 
 }  // namespace cubridge::testing
 

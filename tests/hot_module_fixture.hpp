@@ -18,7 +18,7 @@ namespace cubridge::testing {
 
 /// The cubin of one test version: "v1", "v2", "missing", "changed", "small".
 inline std::vector<std::byte> hot_image(const char* tag) {
-  return read_file_bytes(std::string(CUBRIDGE_TEST_HOT_DIR) + "/hot_" + tag + ".sm_90.cubin");
+  return read_bytes(std::string(CUBRIDGE_TEST_HOT_DIR) + "/hot_" + tag + ".sm_90.cubin");
 }
 
 /// One element of a driver buffer, read back to the host.

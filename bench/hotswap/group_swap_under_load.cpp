@@ -358,8 +358,7 @@ int run(const options& opt) {
   const auto dir = hotswap::find_serve_image_dir(opt.images_dir, CUBRIDGE_SERVE_IMAGE_DIR);
   std::vector<std::vector<std::byte>> cubins;
   for (int v = 1; v <= image_count; ++v)
-    cubins.push_back(
-        cubridge::read_file_bytes(dir / ("serve_v" + std::to_string(v) + ".sm_90.cubin")));
+    cubins.push_back(hotswap::read_image(dir / ("serve_v" + std::to_string(v) + ".sm_90.cubin")));
   const int count = opt.devices ? opt.devices : opt.contexts;
   std::vector<std::unique_ptr<member>> members;
   std::vector<cubridge::context_arg> contexts;

@@ -4,17 +4,20 @@
 // kernel's images lie, and a summary as JSON. (stats.hpp holds the GPU-free analysis.)
 #include "stats.hpp"
 
+#include <cubridge/core/detail/file_io.hpp>
 #include <cubridge/core/driver.hpp>
 
 #include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <stdexcept>
 #include <string>
 #include <system_error>
+#include <vector>
 
 namespace hotswap {
 
@@ -48,6 +51,11 @@ inline std::filesystem::path find_serve_image_dir(const std::string& requested, 
   const auto self = fs::read_symlink("/proc/self/exe", ec);
   if (!ec && fs::exists(self.parent_path() / "serve_v1.sm_90.cubin")) return self.parent_path();
   return built;
+}
+
+/// The bytes of one of those images (a regular file of at most 2 GiB, as module::load_file reads).
+inline std::vector<std::byte> read_image(const std::filesystem::path& path) {
+  return cubridge::detail::read_regular_file(path, cubridge::detail::max_image_bytes, "image");
 }
 
 inline nlohmann::json finite_or_null(double x) {

@@ -250,8 +250,8 @@ images load_images(const options& o) {
   im.dir = hotswap::find_serve_image_dir(o.images_dir, CUBRIDGE_SERVE_IMAGE_DIR);
   for (int v = 1; v <= image_count; ++v) {
     const auto stem = im.dir / ("serve_v" + std::to_string(v));
-    im.cubins.push_back(cubridge::read_file_bytes(stem.string() + ".sm_90.cubin"));
-    auto ptx = cubridge::read_file_bytes(stem.string() + ".compute_90.ptx");
+    im.cubins.push_back(hotswap::read_image(stem.string() + ".sm_90.cubin"));
+    auto ptx = hotswap::read_image(stem.string() + ".compute_90.ptx");
     ptx.push_back(std::byte{0});
     im.ptx.push_back(std::move(ptx));
   }

@@ -62,8 +62,11 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -88,6 +91,15 @@ using steady_clock = std::chrono::steady_clock;
 constexpr unsigned input_size = 256;   // n: elements of `in` and `out`
 constexpr unsigned output_size = 256;  // m: rows of A, elements of y
 constexpr auto gpu_timeout = std::chrono::seconds(10);
+
+/// The bytes of a file the example was given (a cubin): read whole with std::ifstream.
+std::vector<std::byte> read_file(const std::filesystem::path& path) {
+  std::vector<std::byte> bytes(std::filesystem::file_size(path));
+  std::ifstream in(path, std::ios::binary);
+  if (!in.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(bytes.size())))
+    throw std::runtime_error("cannot read " + path.string());
+  return bytes;
+}
 
 volatile std::sig_atomic_t stop_requested = 0;
 void on_stop_signal(int) {
@@ -360,7 +372,7 @@ int run(const options& o) {
   auto ctx = cubridge::context::create(dev);
   // Its image is bundle version 1: the module's chain records that, and the update endpoint
   // reads it there (pushes must be above it).
-  auto kernels = cubridge::hot_module::load(ctx, "kernels", cubridge::read_file_bytes(o.module),
+  auto kernels = cubridge::hot_module::load(ctx, "kernels", read_file(o.module),
                                             {.origin = {.label = 1, .source = o.module}});
   auto vendor = cubridge::guest_context::create(dev, {.name = "vendor"});
   service svc(ctx, kernels, vendor);

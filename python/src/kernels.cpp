@@ -5,6 +5,7 @@
 
 #include <cubridge/compile/compile_cache.hpp>
 #include <cubridge/compile/machine_code.hpp>
+#include <cubridge/core/detail/file_io.hpp>
 #include <cubridge/core/image.hpp>
 #include <cubridge/core/module.hpp>
 
@@ -297,7 +298,7 @@ std::vector<std::byte> image_bytes(nb::handle image) {
     return out;
   }
   const auto path = nb::cast<std::string>(nb::module_::import_("os").attr("fspath")(image));
-  return read_file_bytes(path);
+  return detail::read_regular_file(path, detail::max_image_bytes, "image");
 }
 
 }  // namespace cubridge::python

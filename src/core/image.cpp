@@ -88,8 +88,6 @@ namespace {
 
 using namespace image_internal;
 
-constexpr std::uintmax_t max_file_size = std::uintmax_t{2} << 30;
-
 std::atomic<std::uint64_t> inspect_calls{0};
 
 [[noreturn]] void precondition_failed(compute_capability device) {
@@ -162,7 +160,7 @@ image_info inspect_image_file(const std::filesystem::path& path) {
   // refused after one chunk.
   detail::regular_file file(path, std::numeric_limits<std::uint64_t>::max(), "image");
   const auto size = static_cast<std::uint64_t>(file.status().st_size);
-  if (size > max_file_size)
+  if (size > detail::max_image_bytes)
     detail::throw_errc(errc::bad_image, "inspect_image_file",
                        "'" + path.string() + "' is larger than the 2 GiB an image may have (" +
                            std::to_string(size) + " bytes)");
@@ -186,7 +184,7 @@ image_info inspect_image_file(const std::filesystem::path& path) {
   }
   data.reserve(static_cast<std::size_t>(size) + chunk);  // room for the read that sees the end
   while (file.read_some(data, chunk) != 0)               // to its end, even if it grew since fstat
-    if (data.size() > max_file_size)
+    if (data.size() > detail::max_image_bytes)
       detail::throw_errc(errc::bad_image, "inspect_image_file",
                          "'" + path.string() + "' is larger than the 2 GiB an image may have");
   try {

@@ -79,7 +79,7 @@ library library::load(std::span<const std::byte> image, load_options options) {
 
 library library::load_file(const std::filesystem::path& path, load_options options) {
   if (options.name.empty()) options.name = path.filename().string();
-  const auto bytes = read_file_bytes(path);
+  const auto bytes = detail::read_regular_file(path, detail::max_image_bytes, "image");
   return load(bytes, std::move(options));
 }
 

@@ -16,12 +16,6 @@
 
 namespace cubridge {
 
-std::vector<std::byte> read_file_bytes(const std::filesystem::path& path) {
-  // A regular file only: a FIFO or device named here would block the loader or never end. 2 GiB
-  // is the most an image may have (inspect_image_file).
-  return detail::read_regular_file(path, std::uint64_t{2} << 30, "file");
-}
-
 namespace {
 
 using core_internal::driver_image;
@@ -96,7 +90,8 @@ module module::load(context_arg ctx, std::span<const std::byte> image, const ima
 
 module module::load_file(context_arg ctx, const std::filesystem::path& path, load_options options) {
   if (options.name.empty()) options.name = path.filename().string();
-  const auto bytes = read_file_bytes(path);
+  // A regular file only: a FIFO or device named here would block the loader or never end.
+  const auto bytes = detail::read_regular_file(path, detail::max_image_bytes, "image");
   return load(std::move(ctx), bytes, std::move(options));
 }
 

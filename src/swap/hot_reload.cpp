@@ -1,4 +1,5 @@
-#include <cubridge/core/module.hpp>
+#include <cubridge/core/detail/file_io.hpp>
+#include <cubridge/core/error.hpp>
 #include <cubridge/swap/hot_reload.hpp>
 
 #include <utility>
@@ -15,7 +16,7 @@ std::vector<std::byte> machine_code_from_file(const std::filesystem::path& file,
   // Quoted includes resolve next to the file, as they would for nvcc.
   if (*kind == source_kind::cuda_source)
     options.include_paths.insert(options.include_paths.begin(), file.parent_path());
-  const auto bytes = read_file_bytes(file);
+  const auto bytes = detail::read_regular_file(file, detail::max_image_bytes, "kernel file");
   return build_machine_code(*kind, bytes, file.filename().string(), target,
                             {std::move(options), cache});
 }

@@ -1,22 +1,28 @@
 // Tests of cubridge/bundle/bundle.hpp: signing and verifying bundles, each refusal with its reason.
 #include <cubridge/bundle/bundle.hpp>
+#include <cubridge/bundle/error.hpp>
 
 #include "gpu_test.hpp"  // only for the test image paths
 
 #include <gtest/gtest.h>
 
 #include "expect_refused.hpp"
+#include "refused_files.hpp"
+#include "temp_dir.hpp"
 
 #include <algorithm>
-#include <cstdlib>
+#include <array>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <span>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 namespace {
@@ -24,6 +30,11 @@ namespace {
 using cubridge::bundle_error;
 using cubridge::bundle_reason;
 using bytes = std::vector<std::byte>;
+using cubridge::testing::expect_io_error;
+using cubridge::testing::make_fifo;
+using cubridge::testing::temp_dir;
+using cubridge::testing::thrown_reading_fifo;
+using cubridge::testing::write_text;
 
 bytes read_file(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
@@ -653,48 +664,71 @@ TEST_F(BundleTest, KeysRoundTripAsFiles) {
   std::filesystem::remove_all(dir);
 }
 
-// Writes the fuzzer's seed bundles (fuzz/corpus/bundle/) when CUBRIDGE_WRITE_BUNDLE_SEEDS names a
-// directory; they are signed with the fuzzer's fixed key (the same text as in
-// fuzz/bundle_fuzz.cpp).
-TEST_F(BundleTest, WriteFuzzSeeds) {
-  const char* dir = std::getenv("CUBRIDGE_WRITE_BUNDLE_SEEDS");
-  if (!dir) GTEST_SKIP() << "set CUBRIDGE_WRITE_BUNDLE_SEEDS=dir to write the fuzz seeds";
-  const auto key = cubridge::secret_key_from_text(
-      "cubridge-ed25519-secret 00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n");
-  auto write = [&](const std::string& name, const bytes& b) {
-    std::ofstream out(std::filesystem::path(dir) / name, std::ios::binary);
-    out.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
-  };
-  const auto source = as_bytes("__global__ void k(float* x) { x[0] = 1; }\n");
-  write("source_v1.bundle",
-        cubridge::sign_bundle(input("kernels", 1, "sm_90", cubridge::payload_kind::cuda_source),
-                              source, key));
-  write("source_sm100f.bundle",
-        cubridge::sign_bundle(
-            input("a-b_c.d", 18446744073709551615u, "sm_100f", cubridge::payload_kind::cuda_source),
-            source, key));
-  write("cubin_sm90.bundle", cubridge::sign_bundle(input(), cubin, key));
-  write("cubin_kind_lie.bundle",
-        cubridge::sign_bundle(input("m", 2, "sm_90", cubridge::payload_kind::fatbin), cubin, key));
-  write("cubin_sm80_target.bundle", cubridge::sign_bundle(input("m", 2, "sm_80"), cubin, key));
-  auto unsigned_bundle = cubridge::sign_bundle(
-      input("u", 1, "sm_90", cubridge::payload_kind::cuda_source), source, key);
-  std::fill(unsigned_bundle.end() - 64, unsigned_bundle.end(), std::byte{0});
-  write("unsigned.bundle", unsigned_bundle);
-  write("extra_field.bundle",
-        cubridge::detail::sign_bundle_unchecked(
-            "{\"created\":\"2026-11-29T12:00:00Z\",\"extra\":[1,{}],\"kind\":\"cuda_source\"}",
-            source, key));
-  auto expiring = input("e", 3, "sm_90", cubridge::payload_kind::cuda_source);
-  expiring.expires = std::chrono::sys_days{std::chrono::year{2126} / 1 / 1};
-  write("source_expires_2126.bundle", cubridge::sign_bundle(expiring, source, key));
-  expiring.expires = *expiring.created + std::chrono::seconds{1};
-  write("source_expired.bundle", cubridge::sign_bundle(expiring, source, key));
-  const auto manifest_text = cubridge::detail::manifest_json(
-      input("n", 1, "sm_90", cubridge::payload_kind::cuda_source), source, key.public_key());
-  write("nul_after_manifest.bundle",
-        cubridge::detail::sign_bundle_unchecked(manifest_text + std::string(1, '\0') + "\xff{}",
-                                                source, key));
+// The key files' readers are built on detail/file_io.hpp: a FIFO is refused, not waited on,
+// and a key is written without following a link at its path.
+TEST(KeyFiles, ReadersRefuseAFifoInsteadOfWaitingOnIt) {
+  temp_dir dir;
+  const auto fifo = make_fifo(dir.path / "k.key");
+  expect_io_error(thrown_reading_fifo(fifo, [&] { (void)cubridge::read_secret_key_file(fifo); }),
+                  {"is a FIFO"});
+  expect_io_error(thrown_reading_fifo(fifo, [&] { (void)cubridge::read_public_key_file(fifo); }),
+                  {"is a FIFO"});
+}
+
+TEST(KeyFiles, WriteKeyFileReplacesALinkAndTightensAnExistingFile) {
+  temp_dir dir;
+  const auto keys = cubridge::generate_keypair();
+  write_text(dir.path / "victim", "precious");
+  std::filesystem::create_symlink(dir.path / "victim", dir.path / "k.key");
+  cubridge::write_key_file(dir.path / "k.key", keys.secret_key);
+  EXPECT_EQ(as_text(read_file(dir.path / "victim")), "precious")
+      << "the secret key went through the link";
+  EXPECT_FALSE(std::filesystem::is_symlink(dir.path / "k.key"));
+  EXPECT_EQ(cubridge::read_secret_key_file(dir.path / "k.key").public_key(), keys.public_key);
+
+  write_text(dir.path / "loose.key", "old");
+  ::chmod((dir.path / "loose.key").c_str(), 0644);
+  cubridge::write_key_file(dir.path / "loose.key", keys.secret_key);
+  struct ::stat st {};
+  ASSERT_EQ(::stat((dir.path / "loose.key").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0600u);
+}
+
+// The names of bundle_reason and payload_kind (detail/enum_names.hpp tables) and of the code
+// bundle_error carries, as they were before they moved onto tables.
+TEST(BundleNames, ReasonsKeepTheirSpelling) {
+  using r = cubridge::bundle_reason;
+  constexpr std::array<std::pair<r, std::string_view>, 15> expected{{
+      {r::too_large, "too_large"},
+      {r::bad_magic, "bad_magic"},
+      {r::unsupported_version, "unsupported_version"},
+      {r::malformed, "malformed"},
+      {r::malformed_manifest, "malformed_manifest"},
+      {r::invalid_manifest, "invalid_manifest"},
+      {r::unknown_key, "unknown_key"},
+      {r::unsigned_bundle, "unsigned_bundle"},
+      {r::bad_signature, "bad_signature"},
+      {r::expired, "expired"},
+      {r::payload_mismatch, "payload_mismatch"},
+      {r::payload_kind_mismatch, "payload_kind_mismatch"},
+      {r::target_mismatch, "target_mismatch"},
+      {r::wrong_device, "wrong_device"},
+      {r::bad_key, "bad_key"},
+  }};
+  for (const auto& [value, name] : expected) EXPECT_EQ(cubridge::to_string(value), name);
+  EXPECT_EQ(cubridge::to_string(static_cast<r>(99)), "unknown");
+}
+
+TEST(BundleNames, PayloadKindsKeepTheirSpelling) {
+  using k = cubridge::payload_kind;
+  EXPECT_EQ(cubridge::to_string(k::cubin), "cubin");
+  EXPECT_EQ(cubridge::to_string(k::fatbin), "fatbin");
+  EXPECT_EQ(cubridge::to_string(k::cuda_source), "cuda_source");
+  EXPECT_EQ(cubridge::to_string(static_cast<k>(99)), "unknown");
+}
+
+TEST(BundleNames, UpdateErrcKeepsItsSpelling) {
+  EXPECT_EQ(cubridge::to_string(cubridge::update_errc::bad_bundle), "CUBRIDGE_BAD_BUNDLE");
 }
 
 }  // namespace

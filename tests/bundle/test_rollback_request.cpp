@@ -5,9 +5,6 @@
 
 #include "expect_refused.hpp"
 
-#include <cstdlib>
-#include <filesystem>
-#include <fstream>
 #include <string>
 
 namespace {
@@ -188,95 +185,6 @@ TEST_F(RollbackRequestTest, FromVersionIsExactlyAnUnsignedSixtyFourBitInteger) {
     EXPECT_REFUSED(cubridge::verify_rollback_request(with_version(bad), trusted),
                    bundle_reason::invalid_manifest);
   }
-}
-
-// Writes the fuzzer's seed requests (fuzz/corpus/rollback/) when CUBRIDGE_WRITE_ROLLBACK_SEEDS
-// names a directory; they are signed with the fuzzer's fixed key (the same text as in
-// fuzz/rollback_fuzz.cpp). Fixed nonces, so that rewriting them changes nothing.
-TEST_F(RollbackRequestTest, WriteFuzzSeeds) {
-  const char* dir = std::getenv("CUBRIDGE_WRITE_ROLLBACK_SEEDS");
-  if (!dir) GTEST_SKIP() << "set CUBRIDGE_WRITE_ROLLBACK_SEEDS=dir to write the fuzz seeds";
-  const auto key = cubridge::secret_key_from_text(
-      "cubridge-ed25519-secret 00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n");
-  const cubridge::trusted_keys fuzz_keys{key.public_key()};
-  const auto id = cubridge::to_hex(key.public_key().id());
-  auto write = [&](const std::string& name, const std::string& body) {
-    std::ofstream out(std::filesystem::path(dir) / name, std::ios::binary);
-    out.write(body.data(), static_cast<std::streamsize>(body.size()));
-  };
-  auto sign = [&](const std::string& line) {
-    return cubridge::detail::sign_rollback_line_unchecked(line, key);
-  };
-  // The signer's form: compact, keys sorted.
-  auto line = [&](const std::string& module, const std::string& version) {
-    return "{\"action\":\"rollback\",\"created\":\"2026-11-29T12:00:00Z\",\"from_version\":" +
-           version + ",\"key_id\":\"" + id + "\",\"module\":\"" + module +
-           "\",\"nonce\":\"00112233445566778899aabbccddeeff\"}";
-  };
-  auto write_valid = [&](const std::string& name, const std::string& body) {
-    EXPECT_NO_THROW((void)cubridge::verify_rollback_request(body, fuzz_keys)) << name;
-    write(name, body);
-  };
-  auto write_refused = [&](const std::string& name, const std::string& body,
-                           bundle_reason expected) {
-    EXPECT_REFUSED(cubridge::verify_rollback_request(body, fuzz_keys), expected);
-    write(name, body);
-  };
-
-  const auto canonical = sign(line("filters", "7"));
-  write_valid("valid.req", canonical);
-  write_valid("valid_max_version.req", [&] {
-    auto b = sign(line("a-b_c.d", "18446744073709551615"));
-    b.pop_back();  // without the final newline
-    return b;
-  }());
-  write_valid("valid_escaped_module.req", sign(line("\\u00e9t\\u00e9 \\\"q\\\"", "2")));
-  write_valid("valid_reordered.req",
-              sign("{ \"nonce\" : \"ffeeddccbbaa99887766554433221100\", \"module\": \"m\", "
-                   "\"key_id\": \"" +
-                   id +
-                   "\", \"from_version\": 1, "
-                   "\"created\": \"2000-02-29T23:59:59Z\", \"action\": \"rollback\" }"));
-
-  const auto request_line = line("filters", "7");
-  write_refused("one_line.req", request_line, bundle_reason::malformed);
-  write_refused("unsigned.req", request_line + "\n" + std::string(128, '0') + "\n",
-                bundle_reason::unsigned_bundle);
-  auto tampered = canonical;
-  tampered.replace(tampered.find("filters"), 7, "filtert");
-  write_refused("tampered.req", tampered, bundle_reason::bad_signature);
-  const auto stranger = cubridge::secret_key_from_text(
-      "cubridge-ed25519-secret ffeeddccbbaa99887766554433221100ffeeddccbbaa99887766554433221100\n");
-  write_refused("unknown_key.req",
-                cubridge::detail::sign_rollback_line_unchecked(
-                    "{\"action\":\"rollback\",\"created\":\"2026-11-29T12:00:00Z\","
-                    "\"from_version\":7,\"key_id\":\"" +
-                        cubridge::to_hex(stranger.public_key().id()) +
-                        "\",\"module\":\"filters\",\"nonce\":\"00112233445566778899aabbccddeeff\"}",
-                    stranger),
-                bundle_reason::unknown_key);
-  auto with = [&](const std::string& extra) {
-    auto l = request_line;
-    l.insert(l.size() - 1, extra);
-    return sign(l);
-  };
-  write_refused("extra_field.req", with(",\"extra\":1"), bundle_reason::invalid_manifest);
-  write_refused("nested_field.req", with(",\"x\":{\"y\":[1]}"), bundle_reason::invalid_manifest);
-  write_refused("duplicate_field.req", with(",\"module\":\"other\""),
-                bundle_reason::malformed_manifest);
-  write_refused(
-      "bad_date.req",
-      sign("{\"action\":\"rollback\",\"created\":\"2026-02-29T12:00:00Z\","
-           "\"from_version\":7,\"key_id\":\"" +
-           id + "\",\"module\":\"filters\",\"nonce\":\"00112233445566778899aabbccddeeff\"}"),
-      bundle_reason::invalid_manifest);
-  write_refused("fractional_version.req", sign(line("filters", "7.0")),
-                bundle_reason::invalid_manifest);
-  write_refused("nul_after_line.req",
-                sign(request_line + std::string(1, '\0') + ",\"module\":\"other\"}"),
-                bundle_reason::malformed_manifest);
-  write_refused("exponent_version.req", sign(line("filters", "1e3")),
-                bundle_reason::invalid_manifest);
 }
 
 }  // namespace

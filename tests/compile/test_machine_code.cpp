@@ -6,7 +6,7 @@
 
 #include <gtest/gtest.h>
 
-#include "gpu_test.hpp"  // only for the test image paths
+#include "gpu_test.hpp"  // only for the test images (paths, read_bytes)
 #include "temp_dir.hpp"
 
 #include <cstring>
@@ -88,7 +88,7 @@ TEST(BuildMachineCode, CudaSourceErrorsCarryTheLogAndTheName) {
 }
 
 TEST(BuildMachineCode, PtxIsLinkedForTheTarget) {
-  const auto ptx = cubridge::read_file_bytes(cubridge::testing::test_ptx_path());  // compute_90
+  const auto ptx = cubridge::testing::read_bytes(cubridge::testing::test_ptx_path());  // compute_90
   expect_cubin_for(build_machine_code(source_kind::ptx, ptx, "test_kernels.ptx", {9, 0}), {9, 0},
                    "fill_u32");
   expect_cubin_for(build_machine_code(source_kind::ptx, ptx, "test_kernels.ptx", {10, 0}), {10, 0},
@@ -96,15 +96,15 @@ TEST(BuildMachineCode, PtxIsLinkedForTheTarget) {
 }
 
 TEST(BuildMachineCode, MachineCodeForTheTargetPassesThroughAsItIs) {
-  const auto cubin = cubridge::read_file_bytes(cubridge::testing::test_cubin_path());  // sm_90
+  const auto cubin = cubridge::testing::read_bytes(cubridge::testing::test_cubin_path());  // sm_90
   EXPECT_EQ(build_machine_code(source_kind::cubin, cubin, "k.cubin", {9, 0}), cubin);
-  const auto fatbin = cubridge::read_file_bytes(cubridge::testing::test_fatbin_path());
+  const auto fatbin = cubridge::testing::read_bytes(cubridge::testing::test_fatbin_path());
   EXPECT_EQ(build_machine_code(source_kind::fatbin, fatbin, "k.fatbin", {8, 6}), fatbin);   // sm_80
   EXPECT_EQ(build_machine_code(source_kind::fatbin, fatbin, "k.fatbin", {12, 0}), fatbin);  // PTX
 }
 
 TEST(BuildMachineCode, MachineCodeForAnotherGpuIsRefused) {
-  const auto cubin = cubridge::read_file_bytes(cubridge::testing::test_cubin_path());  // sm_90
+  const auto cubin = cubridge::testing::read_bytes(cubridge::testing::test_cubin_path());  // sm_90
   for (const compute_capability other : {compute_capability{8, 0}, compute_capability{10, 0}}) {
     SCOPED_TRACE(cubridge::to_string(other));
     try {
@@ -120,7 +120,7 @@ TEST(BuildMachineCode, MachineCodeForAnotherGpuIsRefused) {
           << m;
     }
   }
-  const auto fatbin = cubridge::read_file_bytes(cubridge::testing::test_fatbin_path());
+  const auto fatbin = cubridge::testing::read_bytes(cubridge::testing::test_fatbin_path());
   EXPECT_THROW((void)build_machine_code(source_kind::fatbin, fatbin, "k.fatbin", {7, 5}),
                cubridge::image_error);
 }
@@ -151,7 +151,7 @@ TEST(BuildMachineCode, BuildsThroughTheCacheWhenGiven) {
   // Another target is another entry.
   (void)build_machine_code(source_kind::cuda_source, source, "scale.cu", {8, 6}, options);
   EXPECT_EQ(cache.stats().misses, 2u);
-  const auto ptx = cubridge::read_file_bytes(cubridge::testing::test_ptx_path());
+  const auto ptx = cubridge::testing::read_bytes(cubridge::testing::test_ptx_path());
   (void)build_machine_code(source_kind::ptx, ptx, "k.ptx", {9, 0}, options);
   (void)build_machine_code(source_kind::ptx, ptx, "k.ptx", {9, 0}, options);
   EXPECT_EQ(cache.stats().misses, 3u);

@@ -1,12 +1,12 @@
-// detail/file_io.hpp and the library's file readers built on it: key files, images and module
-// files are regular files read within a limit, and files are written without following links.
+// detail/file_io.hpp and the core's file readers built on it: images and module files are regular
+// files read within a limit, and files are written without following links. The key files'
+// readers (bundle) are tested in tests/bundle/test_bundle.cpp.
+#include "refused_files.hpp"
 #include "temp_dir.hpp"
 
-#include <cubridge/bundle/bundle.hpp>
 #include <cubridge/core/detail/file_io.hpp>
 #include <cubridge/core/error.hpp>
 #include <cubridge/core/image.hpp>
-#include <cubridge/core/module.hpp>
 
 #include <gtest/gtest.h>
 
@@ -15,10 +15,8 @@
 #include <exception>
 #include <fstream>
 #include <functional>
-#include <future>
 #include <string>
 
-#include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -27,51 +25,15 @@ namespace {
 
 using namespace std::chrono_literals;
 namespace fs = std::filesystem;
+using cubridge::testing::expect_io_error;
+using cubridge::testing::make_fifo;
 using cubridge::testing::temp_dir;
+using cubridge::testing::thrown_reading_fifo;
 using cubridge::testing::write_text;
 
 std::string read_text(const fs::path& file) {
   std::ifstream in(file, std::ios::binary);
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-fs::path make_fifo(const fs::path& path) {
-  EXPECT_EQ(::mkfifo(path.c_str(), 0600), 0) << path;
-  return path;
-}
-
-// Runs `read` on a thread and returns what it threw. A reader stuck opening the FIFO (as the
-// readers did before they opened with O_NONBLOCK) is released by opening the other end, and
-// reported, so that a regression fails instead of hanging the suite.
-std::exception_ptr thrown_reading_fifo(const fs::path& fifo, const std::function<void()>& read) {
-  auto result = std::async(std::launch::async, [&]() -> std::exception_ptr {
-    try {
-      read();
-    } catch (...) {
-      return std::current_exception();
-    }
-    return nullptr;
-  });
-  if (result.wait_for(30s) != std::future_status::ready) {
-    ADD_FAILURE() << "blocked on the FIFO " << fifo << " for 30 s";
-    const int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
-    if (fd >= 0) ::close(fd);
-  }
-  return result.get();
-}
-
-// The exception is a cubridge::error with errc::io whose text holds every one of `words`.
-void expect_io_error(std::exception_ptr thrown, std::initializer_list<std::string> words) {
-  ASSERT_TRUE(thrown) << "no error";
-  try {
-    std::rethrow_exception(thrown);
-  } catch (const cubridge::error& e) {
-    EXPECT_TRUE(e.is(cubridge::errc::io)) << e.what();
-    for (const auto& w : words)
-      EXPECT_NE(std::string(e.what()).find(w), std::string::npos) << e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "not a cubridge::error: " << e.what();
-  }
 }
 
 std::exception_ptr thrown_by(const std::function<void()>& f) {
@@ -197,33 +159,6 @@ TEST(AtomicWrite, WithoutReplaceRefusesAnythingAtThePathEvenADanglingSymlink) {
   EXPECT_EQ(entries(dir.path), (std::vector<std::string>{"dangling", "file", "fresh"}));
 }
 
-TEST(KeyFiles, ReadersRefuseAFifoInsteadOfWaitingOnIt) {
-  temp_dir dir;
-  const auto fifo = make_fifo(dir.path / "k.key");
-  expect_io_error(thrown_reading_fifo(fifo, [&] { (void)cubridge::read_secret_key_file(fifo); }),
-                  {"is a FIFO"});
-  expect_io_error(thrown_reading_fifo(fifo, [&] { (void)cubridge::read_public_key_file(fifo); }),
-                  {"is a FIFO"});
-}
-
-TEST(KeyFiles, WriteKeyFileReplacesALinkAndTightensAnExistingFile) {
-  temp_dir dir;
-  const auto keys = cubridge::generate_keypair();
-  write_text(dir.path / "victim", "precious");
-  fs::create_symlink(dir.path / "victim", dir.path / "k.key");
-  cubridge::write_key_file(dir.path / "k.key", keys.secret_key);
-  EXPECT_EQ(read_text(dir.path / "victim"), "precious") << "the secret key went through the link";
-  EXPECT_FALSE(fs::is_symlink(dir.path / "k.key"));
-  EXPECT_EQ(cubridge::read_secret_key_file(dir.path / "k.key").public_key(), keys.public_key);
-
-  write_text(dir.path / "loose.key", "old");
-  ::chmod((dir.path / "loose.key").c_str(), 0644);
-  cubridge::write_key_file(dir.path / "loose.key", keys.secret_key);
-  struct ::stat st {};
-  ASSERT_EQ(::stat((dir.path / "loose.key").c_str(), &st), 0);
-  EXPECT_EQ(st.st_mode & 07777, 0600u);
-}
-
 TEST(ImageFiles, InspectRefusesAFifoAndReadsNoHugeNonImageWhole) {
   temp_dir dir;
   const auto fifo = make_fifo(dir.path / "k.cubin");
@@ -256,11 +191,13 @@ TEST(ImageFiles, InspectRefusesAFifoAndReadsNoHugeNonImageWhole) {
   EXPECT_EQ(cubridge::inspect_image_file(CUBRIDGE_TEST_CUBIN).targets.at(0).arch_name, "sm_90");
 }
 
-TEST(ModuleFiles, ReadFileBytesRefusesAFifo) {
+// As module::load_file and library::load_file read an image.
+TEST(ModuleFiles, ImagesAreReadWholeAndAFifoIsRefused) {
   temp_dir dir;
   const auto fifo = make_fifo(dir.path / "m.cubin");
-  expect_io_error(thrown_reading_fifo(fifo, [&] { (void)cubridge::read_file_bytes(fifo); }),
-                  {"is a FIFO"});
-  EXPECT_EQ(cubridge::read_file_bytes(CUBRIDGE_TEST_CUBIN).size(),
-            fs::file_size(CUBRIDGE_TEST_CUBIN));
+  auto read_image = [](const fs::path& path) {
+    return cubridge::detail::read_regular_file(path, cubridge::detail::max_image_bytes, "image");
+  };
+  expect_io_error(thrown_reading_fifo(fifo, [&] { (void)read_image(fifo); }), {"is a FIFO"});
+  EXPECT_EQ(read_image(CUBRIDGE_TEST_CUBIN).size(), fs::file_size(CUBRIDGE_TEST_CUBIN));
 }

@@ -50,7 +50,7 @@ TEST_F(Module, LoadsCubinFromFileAndMemory) {
   EXPECT_EQ(from_file.name(), "test_kernels.sm_90.cubin");
   EXPECT_EQ(from_file.context(), ctx_->ref());
   expect_fill_works(from_file, *ctx_);
-  const auto bytes = cubridge::read_file_bytes(test_cubin_path());
+  const auto bytes = cubridge::testing::read_bytes(test_cubin_path());
   auto from_memory = cubridge::module::load(*ctx_, bytes, {.name = "filters"});
   EXPECT_EQ(from_memory.name(), "filters");
   expect_fill_works(from_memory, *ctx_);

@@ -125,7 +125,7 @@ TEST_F(HotModule, BadVersionsAreRefusedAndTheCurrentKeepsServing) {
   EXPECT_THROW((void)hot_->stage(garbage), cubridge::image_error);
   EXPECT_THROW((void)hot_->stage({}), cubridge::image_error);
   EXPECT_THROW(
-      (void)hot_->stage(cubridge::read_file_bytes(cubridge::testing::test_cubin_other_path())),
+      (void)hot_->stage(cubridge::testing::read_bytes(cubridge::testing::test_cubin_other_path())),
       cubridge::image_error);
 
   EXPECT_EQ(hot_->stats().rejected, 6u);
@@ -797,7 +797,7 @@ TEST_F(HotModule, TenThousandSwapsWithRejectsUnderEightLaunchersStayBounded) {
 // A hot module loads from, and stages, a `--compress-mode=size` fatbin (its cubin zstd-
 // compressed, so its kernels are seen only through libzstd) and launches it (issue 12).
 TEST_F(HotModule, ASizeCompressedFatbinLoadsStagesAndLaunches) {
-  const auto compressed = cubridge::read_file_bytes(CUBRIDGE_HOT_SIZE_FATBIN);
+  const auto compressed = cubridge::testing::read_bytes(CUBRIDGE_HOT_SIZE_FATBIN);
   auto own = cubridge::hot_module::load(*ctx_, "compressed", compressed);
   auto k = own.get_kernel("write_version");
   (void)k.launch({.block = {256}, .stream = *stream_}, out_->span());

@@ -47,7 +47,7 @@ TEST(MachineCodeFromFile, LinksPtxAndPassesMachineCodeThrough) {
   const auto from_ptx = cubridge::machine_code_from_file(cubridge::testing::test_ptx_path(), sm90);
   EXPECT_TRUE(has_kernel(from_ptx, "fill_u32"));
   const auto cubin = cubridge::machine_code_from_file(cubridge::testing::test_cubin_path(), sm90);
-  EXPECT_EQ(cubin, cubridge::read_file_bytes(cubridge::testing::test_cubin_path()));
+  EXPECT_EQ(cubin, cubridge::testing::read_bytes(cubridge::testing::test_cubin_path()));
   // Machine code for another GPU is refused here, naming the file, not by the loader later.
   try {
     (void)cubridge::machine_code_from_file(cubridge::testing::test_cubin_other_path(), sm90);
@@ -107,7 +107,7 @@ TEST(HotReloader, PromotesWhatIsDroppedAndRefusesWhatIsBroken) {
   cubridge::scoped_current current(ctx);
   auto hot = cubridge::hot_module::load(
       ctx, "versions",
-      cubridge::read_file_bytes(std::string(CUBRIDGE_TEST_HOT_DIR) + "/hot_v1.sm_90.cubin"));
+      cubridge::testing::read_bytes(std::string(CUBRIDGE_TEST_HOT_DIR) + "/hot_v1.sm_90.cubin"));
   // The interface of hot_v1 has two kernels; a source with only write_version is refused...
   std::mutex m;
   std::condition_variable cv;
@@ -151,7 +151,7 @@ TEST(HotReloader, KeepsItsModuleAlive) {
   cubridge::scoped_current current(ctx);
   std::optional<cubridge::hot_module> hot = cubridge::hot_module::load(
       ctx, "versions",
-      cubridge::read_file_bytes(std::string(CUBRIDGE_TEST_HOT_DIR) + "/hot_v1.sm_90.cubin"));
+      cubridge::testing::read_bytes(std::string(CUBRIDGE_TEST_HOT_DIR) + "/hot_v1.sm_90.cubin"));
   const auto kernel = hot->get_kernel("write_version");
   std::mutex m;
   std::condition_variable cv;

@@ -328,4 +328,14 @@ TEST_F(UpdateStateTest, ARewriteReplacesTheFileAsAWhole) {
   EXPECT_EQ(restarted.highest_version("filters"), 2u);
 }
 
+TEST(UpdateStateReason, KeepsItsSpelling) {
+  using cubridge::to_string;
+  using u = update_state_reason;
+  EXPECT_EQ(to_string(u::unreadable), "unreadable");
+  EXPECT_EQ(to_string(u::too_large), "too_large");
+  EXPECT_EQ(to_string(u::corrupt), "corrupt");
+  EXPECT_EQ(to_string(u::write_failed), "write_failed");
+  EXPECT_EQ(to_string(static_cast<u>(99)), "unknown");
+}
+
 }  // namespace

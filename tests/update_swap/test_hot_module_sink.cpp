@@ -64,8 +64,8 @@ TEST_F(HotModuleSink, AppliesCubinAndSourceRefusesBrokenAndRollsBack) {
   EXPECT_NE(r.detail.find("spin_then_write"), std::string::npos) << r.detail;
   EXPECT_EQ(run_write_version(), 2u);
 
-  const auto source =
-      cubridge::read_file_bytes(std::string(CUBRIDGE_TEST_SOURCE_DIR) + "/kernels/hot_kernels.cu");
+  const auto source = cubridge::testing::read_bytes(std::string(CUBRIDGE_TEST_SOURCE_DIR) +
+                                                    "/kernels/hot_kernels.cu");
   r = sink_->apply(verified(4, source, cubridge::payload_kind::cuda_source));
   ASSERT_EQ(r.outcome, cubridge::sink_outcome::done) << r.detail;
   EXPECT_EQ(run_write_version(), 7u);  // compiled here with VERSION=7

@@ -93,7 +93,4 @@ class module : public detail::owning_handle<detail::module_traits> {
   explicit module(std::shared_ptr<detail::module_state> s) noexcept : base(std::move(s), {}) {}
 };
 
-/// Reads a whole file. @throws error (errc::io) naming the path and the reason.
-[[nodiscard]] std::vector<std::byte> read_file_bytes(const std::filesystem::path& path);
-
 }  // namespace cubridge

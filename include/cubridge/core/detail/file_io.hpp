@@ -50,7 +50,12 @@ class regular_file {
   struct ::stat status_ {};
 };
 
-/// The whole of a regular file of at most `max_bytes` (see regular_file for the errors).
+/// The most an image (cubin, fatbin, PTX) or a CUDA source file that cubridge loads may have.
+inline constexpr std::uint64_t max_image_bytes = std::uint64_t{2} << 30;
+
+/// The whole of a regular file of at most `max_bytes` (see regular_file for the errors). The one
+/// reader of whole files: module::load_file and library::load_file read images through it with
+/// max_image_bytes.
 [[nodiscard]] std::vector<std::byte> read_regular_file(const std::filesystem::path& path,
                                                        std::uint64_t max_bytes,
                                                        std::string_view what);
