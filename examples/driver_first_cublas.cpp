@@ -23,15 +23,16 @@ int main() {
   cubridge::scoped_current current(ctx);  // runtime calls and cuBLAS now use this context
   auto stream = cubridge::stream::create(ctx);
 
-  const int n = 512;
-  std::vector<float> a(n * n), b(n * n), c(n * n);
-  for (int i = 0; i < n * n; ++i) {
-    a[i] = std::sin(i * 0.001f);
-    b[i] = std::cos(i * 0.002f);
+  constexpr int n = 512;  // cuBLAS takes int sizes
+  constexpr std::size_t side = n, count = side * side;
+  std::vector<float> a(count), b(count), c(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    a[i] = std::sin(static_cast<float>(i) * 0.001f);
+    b[i] = std::cos(static_cast<float>(i) * 0.002f);
   }
-  auto da = cubridge::driver_buffer<float>::allocate(ctx, n * n);  // cuMemAlloc
-  auto db = cubridge::driver_buffer<float>::allocate(ctx, n * n);
-  auto dc = cubridge::driver_buffer<float>::allocate(ctx, n * n);
+  auto da = cubridge::driver_buffer<float>::allocate(ctx, count);  // cuMemAlloc
+  auto db = cubridge::driver_buffer<float>::allocate(ctx, count);
+  auto dc = cubridge::driver_buffer<float>::allocate(ctx, count);
   cudaMemcpy(da.data(), a.data(), a.size() * sizeof(float), cudaMemcpyHostToDevice);
   cudaMemcpy(db.data(), b.data(), b.size() * sizeof(float), cudaMemcpyHostToDevice);
 
@@ -47,11 +48,11 @@ int main() {
   cublasDestroy(blas);
 
   double err = 0, ref_norm = 0;  // column-major C = A * B, checked on a sample of columns
-  for (int col = 0; col < n; col += 37)
-    for (int row = 0; row < n; ++row) {
+  for (std::size_t col = 0; col < side; col += 37)
+    for (std::size_t row = 0; row < side; ++row) {
       double ref = 0;
-      for (int k = 0; k < n; ++k) ref += double(a[k * n + row]) * b[col * n + k];
-      err += (c[col * n + row] - ref) * (c[col * n + row] - ref);
+      for (std::size_t k = 0; k < side; ++k) ref += double(a[k * side + row]) * b[col * side + k];
+      err += (c[col * side + row] - ref) * (c[col * side + row] - ref);
       ref_norm += ref * ref;
     }
   const double rel = std::sqrt(err / ref_norm);

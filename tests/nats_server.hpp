@@ -298,7 +298,7 @@ inline std::string wait_for_jetstream(const std::vector<std::string>& urls,
 /// again on its ports and store.
 class nats_cluster {
  public:
-  static constexpr int size = 3;
+  static constexpr std::size_t size = 3;
   /// How long the constructor waits for a meta leader.
   static constexpr std::chrono::seconds ready_deadline{30};
 
@@ -306,9 +306,9 @@ class nats_cluster {
   /// authentication, cluster "cubridge_test").
   /// @throws std::runtime_error with the servers' logs when they do not start or elect a leader.
   nats_cluster() {
-    start_all([this](int i) {
+    start_all([this](std::size_t i) {
       std::string routes;
-      for (int other = 0; other < size; ++other)
+      for (std::size_t other = 0; other < size; ++other)
         if (other != i)
           routes +=
               "    \"nats-route://127.0.0.1:" + std::to_string(cluster_ports_[other]) + "\"\n";
@@ -329,10 +329,10 @@ class nats_cluster {
   /// @throws std::runtime_error with the servers' logs when they do not start or elect a leader.
   nats_cluster(std::array<std::filesystem::path, size> configs, nats_client_identity who)
       : who_(std::move(who)) {
-    start_all([this, configs](int i) {
+    start_all([this, configs](std::size_t i) {
       auto config = nats_config::from_file(configs[i]);
       std::string routes;
-      for (int other = 0; other < size; ++other)
+      for (std::size_t other = 0; other < size; ++other)
         if (other != i)
           routes += (routes.empty() ? "" : ",") + std::string("nats-route://127.0.0.1:") +
                     std::to_string(cluster_ports_[other]);
@@ -348,32 +348,32 @@ class nats_cluster {
   /// Every server's client URL, comma-separated ("nats://127.0.0.1:P1,nats://...").
   [[nodiscard]] std::string urls(std::string_view scheme = "nats") const {
     std::string text;
-    for (int i = 0; i < size; ++i)
+    for (std::size_t i = 0; i < size; ++i)
       text += (i ? "," : "") + std::string(scheme) +
               "://127.0.0.1:" + std::to_string(servers_[i]->port());
     return text;
   }
   /// Server i's client URL.
-  [[nodiscard]] std::string url(int i) const { return servers_.at(i)->url(); }
-  [[nodiscard]] nats_server& server(int i) { return *servers_.at(i); }
-  [[nodiscard]] const nats_server& server(int i) const { return *servers_.at(i); }
+  [[nodiscard]] std::string url(std::size_t i) const { return servers_.at(i)->url(); }
+  [[nodiscard]] nats_server& server(std::size_t i) { return *servers_.at(i); }
+  [[nodiscard]] const nats_server& server(std::size_t i) const { return *servers_.at(i); }
   /// Server i's client port and cluster (route) port.
-  [[nodiscard]] int port(int i) const { return servers_.at(i)->port(); }
-  [[nodiscard]] int cluster_port(int i) const { return cluster_ports_.at(i); }
+  [[nodiscard]] int port(std::size_t i) const { return servers_.at(i)->port(); }
+  [[nodiscard]] int cluster_port(std::size_t i) const { return cluster_ports_.at(i); }
 
   /// Kills server i at once (SIGKILL), as a crash would.
-  void kill(int i) { servers_.at(i)->kill(); }
+  void kill(std::size_t i) { servers_.at(i)->kill(); }
   /// Stops server i as an operator does (SIGTERM).
-  void stop(int i) { servers_.at(i)->stop(); }
+  void stop(std::size_t i) { servers_.at(i)->stop(); }
   /// Starts server i again on its ports and store; returns once it takes connections (not
   /// once it caught up: wait_for_meta_leader, or poll what the test needs).
-  void start(int i) { servers_.at(i)->start(); }
+  void start(std::size_t i) { servers_.at(i)->start(); }
 
   /// Returns once the running servers' JetStream answers (a meta leader is elected).
   /// @throws std::runtime_error with the last error and the logs when none is within `deadline`.
   void wait_for_meta_leader(std::chrono::milliseconds deadline = ready_deadline) const {
     std::vector<std::string> list;
-    for (int i = 0; i < size; ++i)
+    for (std::size_t i = 0; i < size; ++i)
       list.push_back((who_.ca_file.empty() ? "nats" : "tls") + std::string("://127.0.0.1:") +
                      std::to_string(servers_[i]->port()));
     if (const auto problem = wait_for_jetstream(list, who_, deadline); !problem.empty())
@@ -384,7 +384,7 @@ class nats_cluster {
   /// What every server wrote so far, each headed by its number.
   [[nodiscard]] std::string log_text() const {
     std::string text;
-    for (int i = 0; i < size; ++i)
+    for (std::size_t i = 0; i < size; ++i)
       if (servers_[i]) text += "--- server " + std::to_string(i) + "\n" + servers_[i]->log_text();
     return text;
   }
@@ -396,9 +396,9 @@ class nats_cluster {
     // binds it: try again with others.
     for (int attempt = 0;; ++attempt) {
       const auto ports = free_ports(2 * size);
-      for (int i = 0; i < size; ++i) cluster_ports_[i] = ports[size + i];
+      for (std::size_t i = 0; i < size; ++i) cluster_ports_[i] = ports[size + i];
       try {
-        for (int i = 0; i < size; ++i)
+        for (std::size_t i = 0; i < size; ++i)
           servers_[i] = std::make_unique<nats_server>(make_config(i), ports[i]);
         break;
       } catch (const std::runtime_error&) {

@@ -219,8 +219,9 @@ class result_listener {
     std::vector<message> fresh;
     {
       std::lock_guard lock(mutex_);
-      fresh.assign(std::make_move_iterator(messages_.begin() + checked_),
-                   std::make_move_iterator(messages_.end()));
+      fresh.assign(
+          std::make_move_iterator(messages_.begin() + static_cast<std::ptrdiff_t>(checked_)),
+          std::make_move_iterator(messages_.end()));
       checked_ = messages_.size();
     }
     const auto prefix = cubridge::fleet::result_subject(module_, "");

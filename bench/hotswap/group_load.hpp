@@ -334,7 +334,7 @@ struct harness {
     for (const auto& s : steps) {
       if (s.pinned_id == 0 || !s.slots.front()) continue;  // pin() threw (an error), or log full
       ++r.steps;
-      r.mixed_steps += step_mixed(s, logs) ? 1 : 0;
+      r.mixed_steps += step_mixed(s, logs) ? 1U : 0U;
     }
     for (auto& op : r.ops) op.us = hotswap::summarize(op.samples_us);
   }

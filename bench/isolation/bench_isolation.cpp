@@ -110,7 +110,7 @@ void BM_sandbox_kernel_shared_1GiB(benchmark::State& state) {
   for (auto _ : state)
     if (box.call("bench_add_one", {.buffers = {share}}).status != 0)
       state.SkipWithError("bench_add_one failed");
-  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * memory.size_bytes()));
+  state.SetBytesProcessed(state.iterations() * static_cast<std::int64_t>(memory.size_bytes()));
 }
 
 void BM_sandbox_kernel_copied_through_host_1GiB(benchmark::State& state) {
@@ -142,7 +142,7 @@ void BM_sandbox_kernel_copied_through_host_1GiB(benchmark::State& state) {
   if (round() != 0) state.SkipWithError("bench_add_one_staged failed");
   for (auto _ : state)
     if (round() != 0) state.SkipWithError("bench_add_one_staged failed");
-  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * memory.size_bytes()));
+  state.SetBytesProcessed(state.iterations() * static_cast<std::int64_t>(memory.size_bytes()));
   cu.cuMemHostUnregister(host);
   ::munmap(host, memory.size_bytes());
   ::shm_unlink(name.c_str());

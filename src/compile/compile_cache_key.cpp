@@ -49,7 +49,7 @@ class hasher {
   }
   void length(std::uint64_t n) {
     std::array<unsigned char, 8> le{};
-    for (int i = 0; i < 8; ++i) le[i] = static_cast<unsigned char>(n >> (8 * i));
+    for (std::size_t i = 0; i < 8; ++i) le[i] = static_cast<unsigned char>(n >> (8 * i));
     raw(le.data(), le.size());
   }
   void field(std::string_view tag, std::string_view value) {

@@ -172,7 +172,7 @@ class ptx_parser {
       pos_ = e;
     } else if (c == '"') {
       auto e = pos_ + 1;
-      while (e < t_.size() && t_[e] != '"') e += t_[e] == '\\' ? 2 : 1;
+      while (e < t_.size() && t_[e] != '"') e += t_[e] == '\\' ? 2U : 1U;
       if (e >= t_.size()) s_.fail("unterminated string starting at " + s_.at(pos_));
       tok.kind = ptx_token::string;
       tok.text = t_.substr(pos_, e + 1 - pos_);
@@ -272,7 +272,7 @@ class ptx_parser {
         } else if (tok.is(".align")) {
           next();  // the alignment value
         } else if (tok.is(".v2") || tok.is(".v4")) {
-          count *= tok.text[2] - '0';
+          count *= tok.is(".v2") ? 2U : 4U;
         } else if (tok.kind == ptx_token::word && tok.text.starts_with(".")) {
           if (auto size = type_size(tok.text); size != 0) {
             element = size;

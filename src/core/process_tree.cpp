@@ -46,7 +46,7 @@ std::size_t kill_descendants(pid_t pid, int rounds) noexcept {
     for (int round = 0; round < rounds; ++round) {
       const auto descendants = living_descendants(pid);
       if (descendants.empty()) break;
-      for (const pid_t p : descendants) signalled += ::kill(p, SIGKILL) == 0 ? 1 : 0;
+      for (const pid_t p : descendants) signalled += ::kill(p, SIGKILL) == 0 ? 1U : 0U;
       ::usleep(2000);  // let the killed ones die and their children be re-parented
     }
   } catch (...) {

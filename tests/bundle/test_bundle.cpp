@@ -86,7 +86,7 @@ class BundleTest : public ::testing::Test {
   // Offset of the payload in a bundle written by sign_bundle.
   static std::size_t payload_offset(const bytes& bundle) {
     std::uint32_t manifest_size = 0;
-    for (int i = 3; i >= 0; --i)
+    for (std::size_t i = 4; i-- > 0;)
       manifest_size = manifest_size << 8 | std::to_integer<std::uint32_t>(bundle[10 + i]);
     return 10 + 4 + manifest_size + 8;
   }

@@ -490,10 +490,10 @@ TEST(CompileCache, ThreadsAskingForOneKeyCompileOnce) {
   auto cache = cubridge::compile_cache::open(dir.path);
   const cubridge::cuda_source src{.name = "scale.cu", .text = scale_source};
   const auto expected = cubridge::nvrtc_compile(src).cubin;
-  constexpr int thread_count = 4;
+  constexpr std::size_t thread_count = 4;
   std::vector<std::vector<std::byte>> results(thread_count);
   std::vector<std::thread> threads;
-  for (int i = 0; i < thread_count; ++i)
+  for (std::size_t i = 0; i < thread_count; ++i)
     threads.emplace_back([&, i] { results[i] = cache.get_or_compile(src).cubin; });
   for (auto& t : threads) t.join();
   for (const auto& r : results) EXPECT_EQ(r, expected);

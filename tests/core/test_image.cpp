@@ -117,13 +117,13 @@ void expect_target(const cubridge::image_target& t, image_kind kind, int sm, arc
 }
 
 void put16(bytes& b, std::size_t off, std::uint16_t v) {
-  for (int i = 0; i < 2; ++i) b[off + i] = std::byte((v >> (8 * i)) & 0xff);
+  for (std::size_t i = 0; i < 2; ++i) b[off + i] = std::byte((v >> (8 * i)) & 0xff);
 }
 void put32(bytes& b, std::size_t off, std::uint32_t v) {
-  for (int i = 0; i < 4; ++i) b[off + i] = std::byte((v >> (8 * i)) & 0xff);
+  for (std::size_t i = 0; i < 4; ++i) b[off + i] = std::byte((v >> (8 * i)) & 0xff);
 }
 void put64(bytes& b, std::size_t off, std::uint64_t v) {
-  for (int i = 0; i < 8; ++i) b[off + i] = std::byte((v >> (8 * i)) & 0xff);
+  for (std::size_t i = 0; i < 8; ++i) b[off + i] = std::byte((v >> (8 * i)) & 0xff);
 }
 void append(bytes& b, const bytes& more) {
   b.insert(b.end(), more.begin(), more.end());
@@ -674,7 +674,7 @@ TEST(ImageFatbin, HeaderErrors) {
 
 std::uint64_t get64(const bytes& b, std::size_t off) {
   std::uint64_t v = 0;
-  for (int i = 7; i >= 0; --i) v = v << 8 | std::to_integer<std::uint64_t>(b[off + i]);
+  for (std::size_t i = 8; i-- > 0;) v = v << 8 | std::to_integer<std::uint64_t>(b[off + i]);
   return v;
 }
 
@@ -860,7 +860,7 @@ TEST(ImageRobustness, EveryTruncationOfABinaryImageIsAnError) {
     if (inspect(full).kind == image_kind::ptx) continue;  // see the PTX test below
     // Every length up to 1 KiB (headers), then every 7th (a prime: all alignments), and the
     // last 64 lengths (the section or entry that ends the image).
-    for (std::size_t n = 0; n < full.size(); n += n < 1024 || n + 64 >= full.size() ? 1 : 7)
+    for (std::size_t n = 0; n < full.size(); n += n < 1024 || n + 64 >= full.size() ? 1U : 7U)
       ASSERT_FALSE(parses(std::span(full).first(n)))
           << path << " truncated to " << n << " bytes parsed";
   }

@@ -79,7 +79,7 @@ class fleet_node_process {
   /// Lines since the last start beginning with `prefix`.
   [[nodiscard]] std::size_t count_lines(const std::string& prefix) const {
     std::size_t n = 0;
-    for (const auto& line : lines()) n += line.rfind(prefix, 0) == 0 ? 1 : 0;
+    for (const auto& line : lines()) n += line.rfind(prefix, 0) == 0 ? 1U : 0U;
     return n;
   }
   /// Waits for a line beginning with `prefix`; false when the node exits or time runs out.

@@ -114,7 +114,7 @@ TEST(fleet_cluster, the_stream_leader_killed_publish_and_the_bucket_go_on_and_it
 
   const int leader = leader_of(js.get(), stream);
   ASSERT_GE(leader, 0);
-  cluster.kill(leader);
+  cluster.kill(static_cast<std::size_t>(leader));
 
   // Publishing goes on once the other two elected a leader (each attempt waits 1 s).
   ASSERT_TRUE(
@@ -141,7 +141,7 @@ TEST(fleet_cluster, the_stream_leader_killed_publish_and_the_bucket_go_on_and_it
   EXPECT_NE(kvStore_UpdateString(&stale, kv.get(), key.c_str(), "v3", revision), NATS_OK);
 
   // The killed server comes back on its ports and store and catches up.
-  cluster.start(leader);
+  cluster.start(static_cast<std::size_t>(leader));
   EXPECT_TRUE(eventually([&] { return caught_up(js.get(), stream, published); }, 30s))
       << cluster.log_text();
   EXPECT_TRUE(eventually(
@@ -269,7 +269,7 @@ TEST(fleet_cluster, the_bundle_streams_leader_killed_mid_rollout_every_node_conv
   const auto js = jetstream(client.get(), 1000);
   const int leader = leader_of(js.get(), fleet::bundle_stream("filters"));
   ASSERT_GE(leader, 0);
-  cluster.kill(leader);
+  cluster.kill(static_cast<std::size_t>(leader));
   const auto killed = std::chrono::steady_clock::now();
   EXPECT_TRUE(serve(2, 10s)) << "not converged within 10 s of the leader's death";
   const auto took = std::chrono::steady_clock::now() - killed;

@@ -1036,7 +1036,7 @@ TEST_F(FleetControlPlane, PublishingAgainRepairsAnOverwrittenBundleSubject) {
     return message ? digest_of(nats::message_bytes(message.get())) : std::string("none");
   };
   // Junk of the bundle's own size, then junk of another size.
-  for (const std::uint64_t v : {2, 3}) {
+  for (const std::uint64_t v : {2U, 3U}) {
     const auto b = bundle(m, v);
     const auto subject = fleet::bundle_subject(m, v, digest_of(b));
     n1.agent->stop();

@@ -1475,7 +1475,7 @@ TEST(CredentialsFile, CommentsBlankLinesAndLineEndings) {
 TEST(CredentialsFile, AFileOthersMayReadIsRefusedUnlessAllowed) {
   const temp_dir dir;
   const auto path = private_file(dir.path / "c", "user a\npassword b\n");
-  for (const mode_t mode : {0644, 0640, 0604, 0660}) {
+  for (const mode_t mode : {0644U, 0640U, 0604U, 0660U}) {
     ASSERT_EQ(::chmod(path.c_str(), mode), 0);
     const auto message = error_of([&] { (void)fleet::read_credentials_file(path); }, errc::io);
     EXPECT_TRUE(contains(message, "may be read by group or others (chmod 600 it)")) << message;

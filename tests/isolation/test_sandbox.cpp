@@ -152,23 +152,23 @@ void expect_failure_and_restart(std::size_t standby, const char* entry, sandbox_
 }
 
 TEST(Sandbox, ACrashIsDetectedAndTheWorkerRestarted) {
-  for (std::size_t standby : {0, 1})
+  for (std::size_t standby : {0U, 1U})
     expect_failure_and_restart(standby, "crash", sandbox_failure::crashed, "signal 11");
 }
 
 TEST(Sandbox, AnAbortIsReportedAsAborted) {
-  for (std::size_t standby : {0, 1})
+  for (std::size_t standby : {0U, 1U})
     expect_failure_and_restart(standby, "do_abort", sandbox_failure::aborted, "signal 6");
 }
 
 TEST(Sandbox, AnExitIsReportedAsACrash) {
-  for (std::size_t standby : {0, 1})
+  for (std::size_t standby : {0U, 1U})
     expect_failure_and_restart(standby, "exit_early", sandbox_failure::crashed,
                                "exited with status 3");
 }
 
 TEST(Sandbox, AHangIsKilledAfterTheTimeout) {
-  for (std::size_t standby : {0, 1}) {
+  for (std::size_t standby : {0U, 1U}) {
     const auto start = std::chrono::steady_clock::now();
     expect_failure_and_restart(standby, "hang", sandbox_failure::timed_out,
                                "did not return within 300 ms", {.timeout = 300ms});
@@ -484,7 +484,7 @@ void sandbox_case(const char* entry, sandbox_failure reason,
                   std::chrono::milliseconds timeout = 0ms) {
   verdict v;
   isolation_host host;
-  for (const std::size_t standby : {0, 1}) {
+  for (const std::size_t standby : {0U, 1U}) {
     std::vector<unsigned> values;
     auto memory = exportable_buffer(values);
     auto options = gpu_options();

@@ -210,7 +210,7 @@ TEST(SandboxPool, FourWorkersServeFourCallsAtOnce) {
 }
 
 TEST(SandboxPool, AFailureInOneWorkerLeavesTheCallInAnotherAlone) {
-  for (const std::size_t standby : {0, 1}) {
+  for (const std::size_t standby : {0U, 1U}) {
     SCOPED_TRACE("standby " + std::to_string(standby));
     cubridge::testing::temp_dir dir;
     auto box = sandbox::start(pool_options(2, standby));
@@ -482,7 +482,8 @@ TEST(SandboxEnvironmentGpu, TheResetGuardInTheWorkerDeniesAReset) {
 TEST(SandboxPoolGpu, EveryWorkerRunsKernelsOnTheSharedBuffers) {
   CUBRIDGE_REQUIRE_GPU();
   cubridge::testing::isolation_host host;  // a current context for the buffers' copies
-  constexpr int workers = 4, rounds = 10;
+  constexpr std::size_t workers = 4;
+  constexpr int rounds = 10;
   std::vector<std::vector<unsigned>> values(workers);
   std::vector<cubridge::shared_device_memory> memory;
   for (auto& v : values) memory.push_back(cubridge::testing::exportable_buffer(v));
@@ -490,7 +491,7 @@ TEST(SandboxPoolGpu, EveryWorkerRunsKernelsOnTheSharedBuffers) {
   std::vector<cubridge::sandbox_share> shares;
   for (const auto& m : memory) shares.push_back(box.share(m));
   std::vector<std::future<int>> threads;
-  for (int t = 0; t < workers; ++t)
+  for (std::size_t t = 0; t < workers; ++t)
     threads.push_back(std::async(std::launch::async, [&, t] {
       int failed = 0;
       for (int i = 0; i < rounds; ++i)
@@ -498,7 +499,7 @@ TEST(SandboxPoolGpu, EveryWorkerRunsKernelsOnTheSharedBuffers) {
       return failed;
     }));
   for (auto& t : threads) EXPECT_EQ(t.get(), 0);
-  for (int t = 0; t < workers; ++t)
+  for (std::size_t t = 0; t < workers; ++t)
     EXPECT_EQ(cubridge::testing::wrong_elements(memory[t], values[t], rounds), 0u) << t;
 }
 

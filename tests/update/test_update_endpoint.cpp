@@ -1825,10 +1825,10 @@ TEST_F(SharedGateTest, TwoEndpointsWithGatesOfTheirOwnOnOneStateFileAreRefused) 
 // door refused the other refuses too.
 TEST_F(SharedGateTest, TwoDoorsRacingNeverTakeTheServingVersionDown) {
   start_shared();
-  constexpr int trials = 1000;
-  const auto name = [](int i) { return "race" + std::to_string(i); };
+  constexpr std::size_t trials = 1000;
+  const auto name = [](std::size_t i) { return "race" + std::to_string(i); };
   std::vector<std::string> v5(trials), v6(trials);  // as sent over HTTP
-  for (int i = 0; i < trials; ++i) {
+  for (std::size_t i = 0; i < trials; ++i) {
     v5[i] = as_text(bundle(name(i), 5));
     v6[i] = as_text(bundle(name(i), 6));
   }
@@ -1836,7 +1836,7 @@ TEST_F(SharedGateTest, TwoDoorsRacingNeverTakeTheServingVersionDown) {
     return std::as_bytes(std::span(text.data(), text.size()));
   };
   // Even trials: v5 over HTTP, v6 through the gate directly; odd trials the other way round.
-  const auto http_gets_v5 = [](int i) { return i % 2 == 0; };
+  const auto http_gets_v5 = [](std::size_t i) { return i % 2 == 0; };
   std::vector<int> http_status(trials, 0);
   std::vector<cubridge::gate_decision> direct(trials);
   std::barrier both_ready(2);
@@ -1845,7 +1845,7 @@ TEST_F(SharedGateTest, TwoDoorsRacingNeverTakeTheServingVersionDown) {
     client.set_keep_alive(true);
     client.set_read_timeout(10, 0);
     client.set_tcp_nodelay(true);
-    for (int i = 0; i < trials; ++i) {  // every trial runs: the barrier needs both threads
+    for (std::size_t i = 0; i < trials; ++i) {  // every trial runs: the barrier needs both threads
       const auto path = "/v1/modules/" + name(i);
       const auto& body = http_gets_v5(i) ? v5[i] : v6[i];
       both_ready.arrive_and_wait();
@@ -1853,19 +1853,19 @@ TEST_F(SharedGateTest, TwoDoorsRacingNeverTakeTheServingVersionDown) {
       http_status[i] = r ? r->status : 0;
     }
   });
-  for (int i = 0; i < trials; ++i) {
+  for (std::size_t i = 0; i < trials; ++i) {
     const auto& body = http_gets_v5(i) ? v6[i] : v5[i];
     both_ready.arrive_and_wait();
     direct[i] = gate->push(as_bytes(body), name(i));
   }
   http_door.join();
 
-  int v5_first = 0, v5_refused = 0;
+  std::size_t v5_first = 0, v5_refused = 0;
   std::vector<std::string> problems;
-  const auto problem = [&](int i, const std::string& what) {
+  const auto problem = [&](std::size_t i, const std::string& what) {
     if (problems.size() < 10) problems.push_back(name(i) + ": " + what);
   };
-  for (int i = 0; i < trials; ++i) {
+  for (std::size_t i = 0; i < trials; ++i) {
     const auto& d = direct[i];
     const bool direct_applied = d.outcome == cubridge::gate_outcome::applied;
     const bool v6_applied = http_gets_v5(i) ? direct_applied : http_status[i] == 200;
@@ -1895,7 +1895,7 @@ TEST_F(SharedGateTest, TwoDoorsRacingNeverTakeTheServingVersionDown) {
 
   // Each version again through the door that did not send it: refused there too.
   problems.clear();
-  for (int i = 0; i < trials; ++i) {
+  for (std::size_t i = 0; i < trials; ++i) {
     const auto& older = v5[i];
     const auto& newest = v6[i];
     if (http_gets_v5(i)) {  // v5 came over HTTP, v6 through the gate

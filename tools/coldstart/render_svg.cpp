@@ -38,7 +38,7 @@ std::string short_ms(double v) {
 /// Dark or light text, whichever reads better on `fill` ("#rrggbb").
 const char* text_colour_on(std::string_view fill) {
   if (fill.size() != 7) return "#1a1a1a";
-  const auto channel = [&](int i) {
+  const auto channel = [&](std::size_t i) {
     return std::stoi(std::string(fill.substr(1 + 2 * i, 2)), nullptr, 16);
   };
   const double luminance = 0.299 * channel(0) + 0.587 * channel(1) + 0.114 * channel(2);

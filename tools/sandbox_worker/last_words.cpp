@@ -55,7 +55,8 @@ void report_fatal_signals(int socket) {
   ::sigaltstack(&stack, nullptr);
   struct sigaction action {};
   action.sa_handler = on_fatal_signal;
-  action.sa_flags = SA_RESETHAND | SA_NODEFER | SA_ONSTACK;
+  // The flags are unsigned constants; sa_flags is an int.
+  action.sa_flags = static_cast<int>(SA_RESETHAND | SA_NODEFER | SA_ONSTACK);
   sigemptyset(&action.sa_mask);
   for (const int s : fatal_signals) ::sigaction(s, &action, nullptr);
 }

@@ -119,7 +119,8 @@ bundle_manifest peek_manifest(std::span<const std::byte> bundle) {
     refuse(bundle_reason::bad_magic, "not a cubridge bundle (no CUBRIDGEB header)");
   std::uint32_t length = 0;
   for (int i = 3; i >= 0; --i)
-    length = (length << 8) | std::to_integer<std::uint32_t>(bundle[10 + i]);
+    length =
+        (length << 8) | std::to_integer<std::uint32_t>(bundle[10 + static_cast<std::size_t>(i)]);
   if (length > bundle.size() - 14) refuse(bundle_reason::malformed, "truncated in the manifest");
   const auto json = nlohmann::json::parse(
       reinterpret_cast<const char*>(bundle.data()) + 14,
