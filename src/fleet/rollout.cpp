@@ -137,6 +137,92 @@ desired_state parse_current(const std::optional<detail::kv_value>& current, std:
   return std::move(*parsed);
 }
 
+// `s` as the next revision, signed: numbered above every revision the key's history in the
+// bucket still holds, not only above the current value's.
+std::string sign_next_revision(desired_state& s, kvStore* bucket, const trusted_keys& keys,
+                               const secret_key& operator_key) {
+  s.revision = std::max(s.revision, highest_revision_held(bucket, s.module, keys)) + 1;
+  s.time = now_text();
+  return sign_record(record_kind::desired_state, to_json(s), operator_key);
+}
+
+// The nodes that may be canaries of `p`: live, following its module, able to run it, of
+// `cohort` unless that is empty; in node-id order.
+std::vector<std::string> eligible_canaries(const std::vector<node_state>& nodes,
+                                           const prepared_bundle& p, std::string_view cohort) {
+  const auto& m = p.bundle.manifest;
+  std::vector<std::string> eligible;
+  for (const auto& node : nodes) {
+    if (!node.live || !node.beat || !node.beat->versions.contains(m.name)) continue;
+    if (!cohort.empty()) {
+      const auto label = node.labels.find("cohort");
+      if (label == node.labels.end() || label->second != cohort) continue;
+    }
+    if (!node.beat->gpu.empty()) {
+      const auto gpu = parse_compute_capability(node.beat->gpu);
+      if (!gpu) continue;
+      const bool runs = m.kind == payload_kind::cuda_source
+                            ? m.target_capability.numbers() == gpu->numbers()
+                            : p.bundle.image && can_run_on(*p.bundle.image, *gpu);
+      if (!runs) continue;
+    }
+    eligible.push_back(node.node);
+  }
+  return eligible;
+}
+
+void require_enough(const std::vector<std::string>& eligible, const canary_policy& policy,
+                    const prepared_bundle& p) {
+  if (eligible.size() >= policy.canaries) return;
+  cubridge::detail::throw_errc(
+      errc::precondition, "rollout",
+      std::to_string(eligible.size()) + " node(s) qualify for " + std::to_string(policy.canaries) +
+          " canaries of module '" + p.module() + "' (live, following it, able to run " +
+          p.ref.target + (policy.cohort.empty() ? "" : ", of cohort " + policy.cohort) + ")");
+}
+
+// `s` asking `canaries` to run `candidate` while the others stay on the stable bundle.
+void enter_canary_phase(desired_state& s, const bundle_ref& candidate,
+                        std::vector<std::string> canaries) {
+  s.phase = rollout_phase::canary;
+  s.candidate = candidate;
+  s.canaries = std::move(canaries);
+  std::sort(s.canaries.begin(), s.canaries.end());
+  s.reason.clear();
+  s.reason_version = 0;
+}
+
+// `s` back on its stable bundle everywhere, with why `candidate` went no further.
+void halt(desired_state& s, const bundle_ref& candidate, std::string reason) {
+  s.phase = rollout_phase::halted;
+  s.candidate.reset();
+  s.canaries.clear();
+  s.reason = std::move(reason);
+  s.reason_version = candidate.version;
+}
+
+// The canaries' answers to one rollout's revision and digest, each node counted once: the first
+// failure halts the rollout and gives its reason.
+struct canary_tally {
+  rollout_report& report;
+  std::string_view digest;
+  std::set<std::string> canaries{report.canaries.begin(), report.canaries.end()};
+  std::set<std::string> applied, failed;
+
+  void operator()(result_record record) {
+    if (!canaries.contains(record.node) || record.revision != report.desired.revision ||
+        record.digest != digest || applied.contains(record.node) || failed.contains(record.node))
+      return;
+    if (succeeded(record)) {
+      applied.insert(record.node);
+    } else {
+      failed.insert(record.node);
+      if (report.halt_reason.empty()) report.halt_reason = failure_reason(record);
+    }
+    report.results.push_back(std::move(record));
+  }
+};
+
 // Hands each of `nodes`' stored last result for `module` that verifies to `take`, within
 // `deadline`: one read that times out (a server busy sending bundles) loses only that node's
 // stored result, which a watch may still bring.
@@ -178,10 +264,9 @@ rollout_report controller::publish(std::span<const std::byte> bytes,
     }
     if (!(s.phase == rollout_phase::canary && s.candidate == p.ref)) require_newer(s, p.ref);
     make_stable(s, p.ref);
-    s.revision = std::max(s.revision, highest_revision_held(d.bucket.get(), module, keys)) + 1;
-    s.time = now_text();
+    auto value = sign_next_revision(s, d.bucket.get(), keys, operator_key);
     report.desired = s;
-    return sign_record(record_kind::desired_state, to_json(s), operator_key);
+    return value;
   });
   report.completed = true;
   return report;
@@ -201,26 +286,7 @@ rollout_report controller::rollout(std::span<const std::byte> bytes, const canar
   rollout_report report;
   report.version = p.ref.version;
   const auto registry = this->registry();
-
-  // The canaries: live, following the module, able to run the bundle, of the cohort if asked.
-  std::vector<std::string> eligible;
-  for (const auto& node : nodes()) {
-    if (!node.live || !node.beat || !node.beat->versions.contains(module)) continue;
-    if (!policy.cohort.empty()) {
-      const auto label = node.labels.find("cohort");
-      if (label == node.labels.end() || label->second != policy.cohort) continue;
-    }
-    const auto gpu = parse_compute_capability(node.beat->gpu);
-    if (!node.beat->gpu.empty()) {
-      if (!gpu) continue;
-      const auto& m = p.bundle.manifest;
-      const bool runs = m.kind == payload_kind::cuda_source
-                            ? m.target_capability.numbers() == gpu->numbers()
-                            : p.bundle.image && can_run_on(*p.bundle.image, *gpu);
-      if (!runs) continue;
-    }
-    eligible.push_back(node.node);
-  }
+  const auto eligible = eligible_canaries(nodes(), p, policy.cohort);
 
   result_watch watch(d.connection.get(), module, registry);  // first: no result is missed
   d.store_bundle(module, p.ref, bytes);
@@ -237,62 +303,34 @@ rollout_report controller::rollout(std::span<const std::byte> bytes, const canar
       return current->value;
     }
     require_newer(s, p.ref);
-    if (eligible.size() < policy.canaries)
-      cubridge::detail::throw_errc(
-          errc::precondition, "rollout",
-          std::to_string(eligible.size()) + " node(s) qualify for " +
-              std::to_string(policy.canaries) + " canaries of module '" + module +
-              "' (live, following it, able to run " + p.ref.target +
-              (policy.cohort.empty() ? "" : ", of cohort " + policy.cohort) + ")");
+    require_enough(eligible, policy, p);
     report.canaries.assign(eligible.begin(),
                            eligible.begin() + static_cast<std::ptrdiff_t>(policy.canaries));
-    s.phase = rollout_phase::canary;
-    s.candidate = p.ref;
-    s.canaries = report.canaries;
-    std::sort(s.canaries.begin(), s.canaries.end());
-    s.reason.clear();
-    s.reason_version = 0;
-    s.revision = std::max(s.revision, highest_revision_held(d.bucket.get(), module, keys)) + 1;
-    s.time = now_text();
+    enter_canary_phase(s, p.ref, report.canaries);
+    auto value = sign_next_revision(s, d.bucket.get(), keys, operator_key);
     report.desired = s;
-    return sign_record(record_kind::desired_state, to_json(s), operator_key);
+    return value;
   });
   if (report.already_desired) {
     report.completed = true;
     return report;
   }
 
-  // The canaries' answers to this revision and digest: stored ones first (a resumed rollout),
-  // then as they come.
-  const auto revision = report.desired.revision;
-  const std::set<std::string> canaries(report.canaries.begin(), report.canaries.end());
-  std::set<std::string> applied, failed;
-  const auto take = [&](result_record record) {
-    if (!canaries.contains(record.node) || record.revision != revision ||
-        record.digest != p.ref.digest || applied.contains(record.node) ||
-        failed.contains(record.node))
-      return;
-    if (succeeded(record)) {
-      applied.insert(record.node);
-    } else {
-      failed.insert(record.node);
-      if (report.halt_reason.empty()) report.halt_reason = failure_reason(record);
-    }
-    report.results.push_back(std::move(record));
-  };
   const auto deadline = steady::now() + policy.window;
-  take_stored_results(d.js.get(), module, report.canaries, registry, deadline, take);
-  while (applied.size() < wanted && report.halt_reason.empty())
+  canary_tally tally{report, p.ref.digest};
+  take_stored_results(d.js.get(), module, report.canaries, registry, deadline, tally);
+  while (tally.applied.size() < wanted && report.halt_reason.empty())
     if (auto record = watch.next(deadline))
-      take(std::move(*record));
+      tally(std::move(*record));
     else
       break;
-  if (report.halt_reason.empty() && applied.size() < wanted)
-    report.halt_reason = std::to_string(applied.size()) + " of " + std::to_string(wanted) +
+  if (report.halt_reason.empty() && tally.applied.size() < wanted)
+    report.halt_reason = std::to_string(tally.applied.size()) + " of " + std::to_string(wanted) +
                          " canary results `applied` within " + seconds_text(policy.window);
 
   // Promoted or halted, only if the state is still this rollout's (another writer may have
   // gone further meanwhile: then that writer's word stands).
+  const auto revision = report.desired.revision;
   d.compare_and_set(desired_key(module), [&](const auto& current) {
     auto s = parse_current(current, module, keys);
     if (s.revision != revision)
@@ -301,19 +339,13 @@ rollout_report controller::rollout(std::span<const std::byte> bytes, const canar
                        std::to_string(revision) + " is now " + std::to_string(s.revision) +
                        "): this rollout's outcome is not written",
                    "rollout", "desired state of module '" + module + "'");
-    if (report.halt_reason.empty()) {
+    if (report.halt_reason.empty())
       make_stable(s, p.ref);
-    } else {
-      s.phase = rollout_phase::halted;
-      s.candidate.reset();
-      s.canaries.clear();
-      s.reason = report.halt_reason;
-      s.reason_version = p.ref.version;
-    }
-    s.revision = std::max(s.revision, highest_revision_held(d.bucket.get(), module, keys)) + 1;
-    s.time = now_text();
+    else
+      halt(s, p.ref, report.halt_reason);
+    auto value = sign_next_revision(s, d.bucket.get(), keys, operator_key);
     report.desired = s;
-    return sign_record(record_kind::desired_state, to_json(s), operator_key);
+    return value;
   });
   report.completed = report.halt_reason.empty();
   return report;
@@ -349,10 +381,9 @@ desired_state controller::rollback(std::string_view module, std::uint64_t to_ver
     s.reason =
         "operator rollback from v" + std::to_string(from) + " to v" + std::to_string(back.version);
     s.reason_version = from;
-    s.revision = std::max(s.revision, highest_revision_held(d.bucket.get(), module, keys)) + 1;
-    s.time = now_text();
+    auto value = sign_next_revision(s, d.bucket.get(), keys, operator_key);
     written = s;
-    return sign_record(record_kind::desired_state, to_json(s), operator_key);
+    return value;
   });
   return written;
 }

@@ -147,8 +147,9 @@ bool is_loopback(const std::string& host) {
 // A path as a quoted string of a nats-server configuration: refused when it holds what the
 // configuration's quoting cannot carry.
 std::string quoted(const std::string& text) {
-  for (const unsigned char c : text)
-    if (c < 0x20 || c == 0x7f || c == '"' || c == '\\')
+  for (const char ch : text)
+    if (const auto c = static_cast<unsigned char>(ch);
+        c < 0x20 || c == 0x7f || c == '"' || c == '\\')
       throw usage_error("--dir '" + printable(text, {.quoted = false}) +
                         "' holds a quote, backslash or control character, which the server "
                         "configuration cannot name");
@@ -401,70 +402,36 @@ std::string flow_control_subject() {
   return "$JS.FC." + std::string(fleet::control_bucket_stream) + ".>";
 }
 
-std::string server_config(const checked_options& c, int server, const user_entry& op,
-                          const std::vector<user_entry>& nodes) {
+// The routes between the servers of a JetStream cluster: TLS both ways.
+std::string cluster_section(const checked_options& c, int server) {
   const std::string suffix = file_suffix(c, server);
   const auto file = [&](const std::string& name) { return quoted((c.dir / name).string()); };
-  const bool loopback_only =
-      std::all_of(c.hosts.begin(), c.hosts.end(), [](const auto& h) { return is_loopback(h); });
   std::ostringstream out;
-  out << "# nats-server configuration of a cubridge fleet, written by `cubridge fleet init`\n"
-      << "# (docs/fleet-security.md). "
-      << (c.servers == 1 ? std::string("One server.")
-                         : "Server " + std::to_string(server) + " of " + std::to_string(c.servers) +
-                               " of one JetStream cluster.")
-      << "\n# Start: nats-server -c " << (c.dir / ("server" + suffix + ".conf")).string()
-      << "\n\nserver_name: \"cubridge-" << server << "\"\n"
-      << "host: \"" << (loopback_only ? "127.0.0.1" : "0.0.0.0") << "\"\n"
-      << "port: " << c.port + server - 1 << "\n"
-      << "# A bundle travels as one message (docs/fleet.md, Payload limits).\n"
-      << "max_payload: 16MB\n\n"
-      << "# Clients: TLS required, the server proven by the fleet's CA; clients prove who they\n"
-      << "# are by user and password (no client certificates).\n"
-      << "tls {\n"
-      << "  cert_file: " << file("server" + suffix + ".pem") << "\n"
-      << "  key_file: " << file("server" + suffix + ".key") << "\n"
-      << "  ca_file: " << file("ca.pem") << "\n"
-      << "  verify: false\n"
-      << "  timeout: 5\n"
-      << "}\n\n"
-      << "jetstream {\n"
-      << "  store_dir: " << file("store" + suffix) << "\n"
-      << "  max_memory_store: 256MB\n"
-      << "  max_file_store: 16GB\n"
+  out << "\n# Routes between the servers: TLS both ways, each side proven by the fleet's CA.\n"
+      << "cluster {\n"
+      << "  name: \"cubridge\"\n"
+      << "  listen: \"" << route_host << ":" << c.cluster_port + server - 1 << "\"\n"
+      << "  routes: [\n";
+  for (int other = 1; other <= c.servers; ++other)
+    if (other != server)
+      out << "    \"nats-route://" << route_host << ":" << c.cluster_port + other - 1 << "\"\n";
+  out << "  ]\n"
+      << "  tls {\n"
+      << "    cert_file: " << file("server" + suffix + ".pem") << "\n"
+      << "    key_file: " << file("server" + suffix + ".key") << "\n"
+      << "    ca_file: " << file("ca.pem") << "\n"
+      << "    verify: true\n"
+      << "    timeout: 5\n"
+      << "  }\n"
       << "}\n";
-  if (c.servers > 1) {
-    out << "\n# Routes between the servers: TLS both ways, each side proven by the fleet's CA.\n"
-        << "cluster {\n"
-        << "  name: \"cubridge\"\n"
-        << "  listen: \"" << route_host << ":" << c.cluster_port + server - 1 << "\"\n"
-        << "  routes: [\n";
-    for (int other = 1; other <= c.servers; ++other)
-      if (other != server)
-        out << "    \"nats-route://" << route_host << ":" << c.cluster_port + other - 1 << "\"\n";
-    out << "  ]\n"
-        << "  tls {\n"
-        << "    cert_file: " << file("server" + suffix + ".pem") << "\n"
-        << "    key_file: " << file("server" + suffix + ".key") << "\n"
-        << "    ca_file: " << file("ca.pem") << "\n"
-        << "    verify: true\n"
-        << "    timeout: 5\n"
-        << "  }\n"
-        << "}\n";
-  }
+  return out.str();
+}
+
+// The two accounts of `--node-account`: the fleet's streams and bucket in FLEET, the nodes in
+// NODES, which reaches FLEET only through exports.
+std::string accounts_section(const user_entry& op, const std::vector<user_entry>& nodes) {
   const std::vector<std::string> everything = {">"};
-  if (!c.node_account) {
-    out << "\n# One account: the operator may do everything; a node may publish only its own\n"
-        << "# results and heartbeats and call only the JetStream API the agent needs.\n"
-        << "authorization {\n"
-        << "  users = [\n"
-        << user_block(op, everything, everything, "    ");
-    for (const auto& node : nodes)
-      out << user_block(node, node_publish_permissions(node.name, false),
-                        node_subscribe_permissions(), "    ");
-    out << "  ]\n}\n";
-    return out.str();
-  }
+  std::ostringstream out;
   out << "\n# Two accounts: FLEET holds the streams and the bucket and its one user, the\n"
       << "# operator, may do everything; the nodes live in NODES, which reaches FLEET only\n"
       << "# through the exports below (a node's JetStream API prefix: " << node_api_prefix
@@ -501,6 +468,56 @@ std::string server_config(const checked_options& c, int server, const user_entry
       << "    ]\n"
       << "  }\n"
       << "}\n";
+  return out.str();
+}
+
+std::string server_config(const checked_options& c, int server, const user_entry& op,
+                          const std::vector<user_entry>& nodes) {
+  const std::string suffix = file_suffix(c, server);
+  const auto file = [&](const std::string& name) { return quoted((c.dir / name).string()); };
+  const bool loopback_only =
+      std::all_of(c.hosts.begin(), c.hosts.end(), [](const auto& h) { return is_loopback(h); });
+  std::ostringstream out;
+  out << "# nats-server configuration of a cubridge fleet, written by `cubridge fleet init`\n"
+      << "# (docs/fleet-security.md). "
+      << (c.servers == 1 ? std::string("One server.")
+                         : "Server " + std::to_string(server) + " of " + std::to_string(c.servers) +
+                               " of one JetStream cluster.")
+      << "\n# Start: nats-server -c " << (c.dir / ("server" + suffix + ".conf")).string()
+      << "\n\nserver_name: \"cubridge-" << server << "\"\n"
+      << "host: \"" << (loopback_only ? "127.0.0.1" : "0.0.0.0") << "\"\n"
+      << "port: " << c.port + server - 1 << "\n"
+      << "# A bundle travels as one message (docs/fleet.md, Payload limits).\n"
+      << "max_payload: 16MB\n\n"
+      << "# Clients: TLS required, the server proven by the fleet's CA; clients prove who they\n"
+      << "# are by user and password (no client certificates).\n"
+      << "tls {\n"
+      << "  cert_file: " << file("server" + suffix + ".pem") << "\n"
+      << "  key_file: " << file("server" + suffix + ".key") << "\n"
+      << "  ca_file: " << file("ca.pem") << "\n"
+      << "  verify: false\n"
+      << "  timeout: 5\n"
+      << "}\n\n"
+      << "jetstream {\n"
+      << "  store_dir: " << file("store" + suffix) << "\n"
+      << "  max_memory_store: 256MB\n"
+      << "  max_file_store: 16GB\n"
+      << "}\n";
+  if (c.servers > 1) out << cluster_section(c, server);
+  const std::vector<std::string> everything = {">"};
+  if (!c.node_account) {
+    out << "\n# One account: the operator may do everything; a node may publish only its own\n"
+        << "# results and heartbeats and call only the JetStream API the agent needs.\n"
+        << "authorization {\n"
+        << "  users = [\n"
+        << user_block(op, everything, everything, "    ");
+    for (const auto& node : nodes)
+      out << user_block(node, node_publish_permissions(node.name, false),
+                        node_subscribe_permissions(), "    ");
+    out << "  ]\n}\n";
+    return out.str();
+  }
+  out << accounts_section(op, nodes);
   return out.str();
 }
 
