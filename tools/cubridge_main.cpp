@@ -3,12 +3,14 @@
 #include "doctor.hpp"
 #include "exit_codes.hpp"
 #include "fleet/fleet_commands.hpp"
+#include "guard.hpp"
 #include "inspect.hpp"
 #include "update/update_commands.hpp"
 
 #include <cubridge/core/compute_capability.hpp>
 #include <cubridge/core/error.hpp>
 #include <cubridge/core/image.hpp>
+#include <cubridge/version.hpp>
 
 #include <CLI/CLI.hpp>
 
@@ -33,11 +35,49 @@ std::optional<cubridge::compute_capability> parse_sm_option(std::string_view tex
 
 namespace {
 
+using namespace cubridge::tool;
+
+/// `inspect FILE [--json] [--sm SM]`.
+struct inspect_options {
+  std::string image_path;
+  bool json = false;
+  std::string check_sm;
+};
+
+int run_inspect(const inspect_options& o) {
+  const auto info = cubridge::inspect_image_file(o.image_path);
+  const auto device = o.check_sm.empty() ? std::nullopt : parse_sm_option(o.check_sm);
+  if (o.json) {
+    auto out = describe_image(info);
+    if (device) out["runs_on_" + to_string(*device)] = cubridge::can_run_on(info, *device);
+    std::cout << out.dump(2) << "\n";
+    return exit_ok;
+  }
+  std::cout << render_image(info, o.image_path);
+  if (device) cubridge::require_runs_on(info, *device, o.image_path);
+  if (device) std::cout << "  runs on " << to_string(*device) << "\n";
+  return exit_ok;
+}
+
+int run_doctor(bool json) {
+  const auto report = diagnose();
+  if (json)
+    std::cout << report.dump(2) << "\n";
+  else
+    std::cout << render_table(report);
+  if (!report["driver"]["available"].get<bool>()) {
+    std::cerr << "cubridge: " << report["driver"]["reason"].get<std::string>() << "\n";
+    return exit_no_driver;
+  }
+  return exit_ok;
+}
+
 /// The command; main() adds only the catch for what its set-up may throw.
 int run(int argc, char** argv) {
-  using namespace cubridge::tool;
   CLI::App app{"cubridge: CUDA Driver API and Runtime API together"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", "cubridge " + std::string(cubridge::version()),
+                       "Print the version and exit");
 
   auto* doctor =
       app.add_subcommand("doctor", "Devices, driver, runtime, loading mode, JIT cache and MPS");
@@ -46,13 +86,11 @@ int run(int argc, char** argv) {
 
   auto* inspect =
       app.add_subcommand("inspect", "What a cubin, fatbin or PTX file holds (no GPU needed)");
-  std::string image_path;
-  bool inspect_json = false;
-  std::string check_sm;
-  inspect->add_option("file", image_path, "The image file")->required();
-  inspect->add_flag("--json", inspect_json, "Print the result as JSON");
+  inspect_options inspected;
+  inspect->add_option("file", inspected.image_path, "The image file")->required();
+  inspect->add_flag("--json", inspected.json, "Print the result as JSON");
   inspect
-      ->add_option("--sm", check_sm,
+      ->add_option("--sm", inspected.check_sm,
                    "Also say whether it runs on this compute capability (e.g. 90 or sm_90)")
       ->check(CLI::Validator(
           [](std::string& text) -> std::string {
@@ -65,47 +103,28 @@ int run(int argc, char** argv) {
   coldstart::command coldstart_command(app);
   // `keygen`, `sign`, `push`: signed module bundles and the update endpoint.
   update_commands update_command(app);
+  // `guard -- PROGRAM`: the program with the reset guard preloaded.
+  guard_command guard(app);
 #ifdef CUBRIDGE_TOOL_FLEET
   // `fleet publish | status | rollback | watch`: rollout over NATS JetStream.
   fleet_commands fleet_command(app);
 #endif
 
   try {
-    app.parse(argc, argv);
+    app.parse(guard.take_program(argc, argv), argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? exit_ok : exit_usage;
   }
-  if (coldstart_command.parsed()) return coldstart_command.run();  // reports its own errors
-  if (update_command.parsed()) return update_command.run();        // reports its own errors
+  // Each of these reports its own errors.
+  if (coldstart_command.parsed()) return coldstart_command.run();
+  if (update_command.parsed()) return update_command.run();
+  if (guard.parsed()) return guard.run();
 #ifdef CUBRIDGE_TOOL_FLEET
-  if (fleet_command.parsed()) return fleet_command.run();  // reports its own errors
+  if (fleet_command.parsed()) return fleet_command.run();
 #endif
-
   try {
-    if (inspect->parsed()) {
-      const auto info = cubridge::inspect_image_file(image_path);
-      const auto device = check_sm.empty() ? std::nullopt : parse_sm_option(check_sm);
-      if (inspect_json) {
-        auto out = describe_image(info);
-        if (device) out["runs_on_" + to_string(*device)] = cubridge::can_run_on(info, *device);
-        std::cout << out.dump(2) << "\n";
-      } else {
-        std::cout << render_image(info, image_path);
-        if (device) cubridge::require_runs_on(info, *device, image_path);
-        if (device) std::cout << "  runs on " << to_string(*device) << "\n";
-      }
-    }
-    if (doctor->parsed()) {
-      const auto report = diagnose();
-      if (json)
-        std::cout << report.dump(2) << "\n";
-      else
-        std::cout << render_table(report);
-      if (!report["driver"]["available"].get<bool>()) {
-        std::cerr << "cubridge: " << report["driver"]["reason"].get<std::string>() << "\n";
-        return exit_no_driver;
-      }
-    }
+    if (inspect->parsed()) return run_inspect(inspected);
+    if (doctor->parsed()) return run_doctor(json);
   } catch (const cubridge::driver_unavailable& e) {
     std::cerr << "cubridge: " << e.what() << "\n";
     return exit_no_driver;

@@ -104,7 +104,8 @@ void controller::impl::store_bundle(std::string_view module, const bundle_ref& r
     if (attempt == 4)
       detail::fail(fleet_errc::nats_failed,
                    "holds another bundle after four publishes (another writer overwrites it)",
-                   "publish", "subject " + subject + " of stream " + stream);
+                   "publish",
+                   std::string("subject ").append(subject).append(" of stream ").append(stream));
     std::this_thread::sleep_for(std::chrono::milliseconds(100 << attempt));
   }
 }

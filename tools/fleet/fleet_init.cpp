@@ -590,8 +590,8 @@ class cleanup {
 std::vector<std::string> node_publish_permissions(std::string_view node, bool node_account) {
   std::vector<std::string> subjects = {"cubridge.result.*." + std::string(node),
                                        fleet::heartbeat_subject(node)};
-  const std::string prefix = node_account ? std::string(node_api_prefix) : "$JS.API";
-  for (const auto& api : node_api_subjects()) subjects.push_back(prefix + "." + api);
+  const std::string prefix = (node_account ? std::string(node_api_prefix) : "$JS.API") + ".";
+  for (const auto& api : node_api_subjects()) subjects.push_back(prefix + api);
   subjects.push_back(flow_control_subject());
   return subjects;
 }
