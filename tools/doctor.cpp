@@ -5,7 +5,10 @@
 #include <cubridge/core/device.hpp>
 #include <cubridge/core/driver.hpp>
 #include <cubridge/core/error.hpp>
+#include <cubridge/core/installation.hpp>
 #include <cubridge/core/mps.hpp>
+#include <cubridge/core/reset_guard_status.hpp>
+#include <cubridge/version.hpp>
 
 #include <cuda_runtime_api.h>
 
@@ -60,6 +63,44 @@ nlohmann::json mps() {
           {"meaning", s.meaning}};
 }
 
+// cubridge itself: its version, where its code is, which helpers it would use, and whether this
+// process runs under the reset guard.
+nlohmann::json installation() {
+  nlohmann::json helpers;
+  for (const auto which : {helper_file::sandbox_worker, helper_file::reset_guard}) {
+    const auto at = locate(which);
+    helpers[std::string(to_string(which))] = {
+        {"path", at.path.string()}, {"found_by", at.found_by}, {"found", at.found}};
+  }
+  const auto guard = reset_guard_state();
+  return {{"version", std::string(version())},
+          {"code", code_location().string()},
+          {"helpers", helpers},
+          {"reset_guard",
+           {{"loaded", guard.loaded},
+            {"policy", guard.policy},
+            {"library", guard.library.string()},
+            {"requested_by", guard.requested_by}}}};
+}
+
+std::string render_helper(const nlohmann::json& h) {
+  const auto path = h["path"].get<std::string>();
+  const auto how = h["found_by"].get<std::string>();
+  return h["found"].get<bool>() ? path + " (" + how + ")"
+                                : "NOT FOUND (last looked at " + path + ", " + how + ")";
+}
+
+std::string render_guard(const nlohmann::json& g) {
+  const auto requested = g["requested_by"].get<std::string>();
+  if (g["loaded"].get<bool>())
+    return "GUARDED, policy " + g["policy"].get<std::string>() + " (" +
+           g["library"].get<std::string>() + ")";
+  if (!requested.empty())
+    return "NOT GUARDED though " + requested +
+           " asks for it: give LD_PRELOAD the full path, or run `cubridge guard -- PROGRAM`";
+  return "not guarded (`cubridge guard -- PROGRAM` runs a program under the reset guard)";
+}
+
 }  // namespace
 
 nlohmann::json diagnose() {
@@ -69,6 +110,7 @@ nlohmann::json diagnose() {
       cudaRuntimeGetVersion(&runtime_version) == cudaSuccess ? runtime_version : 0;
   report["environment"] = environment();
   report["mps"] = mps();
+  report["cubridge"] = installation();
   report["driver"]["available"] = driver::available();
   if (!driver::available()) {
     report["driver"]["reason"] = driver::unavailable_reason();
@@ -142,6 +184,14 @@ std::string render_table(const nlohmann::json& r) {
       << e["jit_cache_note"].get<std::string>() << "\n";
   out << "CUDA_CACHE_PATH     " << e["CUDA_CACHE_PATH"].get<std::string>() << "\n";
   out << "CUDA_CACHE_MAXSIZE  " << e["CUDA_CACHE_MAXSIZE"].get<std::string>() << "\n";
+  if (r.contains("cubridge")) {
+    const auto& c = r["cubridge"];
+    out << "cubridge          " << c["version"].get<std::string>() << "  "
+        << c["code"].get<std::string>() << "\n";
+    out << "sandbox worker    " << render_helper(c["helpers"]["sandbox_worker"]) << "\n";
+    out << "reset guard       " << render_helper(c["helpers"]["reset_guard"]) << "\n";
+    out << "this process      " << render_guard(c["reset_guard"]) << "\n";
+  }
   return out.str();
 }
 

@@ -52,7 +52,9 @@ from ._errors import (BundleError, CompileError, ContextResetError, DriverUnavai
                       GuestError, ImageError, IOFailure, LaunchArgumentError, PreconditionError,
                       SandboxError, VersionRejected)
 
-__version__ = "0.1.0"
+# The version of the C++ library this package wraps (CMakeLists.txt's project version, the one
+# place it is written; the package metadata reads it from there too).
+__version__: str = _cubridge.__version__
 
 ImageSource = Union[bytes, bytearray, memoryview, str, "_os.PathLike[str]"]
 

@@ -22,6 +22,7 @@ EXIT_NO_DRIVER = 69
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m cubridge", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"cubridge {_cubridge.__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     doctor = commands.add_parser("doctor", help="Devices, driver, runtime, loading mode, JIT cache and MPS")
     doctor.add_argument("--json", action="store_true", help="Print the report as JSON")

@@ -8,6 +8,7 @@
 #include <cubridge/core/device.hpp>
 #include <cubridge/core/driver.hpp>
 #include <cubridge/core/error.hpp>
+#include <cubridge/version.hpp>
 
 #include <nanobind/stl/map.h>
 #include <nanobind/stl/optional.h>
@@ -52,6 +53,7 @@ compute_capability architecture_named(const std::string& arch) {
 NB_MODULE(_cubridge, m) {
   using namespace cubridge::python;
   m.doc() = "cubridge's C++ library; use the package `cubridge`, which wraps this module.";
+  m.attr("__version__") = std::string(cubridge::version());
   register_errors(m);
   bind_images(m);
   bind_bundles(m);

@@ -1,6 +1,7 @@
 """python -m cubridge doctor | inspect: the C++ tool's reports and exit codes."""
 
 import json
+import pathlib
 import subprocess
 import sys
 
@@ -48,3 +49,18 @@ def test_inspect_failures(tmp_path):
     assert result.returncode == 1 and "CUBRIDGE_BAD_IMAGE" in result.stderr
     assert run("inspect", str(tmp_path / "absent")).returncode == 1
     assert run("frobnicate").returncode == 64
+
+
+def test_version():
+    result = run("--version")
+    assert result.returncode == 0
+    assert result.stdout.strip() == f"cubridge {cubridge.__version__}"
+
+
+def test_the_console_script_is_python_m_cubridge():
+    import shutil
+    script = shutil.which("cubridge", path=str(pathlib.Path(sys.executable).parent))
+    assert script, "the package installs no `cubridge` console script beside its Python"
+    result = subprocess.run([script, "--version"], capture_output=True, text=True, check=False)
+    assert result.returncode == 0
+    assert result.stdout.strip() == f"cubridge {cubridge.__version__}"

@@ -48,3 +48,19 @@ def test_a_group_of_no_contexts_is_refused_before_any_load():
     for image in (b"\0" * 16, [b"a", b"b"]):
         with pytest.raises(cubridge.Error, match="needs at least one context"):
             cubridge.HotModuleGroup("g", image, [])
+
+
+def test_the_version_is_the_projects():
+    # The one version (CMakeLists.txt's project()) reaches the extension, the package and its
+    # metadata.
+    import importlib.metadata
+    import re
+    assert re.fullmatch(r"[0-9]+\.[0-9]+\.[0-9]+", cubridge.__version__)
+    assert cubridge.__version__ == cubridge._cubridge.__version__
+    assert importlib.metadata.version("cubridge") == cubridge.__version__
+
+
+def test_the_package_is_typed():
+    # PEP 561: without py.typed, type checkers ignore the stubs.
+    import pathlib
+    assert (pathlib.Path(cubridge.__file__).parent / "py.typed").is_file()
