@@ -1,5 +1,6 @@
 #include <cubridge/core/driver.hpp>
 #include <cubridge/core/error.hpp>
+#include <cubridge/core/reset_guard_status.hpp>
 
 #include <dlfcn.h>
 
@@ -71,7 +72,10 @@ loaded_driver load() {
 }
 
 const loaded_driver& instance() {
-  static const loaded_driver d = load();
+  static const loaded_driver d = [] {
+    warn_if_reset_guard_missing();  // the one place every program using cubridge passes
+    return load();
+  }();
   return d;
 }
 

@@ -7,8 +7,24 @@
 
 #include <string>
 
+#ifndef CUBRIDGE_SOURCE_ROOT
+#define CUBRIDGE_SOURCE_ROOT ""
+#endif
+#ifndef CUBRIDGE_SOURCE_FROM_BUILD
+#define CUBRIDGE_SOURCE_FROM_BUILD ""
+#endif
+
 namespace cubridge {
 namespace {
+
+// A location of cubridge's own sources as the repository names it ("src/core/module.cpp"):
+// GCC 12 does not remap std::source_location by -fmacro-prefix-map, so the build's two forms
+// (absolute, and relative to the build tree as Ninja passes them) are cut here.
+std::string_view project_relative(std::string_view file) {
+  for (const std::string_view prefix : {CUBRIDGE_SOURCE_ROOT, CUBRIDGE_SOURCE_FROM_BUILD})
+    if (!prefix.empty() && file.starts_with(prefix)) return file.substr(prefix.size());
+  return file;
+}
 
 std::string compose(const std::string& call, const std::string& code_name,
                     const std::string& description, const std::string& involved,
@@ -16,7 +32,7 @@ std::string compose(const std::string& call, const std::string& code_name,
   std::string text = call + " " + code_name;
   if (!description.empty()) text += " (" + description + ")";
   if (!involved.empty()) text += ": " + involved;
-  text += " [" + std::string(where.file_name()) + ":" + std::to_string(where.line()) + "]";
+  text += " [" + std::string(project_relative(where.file_name())) + ":" + std::to_string(where.line()) + "]";
   return text;
 }
 

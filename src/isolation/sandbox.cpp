@@ -5,6 +5,7 @@
 
 #include <cubridge/core/detail/describe.hpp>
 #include <cubridge/core/detail/enum_names.hpp>
+#include <cubridge/core/installation.hpp>
 #include <cubridge/isolation/sandbox.hpp>
 
 #include <unistd.h>
@@ -12,13 +13,6 @@
 #include <array>
 #include <cstdlib>
 #include <system_error>
-
-#ifndef CUBRIDGE_SANDBOX_WORKER_INSTALLED
-#define CUBRIDGE_SANDBOX_WORKER_INSTALLED "/usr/local/libexec/cubridge-sandbox-worker"
-#endif
-#ifndef CUBRIDGE_RESET_GUARD_INSTALLED
-#define CUBRIDGE_RESET_GUARD_INSTALLED "/usr/local/lib/libcubridge_reset_guard.so"
-#endif
 
 namespace cubridge {
 
@@ -117,19 +111,11 @@ std::vector<std::string> worker_environment(const sandbox_environment& env,
 // --- sandbox ------------------------------------------------------------------------------------
 
 std::filesystem::path sandbox::default_worker() {
-  if (const char* env = std::getenv("CUBRIDGE_SANDBOX_WORKER"); env && *env) return env;
-  std::error_code ec;
-  const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
-  if (!ec) {
-    auto beside = self.parent_path() / "cubridge-sandbox-worker";  // not const: returned by move
-    if (is_executable(beside)) return beside;
-  }
-  return CUBRIDGE_SANDBOX_WORKER_INSTALLED;
+  return locate(helper_file::sandbox_worker).path;
 }
 
 std::filesystem::path sandbox::default_reset_guard() {
-  if (const char* env = std::getenv("CUBRIDGE_RESET_GUARD"); env && *env) return env;
-  return CUBRIDGE_RESET_GUARD_INSTALLED;
+  return locate(helper_file::reset_guard).path;
 }
 
 sandbox sandbox::start(sandbox_options options) {
@@ -154,7 +140,10 @@ sandbox sandbox::start(sandbox_options options) {
                             " is not an executable file (set sandbox_options::worker or "
                             "CUBRIDGE_SANDBOX_WORKER)",
                         false, {});
-  if (!std::filesystem::exists(s->options.library))
+  // A bare name ("libvendor.so") is the worker's dlopen's to find, on its search path, as a
+  // program linking the library would; a path must exist.
+  const bool bare_name = s->options.library.string().find('/') == std::string::npos;
+  if (!bare_name && !std::filesystem::exists(s->options.library))
     throw sandbox_error(
         sandbox_failure::start_failed, call,
         "sandbox '" + s->name + "': library " + s->options.library.string() + " does not exist",

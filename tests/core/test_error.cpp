@@ -1,4 +1,5 @@
 #include <cubridge/core/detail/check.hpp>
+#include <cubridge/core/device.hpp>
 #include <cubridge/core/driver.hpp>
 #include <cubridge/core/error.hpp>
 
@@ -32,6 +33,20 @@ TEST(Error, CarriesEveryField) {
       << what;
   EXPECT_NE(what.find("test_error.cpp:"), std::string::npos) << what;
   EXPECT_EQ(e.where().line(), here.line());
+}
+
+TEST(Error, LocationsAreRelativeToTheProjectRoot) {
+  // Thrown inside the library: its location names the source as the repository does, with no
+  // path of the machine that built it.
+  try {
+    (void)cubridge::device::get(-1);
+    FAIL() << "device -1 was accepted";
+  } catch (const cubridge::error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find(" [src/core/"), std::string::npos) << what;
+    EXPECT_EQ(what.find(" [/"), std::string::npos) << what;
+    EXPECT_EQ(what.find(" [../"), std::string::npos) << what;
+  }
 }
 
 TEST(Error, ThrowErrcRaisesTheMatchingSubclass) {

@@ -34,9 +34,9 @@ foreach(library cubridge_core cubridge_compile cubridge_swap cubridge_isolation 
     message(FATAL_ERROR "lib/lib${library}.a is not installed")
   endif()
 endforeach()
-file(GLOB target_files ${package_dir}/cubridge-targets*.cmake)
+file(GLOB target_files ${package_dir}/cubridge-*targets*.cmake)
 if(NOT target_files)
-  message(FATAL_ERROR "no cubridge-targets*.cmake installed in ${package_dir}")
+  message(FATAL_ERROR "no cubridge-*targets*.cmake installed in ${package_dir}")
 endif()
 set(exported "")
 foreach(file ${target_files})
@@ -152,3 +152,70 @@ if(EXISTS ${moved}/lib/libcubridge_fleet.a)
 endif()
 run_consumer(consumer_all "cubridge consumer core: (driver [0-9]+|no GPU: .+)")
 run_consumer(consumer_cuda "cubridge consumer cuda: (kernel wrote 7|no GPU: .+)")
+
+# The safety nets from the moved tree, found by themselves: a program installed into the same
+# (moved) prefix starts a sandbox whose worker is the moved tree's; `cubridge guard` preloads the
+# moved tree's reset guard by its full path, and doctor, run under it, says it is guarded.
+execute_process(COMMAND ${CMAKE_COMMAND} --install ${WORK_DIR}/build --prefix ${moved}
+                RESULT_VARIABLE r)
+if(r)
+  message(FATAL_ERROR "installing the consumer into the moved prefix failed: ${r}")
+endif()
+file(REAL_PATH "${moved}" moved_real)
+set(clean_env ${CMAKE_COMMAND} -E env --unset=CUBRIDGE_SANDBOX_WORKER --unset=CUBRIDGE_RESET_GUARD
+              --unset=LD_PRELOAD --unset=CUBRIDGE_RESET_POLICY)
+function(run_installed expected)
+  execute_process(COMMAND ${clean_env} ${ARGN} RESULT_VARIABLE r OUTPUT_VARIABLE out
+                  ERROR_VARIABLE err)
+  message(STATUS "${ARGN} said: ${out}${err}")
+  if(NOT r MATCHES "^(0|69)$")
+    message(FATAL_ERROR "${ARGN} failed: ${r}: ${out}${err}")
+  endif()
+  if(NOT "${out}" MATCHES "${expected}")
+    message(FATAL_ERROR "unexpected output of ${ARGN}: ${out}${err}")
+  endif()
+endfunction()
+run_installed("worker ${moved_real}/libexec/cubridge-sandbox-worker \\(the install tree of ${moved_real}/bin/consumer_sandbox\\) answered 42"
+              ${moved}/bin/consumer_sandbox ${moved}/lib/libconsumer_box_library.so)
+if(EXISTS ${moved}/bin/cubridge)
+  run_installed("sandbox worker +${moved_real}/libexec/cubridge-sandbox-worker.*reset guard +${moved_real}/lib/libcubridge_reset_guard.so.*this process +not guarded"
+                ${moved}/bin/cubridge doctor)
+  run_installed("this process +GUARDED, policy log \\(${moved_real}/lib/libcubridge_reset_guard.so\\)"
+                ${moved}/bin/cubridge guard --policy log -- ${moved}/bin/cubridge doctor)
+endif()
+
+# A core-only consumer with the upper layers' packages out of sight (no pkg-config files, no
+# OpenSSL): it configures, builds and runs, and its cache shows nothing of theirs was looked for.
+file(MAKE_DIRECTORY ${WORK_DIR}/no-pkgconfig)
+execute_process(COMMAND ${CMAKE_COMMAND} -E env PKG_CONFIG_LIBDIR=${WORK_DIR}/no-pkgconfig
+                PKG_CONFIG_PATH=
+                ${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/package_consumer/core_only
+                -B ${WORK_DIR}/core-only -G "${cubridge_CMAKE_GENERATOR}"
+                "-DCMAKE_MAKE_PROGRAM=${cubridge_CMAKE_MAKE_PROGRAM}"
+                "-DCMAKE_CXX_COMPILER=${cubridge_CMAKE_CXX_COMPILER}"
+                "-DCMAKE_CUDA_COMPILER=${cubridge_CMAKE_CUDA_COMPILER}"
+                "-DCMAKE_BUILD_TYPE=${cubridge_CMAKE_BUILD_TYPE}"
+                -DCMAKE_PREFIX_PATH=${moved} -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF
+                -DCMAKE_DISABLE_FIND_PACKAGE_OpenSSL=ON -DCMAKE_DISABLE_FIND_PACKAGE_PkgConfig=ON
+                RESULT_VARIABLE r)
+if(r)
+  message(FATAL_ERROR "configuring the core-only consumer failed: ${r}")
+endif()
+file(STRINGS ${WORK_DIR}/core-only/CMakeCache.txt cache)
+foreach(entry IN LISTS cache)
+  if(entry MATCHES "^(CUBRIDGE_(NVRTC|NVJITLINK|SODIUM|NATS|HTTPLIB)[A-Z_]*|OPENSSL_[A-Z_]+|PKG_CONFIG_EXECUTABLE)[:=]")
+    message(FATAL_ERROR "the core-only consumer looked for an upper layer's dependency: ${entry}")
+  endif()
+endforeach()
+execute_process(COMMAND ${CMAKE_COMMAND} --build ${WORK_DIR}/core-only RESULT_VARIABLE r)
+if(r)
+  message(FATAL_ERROR "building the core-only consumer failed: ${r}")
+endif()
+foreach(program consumer_core consumer_cuda)
+  execute_process(COMMAND ${WORK_DIR}/core-only/${program} RESULT_VARIABLE r OUTPUT_VARIABLE out
+                  ERROR_VARIABLE err)
+  message(STATUS "core-only ${program} said: ${out}${err}")
+  if(r OR NOT out MATCHES "cubridge consumer (core|cuda): ")
+    message(FATAL_ERROR "core-only ${program} failed: ${r}: ${out}${err}")
+  endif()
+endforeach()

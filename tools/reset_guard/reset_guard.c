@@ -42,6 +42,9 @@ GUARD_EXPORT CUresult cuGetProcAddress(const char* symbol, void** pfn, int cuda_
 GUARD_EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int cuda_version,
                                           cuuint64_t flags, CUdriverProcAddressQueryResult* status);
 GUARD_EXPORT void* dlsym(void* handle, const char* symbol);
+// How a process tells that the guard is loaded, and with which policy (cubridge/core/
+// reset_guard_status.hpp looks it up by name): "deny", "log" or "allow".
+GUARD_EXPORT const char* cubridge_reset_guard_policy(void);
 
 // ---------------------------------------------------------------------------------------------
 // State: the real driver entry points behind each wrapper (set when first seen), read atomically.
@@ -118,6 +121,18 @@ static void read_config(void) {
 static enum policy current_policy(void) {
   pthread_once(&config_once, read_config);
   return policy_value;
+}
+
+const char* cubridge_reset_guard_policy(void) {
+  switch (current_policy()) {
+    case POLICY_LOG:
+      return "log";
+    case POLICY_ALLOW:
+      return "allow";
+    case POLICY_DENY:
+      break;
+  }
+  return "deny";
 }
 
 // One line, one write(): lines from concurrent threads do not interleave (O_APPEND for files).

@@ -123,7 +123,8 @@ struct sandbox_environment {
 
 /// How a sandbox runs its worker.
 struct sandbox_options {
-  /// The shared library the worker dlopens (its entry points: sandbox_entry.hpp).
+  /// The shared library the worker dlopens (its entry points: sandbox_entry.hpp): a path, or a
+  /// bare name ("libvendor.so") that the worker's dlopen looks for on its search path.
   std::filesystem::path library;
   /// The worker executable; empty: sandbox::default_worker().
   std::filesystem::path worker;
@@ -208,11 +209,14 @@ class sandbox {
   ///         error (errc::precondition) for workers = 0.
   [[nodiscard]] static sandbox start(sandbox_options options);
 
-  /// The worker executable to use when sandbox_options::worker is empty: $CUBRIDGE_SANDBOX_WORKER,
-  /// else `cubridge-sandbox-worker` next to the running program, else the installed one.
+  /// The worker executable to use when sandbox_options::worker is empty:
+  /// locate(helper_file::sandbox_worker) (cubridge/core/installation.hpp):
+  /// $CUBRIDGE_SANDBOX_WORKER, else beside cubridge's code or in its install tree's libexec,
+  /// wherever that tree was moved.
   [[nodiscard]] static std::filesystem::path default_worker();
   /// The reset guard to preload when sandbox_environment::reset_guard_library is empty:
-  /// $CUBRIDGE_RESET_GUARD, else the installed libcubridge_reset_guard.so.
+  /// locate(helper_file::reset_guard): $CUBRIDGE_RESET_GUARD, else beside cubridge's code or in
+  /// its install tree's lib.
   [[nodiscard]] static std::filesystem::path default_reset_guard();
 
   sandbox(sandbox&&) noexcept;
