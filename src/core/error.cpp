@@ -32,7 +32,8 @@ std::string compose(const std::string& call, const std::string& code_name,
   std::string text = call + " " + code_name;
   if (!description.empty()) text += " (" + description + ")";
   if (!involved.empty()) text += ": " + involved;
-  text += " [" + std::string(project_relative(where.file_name())) + ":" + std::to_string(where.line()) + "]";
+  text += " [" + std::string(project_relative(where.file_name())) + ":" +
+          std::to_string(where.line()) + "]";
   return text;
 }
 

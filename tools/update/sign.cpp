@@ -86,7 +86,10 @@ std::vector<std::byte> sign_payload(const signing_request& request,
     in.kind = payload_kind::cuda_source;
     if (in.target.empty())
       detail::throw_errc(errc::precondition, "sign",
-                         request.file.string() + ": CUDA source needs --target (e.g. sm_90)");
+                         request.file.string() +
+                             ": CUDA source needs --target (e.g. sm_90): `sign` signs the source "
+                             "itself, which the service compiles for that target; `push` and "
+                             "`fleet publish` compile it here first");
   } else {
     const auto info = inspect_image(payload);  // names the file's problem if it is no image
     if (info.kind == image_kind::ptx)
