@@ -402,10 +402,21 @@ std::string flow_control_subject() {
   return "$JS.FC." + std::string(fleet::control_bucket_stream) + ".>";
 }
 
-// The routes between the servers of a JetStream cluster: TLS both ways.
-std::string cluster_section(const checked_options& c, int server) {
+// Server `server`'s TLS block, proven by the fleet's CA; `verify`: the other side must prove
+// itself by certificate too (routes), not only by user and password (clients).
+std::string tls_block(const checked_options& c, int server, bool verify,
+                      const std::string& indent) {
   const std::string suffix = file_suffix(c, server);
   const auto file = [&](const std::string& name) { return quoted((c.dir / name).string()); };
+  return indent + "tls {\n" + indent + "  cert_file: " + file("server" + suffix + ".pem") + "\n" +
+         indent + "  key_file: " + file("server" + suffix + ".key") + "\n" + indent +
+         "  ca_file: " + file("ca.pem") + "\n" + indent +
+         "  verify: " + (verify ? "true" : "false") + "\n" + indent + "  timeout: 5\n" + indent +
+         "}\n";
+}
+
+// The routes between the servers of a JetStream cluster: TLS both ways.
+std::string cluster_section(const checked_options& c, int server) {
   std::ostringstream out;
   out << "\n# Routes between the servers: TLS both ways, each side proven by the fleet's CA.\n"
       << "cluster {\n"
@@ -415,15 +426,7 @@ std::string cluster_section(const checked_options& c, int server) {
   for (int other = 1; other <= c.servers; ++other)
     if (other != server)
       out << "    \"nats-route://" << route_host << ":" << c.cluster_port + other - 1 << "\"\n";
-  out << "  ]\n"
-      << "  tls {\n"
-      << "    cert_file: " << file("server" + suffix + ".pem") << "\n"
-      << "    key_file: " << file("server" + suffix + ".key") << "\n"
-      << "    ca_file: " << file("ca.pem") << "\n"
-      << "    verify: true\n"
-      << "    timeout: 5\n"
-      << "  }\n"
-      << "}\n";
+  out << "  ]\n" << tls_block(c, server, true, "  ") << "}\n";
   return out.str();
 }
 
@@ -491,13 +494,7 @@ std::string server_config(const checked_options& c, int server, const user_entry
       << "max_payload: 16MB\n\n"
       << "# Clients: TLS required, the server proven by the fleet's CA; clients prove who they\n"
       << "# are by user and password (no client certificates).\n"
-      << "tls {\n"
-      << "  cert_file: " << file("server" + suffix + ".pem") << "\n"
-      << "  key_file: " << file("server" + suffix + ".key") << "\n"
-      << "  ca_file: " << file("ca.pem") << "\n"
-      << "  verify: false\n"
-      << "  timeout: 5\n"
-      << "}\n\n"
+      << tls_block(c, server, false, "") << "\n"
       << "jetstream {\n"
       << "  store_dir: " << file("store" + suffix) << "\n"
       << "  max_memory_store: 256MB\n"
