@@ -1,6 +1,6 @@
 cmake_minimum_required(VERSION 3.25)
 # Runs COMMAND (a ;-list) and checks its exit code against EXIT (a ;-list of accepted codes) and
-# its combined output against MATCH (a regex). Used to test the cubridge command as a user runs it.
+# its combined output against MATCH (a regex it must match) and ABSENT (one it must not). Used to test the cubridge command as a user runs it.
 string(REPLACE "|" ";" COMMAND "${COMMAND}")
 string(REPLACE "|" ";" EXIT "${EXIT}")
 execute_process(COMMAND ${COMMAND} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
@@ -10,5 +10,8 @@ if(NOT rc IN_LIST EXIT)
 endif()
 if(DEFINED MATCH AND NOT all MATCHES "${MATCH}")
   message(FATAL_ERROR "output does not match '${MATCH}':\n${all}")
+endif()
+if(NOT "${ABSENT}" STREQUAL "" AND all MATCHES "${ABSENT}")
+  message(FATAL_ERROR "output matches '${ABSENT}', which it must not:\n${all}")
 endif()
 message(STATUS "exit ${rc}:\n${all}")

@@ -391,7 +391,8 @@ command::command(CLI::App& app) {
       "Phases: process start, driver load (dlopen + cuGetProcAddress), cuInit, first context "
       "(cuDevicePrimaryCtxRetain or cuCtxCreate), first cuMemAlloc, NVRTC compile, module load "
       "(cubin, PTX with a cold or warm JIT cache, NVRTC's cubin), cuModuleGetFunction, first and "
-      "second launch, cublasCreate; under CUDA_MODULE_LOADING=LAZY and EAGER.\n"
+      "second launch, cuBLAS load (dlopen), cublasCreate; under CUDA_MODULE_LOADING=LAZY and "
+      "EAGER.\n"
       "Exit status: 0 all runs measured, 1 some run failed, 64 bad command line, 69 no CUDA "
       "driver or device.");
   coldstart_->add_option("--runs", options_.runs, "Runs per scenario and loading mode")

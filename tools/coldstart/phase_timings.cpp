@@ -17,7 +17,7 @@ constexpr std::array<scenario_info, 5> scenario_table{{
 }};
 
 // Colours: Tableau 10 plus a light green, so that neighbouring phases differ clearly.
-constexpr std::array<phase_info, 11> phase_table{{
+constexpr std::array<phase_info, 12> phase_table{{
     {"process_start", "process start (exec, shared libraries)", "#bab0ac"},
     {"driver_load", "driver load (dlopen + cuGetProcAddress)", "#9c755f"},
     {"cu_init", "cuInit", "#4e79a7"},
@@ -28,6 +28,7 @@ constexpr std::array<phase_info, 11> phase_table{{
     {"get_function", "cuModuleGetFunction", "#ff9da7"},
     {"first_launch", "first launch + sync", "#59a14f"},
     {"second_launch", "second launch + sync", "#8cd17d"},
+    {"cublas_load", "cuBLAS load (dlopen)", "#d4a6c8"},
     {"cublas_create", "cublasCreate", "#76b7b2"},
 }};
 

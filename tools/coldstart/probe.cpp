@@ -2,8 +2,8 @@
 //
 // What each phase times (std::chrono::steady_clock around the raw calls, nothing else inside):
 //   process_start  from the parent's clock reading just before posix_spawn to this file's static
-//                  initialisation: exec, ld.so mapping the tool and its libraries (cuBLAS,
-//                  NVRTC), their constructors (CLOCK_MONOTONIC is one clock for all processes)
+//                  initialisation: exec, ld.so mapping the tool and its libraries (NVRTC,
+//                  nvJitLink), their constructors (CLOCK_MONOTONIC is one clock for all processes)
 //   driver_load    dlopen("libcuda.so.1") + dlsym(cuGetProcAddress_v2) + cuGetProcAddress for
 //                  every entry point cubridge uses, as cubridge::driver does
 //   cu_init        cuInit(0), through the pointer just resolved
@@ -14,11 +14,13 @@
 //   get_function   cuModuleGetFunction
 //   first_launch   cuLaunchKernel + cuCtxSynchronize
 //   second_launch  the same again
+//   cublas_load    dlopen of the toolkit's libcublas.so.<major> (the tool does not link it)
 //   cublas_create  cublasCreate in the current context
 // Between phases, untimed: cubridge::driver::api() (its own dlopen and cuInit are then no-ops
 // but for the cached lookups), cuDeviceGet, the device's attributes, cuModuleGetLoadingMode.
 #include "probe.hpp"
 
+#include "cublas_library.hpp"
 #include "kernel_source.hpp"
 #include "phase_timings.hpp"
 
@@ -26,7 +28,6 @@
 #include <cubridge/core/driver.hpp>
 #include <cubridge/core/error.hpp>
 
-#include <cublas_v2.h>
 #include <cuda.h>
 #include <dlfcn.h>
 #include <library_types.h>
@@ -183,11 +184,16 @@ class probe {
     }
     rec_.phase("module_load", [&] { load_module(image); });
     launch_twice();
+    rec_.phase("cublas_load", [&] {
+      try {
+        blas_library_ = &load_cublas();
+      } catch (const std::runtime_error& e) {
+        throw probe_failure(e.what(), false);
+      }
+    });
     rec_.phase("cublas_create", [&] {
-      if (const cublasStatus_t s = cublasCreate(&blas_); s != CUBLAS_STATUS_SUCCESS)
-        throw probe_failure(std::string("cublasCreate: ") + cublasGetStatusName(s) + " (" +
-                                cublasGetStatusString(s) + ")",
-                            false);
+      if (const cublasStatus_t s = blas_library_->create(&blas_); s != CUBLAS_STATUS_SUCCESS)
+        throw probe_failure("cublasCreate: " + blas_library_->status_text(s), false);
     });
     verify_output();
     result_.ok = true;
@@ -195,7 +201,7 @@ class probe {
 
   /// Releases what run() created, untimed (the context itself goes with the process).
   void clean_up() noexcept {
-    if (blas_) cublasDestroy(blas_);
+    if (blas_) blas_library_->destroy(blas_);
     if (api_ && module_) api_->cuModuleUnload(module_);
     if (api_ && buffer_) api_->cuMemFree(buffer_);
   }
@@ -324,6 +330,7 @@ class probe {
   const driver::entry_points* api_ = nullptr;  ///< cubridge::driver::api(), after cu_init
   CUdeviceptr buffer_ = 0;
   CUmodule module_ = nullptr;
+  const cublas_library* blas_library_ = nullptr;  ///< by the cublas_load phase
   cublasHandle_t blas_ = nullptr;
 };
 
@@ -351,13 +358,11 @@ int run_info(const probe_options& o) {
     m.driver_version = driver::version();
     m.driver_release = driver_release();
     m.nvrtc_version = nvrtc_version();
-    int blas_major = 0;
-    int blas_minor = 0;
-    int blas_patch = 0;
-    if (cublasGetProperty(MAJOR_VERSION, &blas_major) == CUBLAS_STATUS_SUCCESS &&
-        cublasGetProperty(MINOR_VERSION, &blas_minor) == CUBLAS_STATUS_SUCCESS &&
-        cublasGetProperty(PATCH_LEVEL, &blas_patch) == CUBLAS_STATUS_SUCCESS)
-      m.cublas_version = blas_major * 10000 + blas_minor * 100 + blas_patch;
+    try {
+      m.cublas_version = load_cublas().version();
+    } catch (const std::runtime_error&) {
+      m.cublas_version = 0;  // no cuBLAS: the machine's table says 0, as for an old one
+    }
     char host[256] = {};
     if (::gethostname(host, sizeof host - 1) == 0) m.host = host;
     out = {{"ok", true}, {"machine", m}};
