@@ -1,5 +1,6 @@
 #include <cubridge/core/driver.hpp>
 #include <cubridge/core/error.hpp>
+#include <cubridge/core/log.hpp>
 #include <cubridge/core/reset_guard_status.hpp>
 
 #include <dlfcn.h>
@@ -74,7 +75,16 @@ loaded_driver load() {
 const loaded_driver& instance() {
   static const loaded_driver d = [] {
     warn_if_reset_guard_missing();  // the one place every program using cubridge passes
-    return load();
+    loaded_driver loaded = load();
+    if (loaded.failure.empty()) {
+      int version = 0;
+      loaded.api.cuDriverGetVersion(&version);
+      log::debug("CUDA driver loaded: libcuda.so.1, CUDA " + std::to_string(version / 1000) + "." +
+                 std::to_string(version % 1000 / 10));
+    } else {
+      log::debug("CUDA driver not loaded: " + loaded.failure);
+    }
+    return loaded;
   }();
   return d;
 }

@@ -2,6 +2,7 @@
 #include <cubridge/core/detail/owning_handle.hpp>
 #include <cubridge/core/driver.hpp>
 #include <cubridge/core/error.hpp>
+#include <cubridge/core/log.hpp>
 
 #include <cuda_runtime_api.h>
 
@@ -124,14 +125,12 @@ void throw_moved_from(std::string_view type, std::string_view consequence) {
 }  // namespace cubridge
 
 #include <cassert>
-#include <cstdio>
 
 namespace cubridge::detail {
 void report_release_failure(CUresult result, const char* call) noexcept {
   if (result == CUDA_ERROR_DEINITIALIZED || result == CUDA_ERROR_CONTEXT_IS_DESTROYED) return;
   try {
-    std::fprintf(stderr, "cubridge: %s failed in a destructor: %s\n", call,
-                 driver_error_name(result).c_str());
+    log::error(std::string(call) + " failed in a destructor: " + driver_error_name(result));
   } catch (...) {
   }
   // Debug builds stop here, as RMM's RMM_ASSERT_CUDA_SUCCESS_SAFE_SHUTDOWN does: a release that

@@ -2,12 +2,12 @@
 // cubridge_reset_guard_policy() for exactly this question.
 #include <cubridge/core/detail/printable.hpp>
 #include <cubridge/core/error.hpp>
+#include <cubridge/core/log.hpp>
 #include <cubridge/core/reset_guard_status.hpp>
 
 #include <dlfcn.h>
 
 #include <atomic>
-#include <cstdio>
 #include <cstdlib>
 #include <string_view>
 
@@ -56,11 +56,9 @@ void warn_if_reset_guard_missing() noexcept {
   try {
     const auto s = reset_guard_state();
     if (!s.missing() || warned.exchange(true)) return;
-    std::fprintf(stderr,
-                 "cubridge: WARNING: the reset guard is asked for (%s) but is not loaded: this "
-                 "process runs UNGUARDED (ld.so ignores an LD_PRELOAD it cannot find: give the "
-                 "full path, or run under `cubridge guard --`)\n",
-                 s.requested_by.c_str());
+    log::warn("the reset guard is asked for (" + s.requested_by +
+              ") but is not loaded: this process runs UNGUARDED (ld.so ignores an LD_PRELOAD it "
+              "cannot find: give the full path, or run under `cubridge guard --`)");
   } catch (...) {  // nothing to report with
   }
 }

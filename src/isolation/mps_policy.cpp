@@ -1,8 +1,9 @@
 #include <cubridge/core/detail/enum_names.hpp>
 #include <cubridge/isolation/mps_policy.hpp>
 
+#include <cubridge/core/log.hpp>
+
 #include <array>
-#include <cstdio>
 #include <mutex>
 #include <utility>
 
@@ -25,16 +26,17 @@ std::string refusal(const std::string& component, const mps_status& status) {
          "; set its mps option to mps_policy::warn or allow to run it anyway";
 }
 
-void write_to_stderr(std::string_view line) {
-  // One write per line, so that lines of several threads do not interleave.
-  std::string text(line);
-  text += '\n';
-  std::fwrite(text.data(), 1, text.size(), stderr);
+constexpr std::string_view warning_prefix = "cubridge: warning: ";
+
+/// The default: the process's logger (log.hpp), which stamps its own prefix.
+void write_to_log(std::string_view line) {
+  if (line.starts_with(warning_prefix)) line.remove_prefix(warning_prefix.size());
+  log::warn(line);
 }
 
 struct warning_sink {
   std::mutex mutex;
-  mps_warning_sink sink = write_to_stderr;
+  mps_warning_sink sink = write_to_log;
 };
 
 warning_sink& process_sink() {
@@ -54,7 +56,7 @@ mps_active_error::mps_active_error(std::string component, mps_status status,
 mps_warning_sink set_mps_warning_sink(mps_warning_sink sink) {
   auto& s = process_sink();
   std::lock_guard lock(s.mutex);
-  return std::exchange(s.sink, sink ? std::move(sink) : mps_warning_sink(write_to_stderr));
+  return std::exchange(s.sink, sink ? std::move(sink) : mps_warning_sink(write_to_log));
 }
 
 void enforce_mps_policy(mps_policy policy, int device, std::string_view component) {
@@ -72,7 +74,7 @@ void enforce_mps_policy(mps_policy policy, const mps_status& status, std::string
     sink = s.sink;
   }
   // Called outside the lock: a sink may log through code that warns again.
-  sink("cubridge: warning: " + std::string(component) + " on device " +
+  sink(std::string(warning_prefix) + std::string(component) + " on device " +
        std::to_string(status.device) + " does not contain faults: " + status.meaning);
 }
 

@@ -8,6 +8,7 @@
 #include <cubridge/core/detail/check.hpp>
 #include <cubridge/core/driver.hpp>
 #include <cubridge/core/image.hpp>
+#include <cubridge/core/log.hpp>
 #include <cubridge/core/scoped_current.hpp>
 #include <cubridge/swap/detail/stream_listeners.hpp>
 #include <cubridge/swap/hot_module.hpp>
@@ -132,6 +133,9 @@ std::uint64_t hot_module::promote(staged_version version, const std::function<vo
       });
   for (auto& g : s.graphs) g->bound_version = id;
   s.signal.notify();
+  if (log::enabled(log::level::info))
+    log::info("module '" + s.name + "' promoted the version from " + version.source_ +
+              ": it serves as version " + std::to_string(id));
   return id;
 }
 
@@ -160,6 +164,8 @@ std::uint64_t hot_module::rollback(const std::function<void()>& inner) {
   s.rollbacks.fetch_add(1);
   for (auto& g : s.graphs) g->bound_version = id;
   s.signal.notify();
+  if (log::enabled(log::level::info))
+    log::info("module '" + s.name + "' rolled back: version " + std::to_string(id) + " serves");
   return id;
 }
 

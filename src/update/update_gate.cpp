@@ -7,6 +7,7 @@
 #include <cubridge/core/detail/printable.hpp>
 #include <cubridge/core/error.hpp>
 #include <cubridge/core/image.hpp>
+#include <cubridge/core/log.hpp>
 #include <cubridge/update/state_location.hpp>
 #include <cubridge/update/update_gate.hpp>
 
@@ -38,6 +39,38 @@ std::chrono::microseconds since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() -
                                                                start);
 }
+
+/// Logs a decision of the gate (log.hpp) when the call that made it returns, whichever return
+/// that is: info for what changed or was already so, and for requests that did not verify (a
+/// stranger's traffic: not worth a warning each); warn for a signed request that was refused.
+class logged_decision {
+ public:
+  logged_decision(std::string_view request, const gate_decision& d) : request_(request), d_(d) {}
+  logged_decision(const logged_decision&) = delete;
+  logged_decision& operator=(const logged_decision&) = delete;
+  ~logged_decision() {
+    const bool signed_and_refused = !d_.module.empty() && (d_.outcome == gate_outcome::refused ||
+                                                           d_.outcome == gate_outcome::failed);
+    const auto l = signed_and_refused ? log::level::warn : log::level::info;
+    if (!log::enabled(l)) return;
+    try {
+      std::string line = "update gate: " + std::string(request_);
+      if (!d_.module.empty())
+        line += " of module '" + detail::printable(d_.module) + "' v" + std::to_string(d_.version);
+      line += ": " + std::string(to_string(d_.outcome));
+      if (d_.reason != gate_reason::none)
+        line +=
+            " (" + std::string(to_string(d_.reason)) + ": " + detail::printable(d_.detail) + ")";
+      if (!d_.module.empty()) line += "; v" + std::to_string(d_.serving_version) + " serves";
+      log::write(l, line);
+    } catch (...) {  // no line, rather than an exception out of a destructor
+    }
+  }
+
+ private:
+  std::string_view request_;
+  const gate_decision& d_;
+};
 
 }  // namespace
 
@@ -207,6 +240,7 @@ gate_decision update_gate::push(std::span<const std::byte> body, std::string_vie
                                 const push_authority* authority) {
   auto& g = *impl_;
   gate_decision d;
+  const logged_decision logged("push", d);
   if (g.refuse_unstarted(d)) return d;
   const auto bundle = g.verify(body, d);
   if (!bundle) {
@@ -372,6 +406,7 @@ gate_decision update_gate::rollback(std::string_view signed_request,
                                     std::string_view expected_module) {
   auto& g = *impl_;
   gate_decision d;
+  const logged_decision logged("rollback", d);
   if (g.refuse_unstarted(d)) return d;
   const auto request = g.verify_rollback(signed_request, expected_module, d);
   if (!request || !g.fresh_rollback(*request, d)) return d;

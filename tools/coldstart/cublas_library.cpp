@@ -32,7 +32,9 @@ cublas_library open_cublas() {
 
 }  // namespace
 
-std::string cublas_soname() { return "libcublas.so." + std::to_string(CUBLAS_VER_MAJOR); }
+std::string cublas_soname() {
+  return "libcublas.so." + std::to_string(CUBLAS_VER_MAJOR);
+}
 
 std::string cublas_library::status_text(cublasStatus_t s) const {
   return std::string(status_name(s)) + " (" + status_string(s) + ")";
