@@ -34,8 +34,8 @@ level from_environment() noexcept {
 }
 
 std::shared_ptr<spdlog::logger> make_stderr_logger() {
-  auto logger = std::make_shared<spdlog::logger>(
-      "cubridge", std::make_shared<spdlog::sinks::stderr_sink_mt>());
+  auto logger = std::make_shared<spdlog::logger>("cubridge",
+                                                 std::make_shared<spdlog::sinks::stderr_sink_mt>());
   // RFC 3339 in local time with its offset, e.g. 2026-12-02T17:40:03.127+00:00.
   logger->set_pattern("%Y-%m-%dT%H:%M:%S.%e%z cubridge %l: %v");
   logger->set_level(spdlog::level::trace);  // the threshold is ours, checked before
@@ -44,12 +44,18 @@ std::shared_ptr<spdlog::logger> make_stderr_logger() {
 
 spdlog::level::level_enum spdlog_level(level l) noexcept {
   switch (l) {
-    case level::trace: return spdlog::level::trace;
-    case level::debug: return spdlog::level::debug;
-    case level::info: return spdlog::level::info;
-    case level::warn: return spdlog::level::warn;
-    case level::error: return spdlog::level::err;
-    case level::off: break;
+    case level::trace:
+      return spdlog::level::trace;
+    case level::debug:
+      return spdlog::level::debug;
+    case level::info:
+      return spdlog::level::info;
+    case level::warn:
+      return spdlog::level::warn;
+    case level::error:
+      return spdlog::level::err;
+    case level::off:
+      break;
   }
   return spdlog::level::off;
 }
@@ -69,19 +75,25 @@ destination& the_destination() {
 
 std::string_view name(level l) noexcept {
   switch (l) {
-    case level::trace: return "trace";
-    case level::debug: return "debug";
-    case level::info: return "info";
-    case level::warn: return "warn";
-    case level::error: return "error";
-    case level::off: return "off";
+    case level::trace:
+      return "trace";
+    case level::debug:
+      return "debug";
+    case level::info:
+      return "info";
+    case level::warn:
+      return "warn";
+    case level::error:
+      return "error";
+    case level::off:
+      return "off";
   }
   return "off";
 }
 
 std::optional<level> parse_level(std::string_view text) noexcept {
-  for (const level l : {level::trace, level::debug, level::info, level::warn, level::error,
-                        level::off})
+  for (const level l :
+       {level::trace, level::debug, level::info, level::warn, level::error, level::off})
     if (text == name(l)) return l;
   if (text == "warning") return level::warn;
   return std::nullopt;
@@ -98,7 +110,9 @@ level threshold() noexcept {
   return static_cast<level>(value);
 }
 
-void set_threshold(level l) noexcept { chosen_threshold.store(static_cast<int>(l)); }
+void set_threshold(level l) noexcept {
+  chosen_threshold.store(static_cast<int>(l));
+}
 
 sink set_sink(sink s) {
   auto& d = the_destination();

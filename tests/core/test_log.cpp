@@ -17,9 +17,8 @@ class Log : public ::testing::Test {
  protected:
   void SetUp() override {
     saved_threshold_ = cubridge::log::threshold();
-    saved_sink_ = cubridge::log::set_sink([this](level l, std::string_view m) {
-      lines_.emplace_back(l, std::string(m));
-    });
+    saved_sink_ = cubridge::log::set_sink(
+        [this](level l, std::string_view m) { lines_.emplace_back(l, std::string(m)); });
   }
   void TearDown() override {
     cubridge::log::set_sink(std::move(saved_sink_));
@@ -33,8 +32,8 @@ class Log : public ::testing::Test {
 };
 
 TEST(LogLevel, NamesAndParsesEveryLevel) {
-  for (const level l : {level::trace, level::debug, level::info, level::warn, level::error,
-                        level::off})
+  for (const level l :
+       {level::trace, level::debug, level::info, level::warn, level::error, level::off})
     EXPECT_EQ(cubridge::log::parse_level(cubridge::log::name(l)), l);
   EXPECT_EQ(cubridge::log::parse_level("warning"), level::warn);
   EXPECT_EQ(cubridge::log::parse_level("WARN"), std::nullopt);  // as documented: lower case

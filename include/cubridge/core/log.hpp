@@ -28,7 +28,9 @@ enum class level { trace, debug, info, warn, error, off };
 /// not know is reported once, as a warning, and warn is used), or what set_threshold set.
 [[nodiscard]] level threshold() noexcept;
 void set_threshold(level l) noexcept;
-[[nodiscard]] inline bool enabled(level l) noexcept { return l >= threshold() && l != level::off; }
+[[nodiscard]] inline bool enabled(level l) noexcept {
+  return l >= threshold() && l != level::off;
+}
 
 /// Receives each line that passes the threshold (the message only: no time, no level prefix).
 /// Called from whichever thread logs, one line at a time.
@@ -40,10 +42,20 @@ sink set_sink(sink s);
 /// Writes `message` at `l` if enabled(l). Never throws: a sink that throws loses its line.
 void write(level l, std::string_view message) noexcept;
 
-inline void trace(std::string_view m) noexcept { write(level::trace, m); }
-inline void debug(std::string_view m) noexcept { write(level::debug, m); }
-inline void info(std::string_view m) noexcept { write(level::info, m); }
-inline void warn(std::string_view m) noexcept { write(level::warn, m); }
-inline void error(std::string_view m) noexcept { write(level::error, m); }
+inline void trace(std::string_view m) noexcept {
+  write(level::trace, m);
+}
+inline void debug(std::string_view m) noexcept {
+  write(level::debug, m);
+}
+inline void info(std::string_view m) noexcept {
+  write(level::info, m);
+}
+inline void warn(std::string_view m) noexcept {
+  write(level::warn, m);
+}
+inline void error(std::string_view m) noexcept {
+  write(level::error, m);
+}
 
 }  // namespace cubridge::log
