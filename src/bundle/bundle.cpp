@@ -211,14 +211,14 @@ void check_expiry(const bundle_manifest& manifest, const verify_limits& limits,
       limits.now.value_or(std::chrono::system_clock::now()));
   if (manifest.expires_time && now >= *manifest.expires_time)
     refuse(bundle_reason::expired, call,
-           who + ": expired at " + manifest.expires + ", it is " + format_time_text(now));
+           who + ": expired at " + manifest.expires + ", it is " + detail::format_time(now));
   if (!manifest.expires_time && limits.require_expiry)
     refuse(bundle_reason::expired, call,
            who + ": has no expires field and this receiver requires one");
   if (limits.max_age && now - manifest.created_time > *limits.max_age)
     refuse(bundle_reason::expired, call,
            who + ": created " + manifest.created + ", more than " +
-               std::to_string(limits.max_age->count()) + " s before " + format_time_text(now));
+               std::to_string(limits.max_age->count()) + " s before " + detail::format_time(now));
 }
 
 // Steps 8 and 9: payload size and hash, payload kind and target. Returns what inspect_image

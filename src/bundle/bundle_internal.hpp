@@ -30,9 +30,6 @@ inline unsigned char* as_uchar(std::byte* p) {
 /// Lower-case hex SHA-256 of `payload` (the manifest's payload_sha256).
 [[nodiscard]] std::string sha256_hex(std::span<const std::byte> payload);
 
-/// "YYYY-MM-DDTHH:MM:SSZ".
-[[nodiscard]] std::string format_time_text(std::chrono::sys_seconds t);
-
 /// The manifest of a bundle, read strictly (one flat JSON object, the schema of
 /// docs/bundle-format.md). Throws bundle_error (malformed_manifest, invalid_manifest).
 [[nodiscard]] bundle_manifest read_manifest(std::string_view bytes);

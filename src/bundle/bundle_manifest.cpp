@@ -13,7 +13,6 @@
 
 #include <algorithm>
 #include <array>
-#include <cstdio>
 #include <string>
 #include <utility>
 #include <vector>
@@ -48,32 +47,6 @@ static_assert(detail::lists_values_in_order(payload_kind_names));
 
 std::optional<payload_kind> parse_kind(std::string_view text) {
   return detail::value_of(payload_kind_names, text);
-}
-
-// Strict RFC 3339 UTC in whole seconds: "YYYY-MM-DDTHH:MM:SSZ".
-std::optional<std::chrono::sys_seconds> parse_time_text(std::string_view s) {
-  if (s.size() != 20 || s[4] != '-' || s[7] != '-' || s[10] != 'T' || s[13] != ':' ||
-      s[16] != ':' || s[19] != 'Z')
-    return std::nullopt;
-  auto number = [&](std::size_t at, std::size_t n) -> int {
-    int v = 0;
-    for (std::size_t i = at; i < at + n; ++i) {
-      if (s[i] < '0' || s[i] > '9') return -1;
-      v = v * 10 + (s[i] - '0');
-    }
-    return v;
-  };
-  const int year = number(0, 4), month = number(5, 2), day = number(8, 2);
-  const int hour = number(11, 2), minute = number(14, 2), second = number(17, 2);
-  if (year < 0 || month < 0 || day < 0 || hour < 0 || hour > 23 || minute < 0 || minute > 59 ||
-      second < 0 || second > 59)
-    return std::nullopt;
-  const std::chrono::year_month_day ymd{std::chrono::year{year},
-                                        std::chrono::month{static_cast<unsigned>(month)},
-                                        std::chrono::day{static_cast<unsigned>(day)}};
-  if (!ymd.ok()) return std::nullopt;
-  return std::chrono::sys_days{ymd} + std::chrono::hours{hour} + std::chrono::minutes{minute} +
-         std::chrono::seconds{second};
 }
 
 // Empty when `text` has no NUL byte and is valid UTF-8 (RFC 3629: no overlong forms, no
@@ -213,18 +186,6 @@ std::vector<manifest_reader::field> read_fields(std::string_view bytes) {
 
 }  // namespace
 
-std::string format_time_text(std::chrono::sys_seconds t) {
-  const auto days = std::chrono::floor<std::chrono::days>(t);
-  const std::chrono::year_month_day ymd{days};
-  const std::chrono::hh_mm_ss hms{t - days};
-  char text[32];
-  std::snprintf(text, sizeof text, "%04d-%02u-%02uT%02d:%02d:%02dZ", static_cast<int>(ymd.year()),
-                static_cast<unsigned>(ymd.month()), static_cast<unsigned>(ymd.day()),
-                static_cast<int>(hms.hours().count()), static_cast<int>(hms.minutes().count()),
-                static_cast<int>(hms.seconds().count()));
-  return text;
-}
-
 bundle_manifest read_manifest(std::string_view bytes) {
   constexpr const char* call = read_call;
   const auto fields = read_fields(bytes);
@@ -273,13 +234,13 @@ bundle_manifest read_manifest(std::string_view bytes) {
     refuse(bundle_reason::invalid_manifest, call, "payload_sha256 is not 64 lower-case hex digits");
   m.payload_size = number("payload_size");
   m.created = text("created");
-  const auto created = parse_time_text(m.created);
+  const auto created = detail::parse_time(m.created);
   if (!created)
     refuse(bundle_reason::invalid_manifest, call, "created is not YYYY-MM-DDTHH:MM:SSZ");
   m.created_time = *created;
   if (std::any_of(fields.begin(), fields.end(), [](const auto& f) { return f.key == "expires"; })) {
     m.expires = text("expires");
-    m.expires_time = parse_time_text(m.expires);
+    m.expires_time = detail::parse_time(m.expires);
     if (!m.expires_time)
       refuse(bundle_reason::invalid_manifest, call, "expires is not YYYY-MM-DDTHH:MM:SSZ");
     if (*m.expires_time <= m.created_time)
@@ -325,18 +286,18 @@ std::string manifest_json(const bundle_manifest_input& input, std::span<const st
   m["kind"] = std::string(to_string(input.kind));
   m["payload_sha256"] = sha256_hex(payload);
   m["payload_size"] = static_cast<std::uint64_t>(payload.size());
-  m["created"] = format_time_text(created);
-  if (!parse_time_text(m["created"].get<std::string>()))
+  m["created"] = detail::format_time(created);
+  if (!detail::parse_time(m["created"].get<std::string>()))
     refuse(bundle_reason::invalid_manifest, call, "created is not a year 0000 to 9999 time");
   if (input.expires) {
     const auto expires = std::chrono::floor<std::chrono::seconds>(*input.expires);
     if (expires <= created)
       refuse(bundle_reason::invalid_manifest, call,
-             "expires " + format_time_text(expires) + " is not after created " +
-                 format_time_text(created));
-    if (!parse_time_text(format_time_text(expires)))
+             "expires " + detail::format_time(expires) + " is not after created " +
+                 detail::format_time(created));
+    if (!detail::parse_time(detail::format_time(expires)))
       refuse(bundle_reason::invalid_manifest, call, "expires is not a year 0000 to 9999 time");
-    m["expires"] = format_time_text(expires);
+    m["expires"] = detail::format_time(expires);
   }
   m["key_id"] = to_hex(signer.id());
   try {
@@ -344,14 +305,6 @@ std::string manifest_json(const bundle_manifest_input& input, std::span<const st
   } catch (const json::exception&) {
     refuse(bundle_reason::invalid_manifest, call, "name is not valid UTF-8");
   }
-}
-
-std::string format_time(std::chrono::sys_seconds time) {
-  return format_time_text(time);
-}
-
-std::optional<std::chrono::sys_seconds> parse_time(std::string_view text) {
-  return parse_time_text(text);
 }
 
 std::string check_signed_text(std::string_view text) {

@@ -287,10 +287,34 @@ TEST(CliArguments, ExpiresTakesADurationOrAFutureRfc3339Time) {
   EXPECT_EQ(parse_expires("7d", now), now + std::chrono::days{7});
   EXPECT_EQ(parse_expires("2027-01-31T00:00:00Z", now),
             std::chrono::sys_days{std::chrono::year{2027} / 1 / 31});
-  for (const char* bad :
-       {"", "0m", "5", "5y", "-5m", "+5m", " 5m", "05m", "1.5h", "m", "2026-05-31T00:00:00Z",
-        "2026-06-01T00:00:00Z", "2027-01-31", "99999999d"})
+  // CLI11's unit parsing decides what a duration is: it reads a fraction, a sign, spaces, and a
+  // unit alone as one of it.
+  EXPECT_EQ(parse_expires("1.5h", now), now + 90min);
+  EXPECT_EQ(parse_expires(" 5 m", now), now + 5min);
+  EXPECT_EQ(parse_expires("h", now), now + 1h);
+  for (const char* bad : {"", "0m", "5", "5y", "5M", "-5m", "0.5s", "2026-05-31T00:00:00Z",
+                          "2026-06-01T00:00:00Z", "2027-01-31", "99999999d"})
     EXPECT_THROW((void)parse_expires(bad, now), cubridge::tool::usage_error) << "'" << bad << "'";
+}
+
+TEST(CliArguments, DurationsAreANumberAndAUnitThroughCli11) {
+  using cubridge::tool::parse_duration;
+  EXPECT_EQ(parse_duration("500ms", false).seconds, 0.5);
+  EXPECT_EQ(parse_duration("90s", false).seconds, 90);
+  EXPECT_EQ(parse_duration("30m", false).seconds, 1800);
+  EXPECT_EQ(parse_duration("12h", false).seconds, 43200);
+  EXPECT_EQ(parse_duration("7d", false).seconds, 604800);
+  EXPECT_EQ(parse_duration("45", false).seconds, 45);  // a bare number is seconds
+  EXPECT_TRUE(contains(parse_duration("45", true).error, "unit"));
+  EXPECT_TRUE(contains(parse_duration("5w", false).error, "w unit not recognized"));
+  EXPECT_FALSE(parse_duration("fast", false).error.empty());
+  // As an option's transform, the value reaches the variable in seconds.
+  CLI::App app;
+  double window = 0;
+  app.add_option("--window", window)->transform(cubridge::tool::duration_transform());
+  const char* argv[] = {"app", "--window", "2m"};
+  app.parse(3, argv);
+  EXPECT_EQ(window, 120);
 }
 
 TEST(CliArguments, EndpointUrlsAreHttpOrHttpsWithAHostAndAPortOfOneToSixtyFiveThousand) {

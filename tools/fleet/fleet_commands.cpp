@@ -72,7 +72,7 @@ void print_result(const fleet::result_record& r) {
 std::chrono::milliseconds seconds_of(double seconds, const char* option) {
   if (!std::isfinite(seconds) || seconds <= 0 || seconds > 86400)
     throw usage_error(std::string(option) +
-                      " must be a number of seconds above 0 and at most 86400");
+                      " must be a duration above 0 and at most 1d (e.g. 500ms, 90s, 5m)");
   return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000));
 }
 
@@ -118,9 +118,12 @@ fleet_commands::fleet_commands(CLI::App& app) {
       ->needs(canary);
   publish_->add_option("--cohort", p.cohort, "Canaries only from nodes labelled cohort=C")
       ->needs(canary);
-  publish_->add_option("--window", p.window_s, "Seconds to wait for results (default 60)");
-  publish_->add_option("--publish-timeout", p.publish_timeout_s,
-                       "Seconds storing the bundle may take (default 5 plus 1 per MiB)");
+  publish_->add_option("--window", p.window_s, "How long to wait for results (default 60s)")
+      ->transform(duration_transform());
+  publish_
+      ->add_option("--publish-timeout", p.publish_timeout_s,
+                   "How long storing the bundle may take (default 5s plus 1s per MiB)")
+      ->transform(duration_transform());
   publish_->add_flag("--wait", p.wait, "Wait for every live node's result");
   publish_->add_flag("--allow-readable-key", p.allow_readable_key, readable_key_help);
 

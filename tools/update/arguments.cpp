@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <cmath>
+#include <map>
 
 namespace cubridge::tool {
 namespace {
@@ -44,6 +46,32 @@ CLI::Validator version_validator() {
       "VERSION", "module version");
 }
 
+CLI::Validator duration_transform(bool unit_required) {
+  const auto options = static_cast<CLI::AsNumberWithUnit::Options>(
+      CLI::AsNumberWithUnit::CASE_SENSITIVE |
+      (unit_required ? CLI::AsNumberWithUnit::UNIT_REQUIRED
+                     : CLI::AsNumberWithUnit::UNIT_OPTIONAL));
+  return CLI::AsNumberWithUnit(
+      std::map<std::string, double>{{"ms", 0.001}, {"s", 1}, {"m", 60}, {"h", 3600}, {"d", 86400}},
+      options, "UNIT");
+}
+
+parsed_duration parse_duration(std::string_view text, bool unit_required) {
+  std::string value(text);
+  std::string error;
+  try {
+    error = duration_transform(unit_required)(value);  // CLI11 throws some reasons, returns others
+  } catch (const CLI::Error& e) {
+    error = e.what();
+  }
+  if (!error.empty()) return {0, error};
+  double seconds = 0;
+  const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), seconds);
+  if (ec != std::errc{} || end != value.data() + value.size() || !std::isfinite(seconds))
+    return {0, "'" + value + "' seconds is not a finite number"};
+  return {seconds, {}};
+}
+
 std::chrono::system_clock::time_point parse_expires(std::string_view text,
                                                     std::chrono::system_clock::time_point now) {
   using namespace std::chrono;
@@ -51,25 +79,16 @@ std::chrono::system_clock::time_point parse_expires(std::string_view text,
     if (*at <= now) throw usage_error("--expires " + shown(text) + " is not in the future");
     return *at;
   }
-  const auto unit = text.empty() ? '\0' : text.back();
-  const auto digits = text.substr(0, text.empty() ? 0 : text.size() - 1);
-  const std::int64_t unit_seconds = unit == 's'   ? 1
-                                    : unit == 'm' ? 60
-                                    : unit == 'h' ? 3600
-                                    : unit == 'd' ? 86400
-                                                  : 0;
-  std::int64_t count = 0;
-  const bool number =
-      all_digits(digits) && digits.front() != '0' && digits.size() <= 12 &&
-      std::from_chars(digits.data(), digits.data() + digits.size(), count).ec == std::errc{};
-  if (unit_seconds == 0 || !number)
+  const auto [seconds, why] = parse_duration(text, true);
+  if (!why.empty())
     throw usage_error("--expires " + shown(text) +
-                      " is neither a duration (30m, 12h, 7d: a whole number above 0 and s, m, h "
-                      "or d) nor an RFC 3339 UTC time (2027-01-31T00:00:00Z)");
-  constexpr std::int64_t limit = std::int64_t{100} * 366 * 86400;  // 100 years
-  if (count > limit / unit_seconds)
-    throw usage_error("--expires " + shown(text) + " is over 100 years");
-  return now + seconds{count * unit_seconds};
+                      " is neither a duration (30m, 12h, 7d: a number and s, m, h or d) nor an "
+                      "RFC 3339 UTC time (2027-01-31T00:00:00Z): " +
+                      why);
+  if (seconds < 1) throw usage_error("--expires " + shown(text) + " is under one second");
+  constexpr double limit = 100.0 * 366 * 86400;  // 100 years
+  if (seconds > limit) throw usage_error("--expires " + shown(text) + " is over 100 years");
+  return now + std::chrono::seconds{static_cast<std::int64_t>(seconds)};
 }
 
 std::string endpoint_url::text() const {

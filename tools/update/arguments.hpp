@@ -25,8 +25,22 @@ struct usage_error : std::runtime_error {
 /// The CLI11 check for --version: refuses what parse_version refuses, with the reason.
 [[nodiscard]] CLI::Validator version_validator();
 
-/// --expires: a duration from `now` ("90s", "30m", "12h", "7d"; at most 100 years) or an RFC 3339
-/// UTC time after `now` ("2027-01-31T00:00:00Z"). Throws usage_error saying what was wrong.
+/// A duration as options take it, through CLI11's unit parsing (CLI::AsNumberWithUnit): a number
+/// and one of the units ms, s, m, h, d ("500ms", "90s", "1.5h", "7d"; CLI11 also reads " 5 m",
+/// "+5m" and a unit alone as one of it), turned into seconds. A bare number is seconds unless
+/// `unit_required`. As an option's transform: `->transform(duration_transform())`.
+[[nodiscard]] CLI::Validator duration_transform(bool unit_required = false);
+
+/// The same for a text: its seconds, or the reason it is not a duration.
+struct parsed_duration {
+  double seconds = 0;
+  std::string error;  ///< empty when it parsed
+};
+[[nodiscard]] parsed_duration parse_duration(std::string_view text, bool unit_required);
+
+/// --expires: a duration from `now` (duration_transform's form with a unit, above 0 and at most
+/// 100 years) or an RFC 3339 UTC time after `now` ("2027-01-31T00:00:00Z"). Throws usage_error
+/// saying what was wrong.
 [[nodiscard]] std::chrono::system_clock::time_point parse_expires(
     std::string_view text, std::chrono::system_clock::time_point now);
 
