@@ -473,6 +473,7 @@ fleet::heartbeat fleet_agent::impl::heartbeat_now() const {
   if (const auto device = gate->sink().device_capability()) h.gpu = to_string(*device);
   h.interval = options.heartbeat_interval;
   h.time = std::chrono::floor<std::chrono::seconds>(now());
+  h.software = fleet::software_text();
   for (const auto& m : modules) h.versions[m] = gate->sink().current_version(m);
   h.connected = true;  // sent only while connected
   std::lock_guard lock(state_mutex);

@@ -122,7 +122,8 @@ std::string to_json(const desired_state& s) {
                {"reason", text_of(s.reason, max_reason_bytes)},
                {"reason_version", s.reason_version},
                {"history", std::move(history)},
-               {"time", s.time}};
+               {"time", s.time},
+               {"software", text_of(s.software, 64)}};
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
@@ -171,6 +172,7 @@ std::optional<desired_state> parse_desired_state(std::string_view body, std::str
       }
     }
     s.time = r.text(j, "time", 32);
+    if (j.contains("software")) s.software = r.text(j, "software", 64);  // optional: newer
     if (s.phase == rollout_phase::canary && (!s.candidate || s.canaries.empty()))
       r.fail("phase canary without a candidate and canaries");
   }

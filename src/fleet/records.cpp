@@ -1,10 +1,11 @@
 // Result records and heartbeats as JSON (fleet_records.hpp). Every text is made printable and cut
 // on the way out and again on the way in: what a reader prints never carries a terminal escape.
-#include <cubridge/bundle/bundle.hpp>  // detail::format_time, parse_time
+#include <cubridge/bundle/bundle.hpp>
 #include <cubridge/core/detail/hex.hpp>
 #include <cubridge/core/detail/printable.hpp>
 #include <cubridge/fleet/records.hpp>
 #include <cubridge/fleet/subjects.hpp>
+#include <cubridge/version.hpp>  // detail::format_time, parse_time
 
 #include <nlohmann/json.hpp>
 
@@ -131,6 +132,10 @@ std::optional<result_record> record_of(const json& j) {
 
 }  // namespace
 
+std::string software_text() {
+  return "cubridge " + std::string(cubridge::version());
+}
+
 std::string to_json(const result_record& record) {
   return dump(record_json(record));
 }
@@ -152,6 +157,7 @@ std::string to_json(const heartbeat& beat) {
          {"gpu", bounded(beat.gpu, max_record_token)},
          {"interval_ms", beat.interval.count() > 0 ? beat.interval.count() : 0},
          {"time", cubridge::detail::format_time(beat.time)},
+         {"software", bounded(beat.software, max_record_token)},
          {"versions", std::move(versions)},
          {"revisions", std::move(revisions)},
          {"connected", beat.connected},
@@ -189,6 +195,12 @@ std::optional<heartbeat> parse_heartbeat(std::string_view text) {
     return std::nullopt;
   h.interval = std::chrono::milliseconds(*interval);
   h.time = *time;
+  // Optional: a node that predates the field sends none.
+  if (j->contains("software")) {
+    const auto software = text_field(*j, "software", max_record_token);
+    if (!software) return std::nullopt;
+    h.software = *software;
+  }
   for (const auto& [name, version] : versions->items()) {
     if (!valid_name(name) || !version.is_number_unsigned()) return std::nullopt;
     h.versions[name] = version.get<std::uint64_t>();

@@ -143,6 +143,7 @@ std::string sign_next_revision(desired_state& s, kvStore* bucket, const trusted_
                                const secret_key& operator_key) {
   s.revision = std::max(s.revision, highest_revision_held(bucket, s.module, keys)) + 1;
   s.time = now_text();
+  s.software = software_text();
   return sign_record(record_kind::desired_state, to_json(s), operator_key);
 }
 

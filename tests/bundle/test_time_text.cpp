@@ -22,14 +22,14 @@ TEST(TimeText, FormatsAndParsesTheCanonicalSpelling) {
 
 TEST(TimeText, RefusesEveryOtherSpelling) {
   for (const char* text : {
-           "",                          // nothing
-           "2027-01-31",                // a date alone
-           "2027-01-31T23:59:58",       // no zone
-           "2027-01-31T23:59:58z",      // lower-case zone
-           "2027-01-31T23:59:58+00:00", // an offset, even UTC's
-           "2027-01-31T23:59:58.5Z",    // fractions
-           "2027-01-31 23:59:58Z",      // a space for the T
-           "2027-1-31T23:59:58Z",       // short fields
+           "",                           // nothing
+           "2027-01-31",                 // a date alone
+           "2027-01-31T23:59:58",        // no zone
+           "2027-01-31T23:59:58z",       // lower-case zone
+           "2027-01-31T23:59:58+00:00",  // an offset, even UTC's
+           "2027-01-31T23:59:58.5Z",     // fractions
+           "2027-01-31 23:59:58Z",       // a space for the T
+           "2027-1-31T23:59:58Z",        // short fields
            "2027-01-31T3:59:58Z",
            "+2027-01-31T23:59:58Z",     // a sign
            "2027-01-31T23:59:58Zjunk",  // anything after
@@ -38,7 +38,7 @@ TEST(TimeText, RefusesEveryOtherSpelling) {
            "2027-13-01T00:00:00Z",      // no such month
            "2027-01-31T24:00:00Z",      // no such hour
            "2027-01-31T23:60:00Z",
-           "2027-01-31T23:59:60Z",      // leap seconds are not written
+           "2027-01-31T23:59:60Z",  // leap seconds are not written
        })
     EXPECT_EQ(parse_time(text), std::nullopt) << text;
 }

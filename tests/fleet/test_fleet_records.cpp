@@ -15,6 +15,8 @@
 
 #include "temp_dir.hpp"
 
+#include <cubridge/version.hpp>
+
 #include <gtest/gtest.h>
 
 #include <cctype>
@@ -420,6 +422,7 @@ TEST(DesiredState, RoundTrip) {
   for (std::uint64_t v = 1; v <= fleet::max_desired_history; ++v)
     state.history.push_back(bundle(v));
   state.time = "2026-11-29T12:00:00Z";
+  state.software = "cubridge 9.8.7";
   const auto body = fleet::to_json(state);
   std::string why;
   const auto back = fleet::parse_desired_state(body, &why);
@@ -434,6 +437,7 @@ TEST(DesiredState, RoundTrip) {
   EXPECT_EQ(back->reason_version, state.reason_version);
   EXPECT_EQ(back->history, state.history);
   EXPECT_EQ(back->time, state.time);
+  EXPECT_EQ(back->software, state.software);
   EXPECT_EQ(fleet::to_json(*back), body);
 
   // No stable version yet, every other phase.
@@ -465,6 +469,9 @@ TEST(DesiredState, HandWrittenBodiesParse) {
   const auto canary = fleet::parse_desired_state(object(canary_fields()), &why);
   ASSERT_TRUE(canary) << why;
   EXPECT_EQ(canary->canaries, (std::vector<std::string>{"node-1", "node-2"}));
+  // What wrote it is optional (a record of a controller that predates the field); a text if given.
+  EXPECT_EQ(state->software, "");
+  EXPECT_FALSE(fleet::parse_desired_state(object(with(desired_fields(), "software", "7")), &why));
 }
 
 TEST(DesiredState, EveryFieldMissingOrOfAnotherTypeIsRefused) {
@@ -1087,6 +1094,7 @@ fleet::heartbeat a_heartbeat() {
   h.revisions = {{"filters", 3}, {"scalers", 0}};
   h.connected = false;
   h.last_result = a_result();
+  h.software = "cubridge 9.8.7";
   return h;
 }
 
@@ -1099,6 +1107,7 @@ void expect_same(const fleet::heartbeat& a, const fleet::heartbeat& b) {
   EXPECT_EQ(a.versions, b.versions);
   EXPECT_EQ(a.revisions, b.revisions);
   EXPECT_EQ(a.connected, b.connected);
+  EXPECT_EQ(a.software, b.software);
   ASSERT_EQ(a.last_result.has_value(), b.last_result.has_value());
   if (a.last_result) expect_same(*a.last_result, *b.last_result);
 }
@@ -1126,6 +1135,19 @@ TEST(Heartbeat, RoundTrip) {
   EXPECT_EQ(hand->interval, 1000ms);
   EXPECT_EQ(hand->versions.at("filters"), 7u);
   EXPECT_FALSE(hand->last_result);
+  // A node that predates the software field sends none: it reads as empty.
+  EXPECT_EQ(hand->software, "");
+}
+
+TEST(Heartbeat, TheSoftwareIsOptionalButATextWhenThere) {
+  const auto given =
+      fleet::parse_heartbeat(object(with(heartbeat_fields(), "software", "\"cubridge 0.1.0\"")));
+  ASSERT_TRUE(given);
+  EXPECT_EQ(given->software, "cubridge 0.1.0");
+  for (const char* wrong : {"1", "null", "[]", "{}"})
+    EXPECT_FALSE(fleet::parse_heartbeat(object(with(heartbeat_fields(), "software", wrong))))
+        << wrong;
+  EXPECT_TRUE(fleet::software_text().starts_with("cubridge " + std::string(cubridge::version())));
 }
 
 TEST(Heartbeat, EveryFieldMissingOrOfAnotherTypeIsRefused) {

@@ -89,6 +89,7 @@ json fleet_status_json(const fleet_reading& reading) {
          {"labels", n.labels},
          {"cohort", b ? json(b->cohort) : json()},
          {"gpu", b ? json(b->gpu) : json()},
+         {"software", b ? json(b->software) : json()},
          {"live", n.live},
          {"age_s", n.age.count()},
          {"versions", b ? json(b->versions) : json::object()},
@@ -105,7 +106,8 @@ json fleet_status_json(const fleet_reading& reading) {
                               {"candidate", ref_json(s.candidate)},
                               {"canaries", s.canaries},
                               {"reason", s.reason},
-                              {"time", s.time}});
+                              {"time", s.time},
+                              {"software", s.software}});
   }
   return out;
 }

@@ -67,6 +67,8 @@ struct desired_state {
   std::vector<bundle_ref> history;
   /// When the operator wrote it, RFC 3339 UTC.
   std::string time;
+  /// What wrote it, "cubridge 0.1.0" (software_text()); empty in a record that predates it.
+  std::string software;
 
   /// The bundle `node` should run: the candidate for a canary during a rollout, else stable.
   [[nodiscard]] const bundle_ref* target_for(std::string_view node) const;

@@ -68,6 +68,8 @@ struct heartbeat {
   /// The interval the node sends heartbeats at, so that a reader can tell a silent node.
   std::chrono::milliseconds interval{0};
   std::chrono::sys_seconds time{};
+  /// What the node runs, "cubridge 0.1.0" (software_text()); empty from a node that predates it.
+  std::string software;
   /// Per module, the version serving.
   std::map<std::string, std::uint64_t, std::less<>> versions;
   /// Per module, the desired revision the node last acted on (0: none seen).
@@ -75,6 +77,10 @@ struct heartbeat {
   bool connected = true;
   std::optional<result_record> last_result;
 };
+
+/// "cubridge <version>": what heartbeats and desired states say wrote them (cubridge::version(),
+/// the library linked), so that an operator sees which nodes run which release.
+[[nodiscard]] std::string software_text();
 
 /// One line of JSON (no newline): the body a node signs. Texts are made printable and cut as
 /// above. Throws std::bad_alloc only.
