@@ -9,6 +9,8 @@ import subprocess
 
 import pytest
 
+import cubridge
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
 TEST_KERNELS = REPO / "tests" / "kernels" / "test_kernels.cu"
 
@@ -51,7 +53,6 @@ def images(tmp_path_factory) -> dict[str, pathlib.Path]:
 
 SANDBOX_CPU_LIBRARY = REPO / "tests" / "sandbox" / "cpu_library.c"
 GUEST_LIBRARY = REPO / "tests" / "guest_lib" / "guest_lib.cu"
-RESET_GUARD = REPO / "tools" / "reset_guard" / "reset_guard.c"
 
 
 def _prebuilt(variable: str) -> pathlib.Path | None:
@@ -86,12 +87,11 @@ def sandbox_cpu_library(tmp_path_factory) -> pathlib.Path:
 
 
 @pytest.fixture(scope="session")
-def reset_guard_library(tmp_path_factory) -> pathlib.Path:
-    """tools/reset_guard (libcubridge_reset_guard.so, for LD_PRELOAD), built as its CMake file
-    does, or $CUBRIDGE_RESET_GUARD_LIB."""
-    return _prebuilt("CUBRIDGE_RESET_GUARD_LIB") or _compile_c(
-        tmp_path_factory.mktemp("reset_guard") / "libcubridge_reset_guard.so", RESET_GUARD,
-        "-std=gnu11", "-Wl,-Bsymbolic", "-ldl", "-lpthread")
+def reset_guard_library() -> pathlib.Path:
+    """The reset guard the package ships beside its extension (libcubridge_reset_guard.so, for
+    LD_PRELOAD), or $CUBRIDGE_RESET_GUARD_LIB."""
+    packaged = pathlib.Path(cubridge.__file__).parent / "libcubridge_reset_guard.so"
+    return _prebuilt("CUBRIDGE_RESET_GUARD_LIB") or packaged
 
 
 @pytest.fixture(scope="session")
