@@ -167,6 +167,7 @@ struct fleet_agent::impl {
   bool publish_record(module_follow& f);
   void run_heartbeats();
   fleet::heartbeat heartbeat_now() const;
+  fleet::module_health health_of(const module_report& report) const;
 };
 
 // --- start: what to follow --------------------------------------------------------------------
@@ -466,6 +467,32 @@ bool fleet_agent::impl::publish_record(module_follow& f) {
 
 // --- heartbeats -------------------------------------------------------------------------------
 
+// What the heartbeat says of one module: the sink's launch counters of the serving version, and
+// the service's probe.
+fleet::module_health fleet_agent::impl::health_of(const module_report& report) const {
+  fleet::module_health h;
+  h.version = report.current_version;
+  if (report.counters) {
+    h.launches = report.counters->launches;
+    h.launch_failures = report.counters->launch_failures;
+    if (report.counters->sticky_error) h.sticky_error = report.counters->last_launch_failure;
+  }
+  if (!options.health_probe) return h;
+  try {
+    auto probed = options.health_probe(report.name, report.current_version);
+    h.healthy = probed.healthy;
+    h.values = std::move(probed.values);
+    h.detail = std::move(probed.detail);
+  } catch (const std::exception& e) {
+    h.healthy = false;
+    h.detail = std::string("the health probe threw: ") + e.what();
+  } catch (...) {
+    h.healthy = false;
+    h.detail = "the health probe threw a non-standard exception";
+  }
+  return h;
+}
+
 fleet::heartbeat fleet_agent::impl::heartbeat_now() const {
   fleet::heartbeat h;
   h.node = options.node;
@@ -475,6 +502,8 @@ fleet::heartbeat fleet_agent::impl::heartbeat_now() const {
   h.time = std::chrono::floor<std::chrono::seconds>(now());
   h.software = fleet::software_text();
   for (const auto& m : modules) h.versions[m] = gate->sink().current_version(m);
+  for (const auto& report : gate->sink().status())
+    if (h.versions.contains(report.name)) h.health[report.name] = health_of(report);
   h.connected = true;  // sent only while connected
   std::lock_guard lock(state_mutex);
   for (const auto& [m, revision] : acted_on) h.revisions[m] = revision;

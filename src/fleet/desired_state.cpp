@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 
 namespace cubridge::fleet {
 namespace {
@@ -93,6 +94,91 @@ struct reader {
   }
 };
 
+json plan_json(const wave_plan& p) {
+  return {{"candidate", ref_json(p.candidate)},
+          {"sizes", p.sizes},
+          {"nodes", p.nodes},
+          {"wave", p.wave},
+          {"started", p.started},
+          {"bake_ms", p.bake_ms},
+          {"deadline_ms", p.deadline_ms},
+          {"max_failure_rate", p.max_failure_rate},
+          {"max_metrics", p.max_metrics},
+          {"halted", p.halted}};
+}
+
+std::optional<wave_plan> read_plan(const json& j, reader& r) {
+  const auto it = j.find("waves");
+  if (it == j.end() || it->is_null()) return std::nullopt;  // optional: no wave rollout
+  if (!it->is_object()) {
+    r.fail("'waves' is neither a wave plan nor null");
+    return std::nullopt;
+  }
+  const json& w = *it;
+  wave_plan p;
+  if (auto candidate = r.ref(w, "candidate"))
+    p.candidate = std::move(*candidate);
+  else
+    r.fail("'waves.candidate' is not a bundle");
+  const auto sizes = w.find("sizes");
+  const auto nodes = w.find("nodes");
+  if (sizes == w.end() || !sizes->is_array() || sizes->empty() || sizes->size() > max_waves ||
+      nodes == w.end() || !nodes->is_array() || nodes->size() != sizes->size()) {
+    r.fail("'waves.sizes' and 'waves.nodes' are not two lists of 1 to " +
+           std::to_string(max_waves) + " waves");
+    return std::nullopt;
+  }
+  std::size_t listed = 0;
+  for (std::size_t i = 0; i < sizes->size(); ++i) {
+    const auto& size = (*sizes)[i];
+    const auto& wave = (*nodes)[i];
+    if (!size.is_string() || size.get_ref<const std::string&>().size() > 8 || !wave.is_array()) {
+      r.fail("wave " + std::to_string(i) + " is not a size and a list of nodes");
+      return std::nullopt;
+    }
+    p.sizes.push_back(text_of(size.get_ref<const std::string&>(), 8));
+    auto& added = p.nodes.emplace_back();
+    for (const auto& node : wave) {
+      if (!node.is_string() || !check_fleet_name(node.get_ref<const std::string&>(), "n").empty() ||
+          ++listed > max_desired_canaries) {
+        r.fail("wave " + std::to_string(i) + " holds something that is not a node id");
+        return std::nullopt;
+      }
+      added.push_back(node.get<std::string>());
+    }
+  }
+  p.wave = static_cast<std::size_t>(r.count(w, "wave"));
+  if (p.wave >= p.sizes.size()) r.fail("'waves.wave' is past the last wave");
+  p.started = r.text(w, "started", 32);
+  p.bake_ms = r.count(w, "bake_ms");
+  p.deadline_ms = r.count(w, "deadline_ms", true);
+  const auto rate = w.find("max_failure_rate");
+  if (rate == w.end() || !rate->is_number() || !std::isfinite(rate->get<double>()) ||
+      rate->get<double>() > 1)
+    r.fail("'waves.max_failure_rate' is not a number up to 1");
+  else
+    p.max_failure_rate = rate->get<double>();
+  const auto metrics = w.find("max_metrics");
+  if (metrics == w.end() || !metrics->is_object() || metrics->size() > 64) {
+    r.fail("'waves.max_metrics' is not an object of at most 64 limits");
+  } else {
+    for (const auto& [name, limit] : metrics->items()) {
+      if (!check_fleet_name(name, "m").empty() || !limit.is_number() ||
+          !std::isfinite(limit.get<double>())) {
+        r.fail("'waves.max_metrics' holds something that is not a name and a number");
+        break;
+      }
+      p.max_metrics[name] = limit.get<double>();
+    }
+  }
+  const auto halted = w.find("halted");
+  if (halted == w.end() || !halted->is_boolean())
+    r.fail("'waves.halted' is not true or false");
+  else
+    p.halted = halted->get<bool>();
+  return p;
+}
+
 }  // namespace
 
 std::string_view to_string(rollout_phase phase) noexcept {
@@ -123,7 +209,8 @@ std::string to_json(const desired_state& s) {
                {"reason_version", s.reason_version},
                {"history", std::move(history)},
                {"time", s.time},
-               {"software", text_of(s.software, 64)}};
+               {"software", text_of(s.software, 64)},
+               {"waves", s.waves ? plan_json(*s.waves) : json(nullptr)}};
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
@@ -173,6 +260,7 @@ std::optional<desired_state> parse_desired_state(std::string_view body, std::str
     }
     s.time = r.text(j, "time", 32);
     if (j.contains("software")) s.software = r.text(j, "software", 64);  // optional: newer
+    s.waves = read_plan(j, r);
     if (s.phase == rollout_phase::canary && (!s.candidate || s.canaries.empty()))
       r.fail("phase canary without a candidate and canaries");
   }

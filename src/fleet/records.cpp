@@ -1,11 +1,11 @@
 // Result records and heartbeats as JSON (fleet_records.hpp). Every text is made printable and cut
 // on the way out and again on the way in: what a reader prints never carries a terminal escape.
-#include <cubridge/bundle/bundle.hpp>
+#include <cubridge/bundle/bundle.hpp>  // detail::format_time, parse_time
 #include <cubridge/core/detail/hex.hpp>
 #include <cubridge/core/detail/printable.hpp>
 #include <cubridge/fleet/records.hpp>
 #include <cubridge/fleet/subjects.hpp>
-#include <cubridge/version.hpp>  // detail::format_time, parse_time
+#include <cubridge/version.hpp>
 
 #include <nlohmann/json.hpp>
 
@@ -130,6 +130,50 @@ std::optional<result_record> record_of(const json& j) {
                        *outcome, *reason, *detail,   *verify_ms, *apply_ms, *time};
 }
 
+json health_json(const module_health& h) {
+  json values = json::object();
+  std::size_t listed = 0;
+  for (const auto& [name, value] : h.values) {
+    if (listed++ == max_health_values) break;
+    if (std::isfinite(value)) values[bounded(name, max_fleet_name)] = value;
+  }
+  return {{"version", h.version},
+          {"launches", h.launches},
+          {"launch_failures", h.launch_failures},
+          {"sticky_error", bounded(h.sticky_error, max_record_token)},
+          {"healthy", h.healthy},
+          {"values", std::move(values)},
+          {"detail", bounded(h.detail, max_health_detail)}};
+}
+
+std::optional<module_health> health_of(const json& j) {
+  if (!j.is_object()) return std::nullopt;
+  module_health h;
+  const auto version = count_field(j, "version");
+  const auto launches = count_field(j, "launches");
+  const auto failures = count_field(j, "launch_failures");
+  const auto sticky = text_field(j, "sticky_error", max_record_token);
+  const auto healthy = j.find("healthy");
+  const auto values = j.find("values");
+  const auto detail = text_field(j, "detail", max_health_detail);
+  if (!version || !launches || !failures || !sticky || healthy == j.end() ||
+      !healthy->is_boolean() || values == j.end() || !values->is_object() ||
+      values->size() > max_health_values || !detail)
+    return std::nullopt;
+  for (const auto& [name, value] : values->items()) {
+    if (!valid_name(name) || !value.is_number() || !std::isfinite(value.get<double>()))
+      return std::nullopt;
+    h.values[name] = value.get<double>();
+  }
+  h.version = *version;
+  h.launches = *launches;
+  h.launch_failures = *failures;
+  h.sticky_error = *sticky;
+  h.healthy = healthy->get<bool>();
+  h.detail = *detail;
+  return h;
+}
+
 }  // namespace
 
 std::string software_text() {
@@ -152,12 +196,19 @@ std::string to_json(const heartbeat& beat) {
     if (listed++ == max_heartbeat_modules) break;
     revisions[bounded(name, max_fleet_name)] = revision;
   }
+  json health = json::object();
+  listed = 0;
+  for (const auto& [name, h] : beat.health) {
+    if (listed++ == max_heartbeat_modules) break;
+    health[bounded(name, max_fleet_name)] = health_json(h);
+  }
   json j{{"node", bounded(beat.node, max_fleet_name)},
          {"cohort", bounded(beat.cohort, max_record_token)},
          {"gpu", bounded(beat.gpu, max_record_token)},
          {"interval_ms", beat.interval.count() > 0 ? beat.interval.count() : 0},
          {"time", cubridge::detail::format_time(beat.time)},
          {"software", bounded(beat.software, max_record_token)},
+         {"health", std::move(health)},
          {"versions", std::move(versions)},
          {"revisions", std::move(revisions)},
          {"connected", beat.connected},
@@ -210,6 +261,14 @@ std::optional<heartbeat> parse_heartbeat(std::string_view text) {
     h.revisions[name] = revision.get<std::uint64_t>();
   }
   h.connected = connected->get<bool>();
+  if (const auto health = j->find("health"); health != j->end()) {  // optional: newer nodes
+    if (!health->is_object() || health->size() > max_heartbeat_modules) return std::nullopt;
+    for (const auto& [name, entry] : health->items()) {
+      auto parsed = health_of(entry);
+      if (!valid_name(name) || !parsed) return std::nullopt;
+      h.health[name] = std::move(*parsed);
+    }
+  }
   if (!last->is_null()) {
     h.last_result = record_of(*last);
     if (!h.last_result) return std::nullopt;

@@ -70,6 +70,19 @@ void hot_kernel::finish(const chain::lease& lease, const launch_config& config) 
     noted_generation = generation;
   }
   note_usage(config);
+  lease.payload().counters->launches.fetch_add(1, std::memory_order_relaxed);
+}
+
+void hot_kernel::count_failure(const hot_version& version) noexcept {
+  auto& c = *version.counters;
+  c.failures.fetch_add(1, std::memory_order_relaxed);
+  try {
+    throw;  // the launch's exception, to read its code
+  } catch (const error& e) {
+    if (e.source() == error_source::driver)
+      c.last_failure.store(e.code(), std::memory_order_relaxed);
+  } catch (...) {
+  }
 }
 
 void hot_kernel::note_usage(const launch_config& config) const noexcept {

@@ -225,4 +225,44 @@ held_versions hot_module::versions() const {
   return checked().versions.held();
 }
 
+namespace {
+
+// The launch errors after which the context is unusable: every later call in it fails with the
+// same error (CUDA's "sticky" errors; the context must be destroyed).
+bool poisons_the_context(CUresult r) noexcept {
+  switch (r) {
+    case CUDA_ERROR_ILLEGAL_ADDRESS:
+    case CUDA_ERROR_LAUNCH_FAILED:
+    case CUDA_ERROR_HARDWARE_STACK_ERROR:
+    case CUDA_ERROR_ILLEGAL_INSTRUCTION:
+    case CUDA_ERROR_MISALIGNED_ADDRESS:
+    case CUDA_ERROR_INVALID_ADDRESS_SPACE:
+    case CUDA_ERROR_INVALID_PC:
+    case CUDA_ERROR_ECC_UNCORRECTABLE:
+    case CUDA_ERROR_CONTEXT_IS_DESTROYED:
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
+launch_tally hot_module::launches() const {
+  const auto& s = checked();
+  const auto lease = s.versions.acquire();
+  const auto held = s.versions.held();
+  launch_tally h;
+  h.version_id = lease.id();
+  if (held.serving.id == h.version_id) h.label = held.serving.origin.label;
+  const auto& c = *lease.payload().counters;
+  h.launches = c.launches.load(std::memory_order_relaxed);
+  h.failures = c.failures.load(std::memory_order_relaxed);
+  if (const int code = c.last_failure.load(std::memory_order_relaxed); code != 0) {
+    h.last_failure = detail::driver_error_name(static_cast<CUresult>(code));
+    h.sticky = poisons_the_context(static_cast<CUresult>(code));
+  }
+  return h;
+}
+
 }  // namespace cubridge

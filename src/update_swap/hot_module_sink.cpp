@@ -34,16 +34,31 @@ struct hot_module_sink::entry {
       (void)group->rollback();
   }
   [[nodiscard]] module_counters counters() const {
+    module_counters c;
+    const auto add_launches = [&c](const launch_tally& t) {
+      c.launches += t.launches;
+      c.launch_failures += t.failures;
+      if (!t.last_failure.empty()) c.last_launch_failure = t.last_failure;
+      c.sticky_error = c.sticky_error || t.sticky;
+    };
     if (module) {
       const auto stats = module->stats();
-      return {stats.promotions, stats.rollbacks, stats.rejected, stats.unloaded,
-              stats.reclaim_failures};
+      c.promotions = stats.promotions;
+      c.rollbacks = stats.rollbacks;
+      c.rejected = stats.rejected;
+      c.unloaded = stats.unloaded;
+      c.reclaim_failures = stats.reclaim_failures;
+      add_launches(module->launches());
+      return c;
     }
     const auto stats = group->stats();
-    module_counters c{stats.promotions, stats.rollbacks, stats.rejected, 0, 0};
-    for (const auto& m : stats.members) {
-      c.unloaded += m.unloaded;
-      c.reclaim_failures += m.reclaim_failures;
+    c.promotions = stats.promotions;
+    c.rollbacks = stats.rollbacks;
+    c.rejected = stats.rejected;
+    for (std::size_t i = 0; i < stats.members.size(); ++i) {
+      c.unloaded += stats.members[i].unloaded;
+      c.reclaim_failures += stats.members[i].reclaim_failures;
+      add_launches(group->member(i).launches());
     }
     return c;
   }

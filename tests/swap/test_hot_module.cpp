@@ -58,6 +58,37 @@ TEST_F(HotModule, PromoteSwitchesLaterLaunchesAndRollbackReturns) {
   EXPECT_EQ(hot_->stats().promotions, 2u);
 }
 
+// Each version counts its own launches and failures (a fleet node's health signal): a promote
+// starts the new version at zero, a rollback finds the old one's counts where they were.
+TEST_F(HotModule, EachVersionCountsItsLaunchesAndFailures) {
+  EXPECT_EQ(run_write_version(), 1u);
+  EXPECT_EQ(run_write_version(), 1u);
+  auto first = hot_->launches();
+  EXPECT_EQ(first.version_id, 1u);
+  EXPECT_EQ(first.launches, 2u);
+  EXPECT_EQ(first.failures, 0u);
+  EXPECT_EQ(first.last_failure, "");
+  EXPECT_FALSE(first.sticky);
+
+  EXPECT_EQ(hot_->promote(hot_->stage(hot_image("v2"), {.label = 7})), 2u);
+  auto k = hot_->get_kernel("write_version");
+  // 4096 threads in a block: the driver refuses the launch (CUDA_ERROR_INVALID_VALUE), which
+  // poisons nothing.
+  EXPECT_THROW((void)k.launch({.block = {4096}, .stream = *stream_}, out_->span()),
+               cubridge::error);
+  EXPECT_EQ(run_write_version(), 2u);
+  const auto second = hot_->launches();
+  EXPECT_EQ(second.version_id, 2u);
+  EXPECT_EQ(second.label, 7u);
+  EXPECT_EQ(second.launches, 1u);
+  EXPECT_EQ(second.failures, 1u);
+  EXPECT_EQ(second.last_failure, "CUDA_ERROR_INVALID_VALUE");
+  EXPECT_FALSE(second.sticky);
+
+  EXPECT_EQ(hot_->rollback(), 1u);
+  EXPECT_EQ(hot_->launches().launches, 2u);
+}
+
 // A list assembled at run time (the Python binding's path) launches the serving version and is
 // checked against the interface's parameters.
 TEST_F(HotModule, RunTimeArgumentListsLaunchTheCurrentVersion) {

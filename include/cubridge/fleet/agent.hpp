@@ -21,6 +21,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -29,6 +31,21 @@
 namespace cubridge {
 
 /// What a fleet_agent connects to and who it is.
+/// What a service says of one module's health (fleet_agent_options::health_probe).
+struct health_report {
+  bool healthy = true;
+  /// Named figures ("wrong_answers", "p99_us"; names as module names), compared by the
+  /// controller with the nodes still on the old version (`fleet publish --max-metric`).
+  std::map<std::string, double, std::less<>> values;
+  std::string detail;
+};
+
+/// Asked for each followed module at each heartbeat, on the heartbeat thread, with the version
+/// serving; what it throws reads as unhealthy with the exception's text. It should answer
+/// quickly (it delays the heartbeat) and cover the time since the last call or a recent window.
+using health_probe_fn =
+    std::function<health_report(std::string_view module, std::uint64_t version)>;
+
 struct fleet_agent_options {
   /// The bus: servers (several, comma-separated, tried in order), credentials, CA.
   fleet::bus_options bus;
@@ -54,6 +71,9 @@ struct fleet_agent_options {
   /// `retry_longest`.
   std::chrono::milliseconds retry_first{100};
   std::chrono::milliseconds retry_longest{2000};
+  /// The service's own health check (its error counter, an output check on sampled requests, a
+  /// latency figure); none: every module reads healthy, with the launch counters only.
+  health_probe_fn health_probe;
 };
 
 /// Counters, for reports, metrics and tests.

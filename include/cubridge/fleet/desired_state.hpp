@@ -9,6 +9,8 @@
 #include <cubridge/bundle/bundle.hpp>
 
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -45,6 +47,39 @@ inline constexpr std::size_t max_desired_history = 8;
 /// Most canaries a record names.
 inline constexpr std::size_t max_desired_canaries = 10000;
 
+/// Most waves a plan holds.
+inline constexpr std::size_t max_waves = 16;
+
+/// A wave rollout (`fleet publish --waves`), kept in the desired state so that a controller
+/// started again carries on from where the last one was: which nodes each wave adds, which wave
+/// runs since when, and the gates a wave must pass (bake time, progress deadline, health
+/// limits). The canaries of the record are the nodes of the waves so far; after the last wave
+/// the candidate becomes stable for every node.
+struct wave_plan {
+  /// The bundle the waves carry (also the record's candidate while they run).
+  bundle_ref candidate;
+  /// The waves as asked ("1", "10%", "50%"), and the nodes each one adds, in order; the last wave
+  /// is every node (the candidate becomes stable), listed with no nodes.
+  std::vector<std::string> sizes;
+  std::vector<std::vector<std::string>> nodes;
+  /// The running wave, 0-based; when halted, the wave that failed.
+  std::size_t wave = 0;
+  /// When the running wave started, RFC 3339 UTC.
+  std::string started;
+  /// How long a wave's nodes must stay healthy after the last of them applied the candidate.
+  std::uint64_t bake_ms = 0;
+  /// How long a wave may take from its start to its end; past it, the rollout halts.
+  std::uint64_t deadline_ms = 0;
+  /// Launch failures / launches above which a wave fails (negative: no limit).
+  double max_failure_rate = -1;
+  /// Per probe value, the most a wave's nodes may report on average.
+  std::map<std::string, double, std::less<>> max_metrics;
+  /// True once the rollout halted (the candidate is gone; `fleet resume` runs the wave again).
+  bool halted = false;
+
+  friend bool operator==(const wave_plan&, const wave_plan&) = default;
+};
+
 /// A module's desired state.
 struct desired_state {
   std::string module;
@@ -69,6 +104,8 @@ struct desired_state {
   std::string time;
   /// What wrote it, "cubridge 0.1.0" (software_text()); empty in a record that predates it.
   std::string software;
+  /// The wave rollout in progress or halted; none for a plain publish or canary rollout.
+  std::optional<wave_plan> waves;
 
   /// The bundle `node` should run: the candidate for a canary during a rollout, else stable.
   [[nodiscard]] const bundle_ref* target_for(std::string_view node) const;

@@ -57,6 +57,30 @@ struct result_record {
   std::chrono::sys_seconds time{};
 };
 
+/// Most named values a health report carries per module, and the longest detail.
+inline constexpr std::size_t max_health_values = 16;
+inline constexpr std::size_t max_health_detail = 256;
+
+/// One module's health on one node, as its heartbeat reports it: the serving version's launch
+/// counters (since it was promoted: hot_module::launches()) and the service's own probe
+/// (fleet_agent_options::health_probe).
+struct module_health {
+  /// The version these figures are about: the one serving when the heartbeat was made.
+  std::uint64_t version = 0;
+  std::uint64_t launches = 0;
+  std::uint64_t launch_failures = 0;
+  /// The driver's name of a launch failure that poisoned the context ("CUDA_ERROR_ILLEGAL_
+  /// ADDRESS"); empty when none did.
+  std::string sticky_error;
+  /// The probe's verdict (true when the service registered no probe).
+  bool healthy = true;
+  /// The probe's named values ("wrong_answers": 3, "p99_us": 420), names as module names.
+  std::map<std::string, double, std::less<>> values;
+  /// The probe's words, printable, at most max_health_detail bytes.
+  std::string detail;
+  friend bool operator==(const module_health&, const module_health&) = default;
+};
+
 /// A node's periodic state.
 struct heartbeat {
   std::string node;
@@ -70,6 +94,8 @@ struct heartbeat {
   std::chrono::sys_seconds time{};
   /// What the node runs, "cubridge 0.1.0" (software_text()); empty from a node that predates it.
   std::string software;
+  /// Per module, its health (optional: a node that predates it sends none).
+  std::map<std::string, module_health, std::less<>> health;
   /// Per module, the version serving.
   std::map<std::string, std::uint64_t, std::less<>> versions;
   /// Per module, the desired revision the node last acted on (0: none seen).

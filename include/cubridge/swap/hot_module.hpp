@@ -53,12 +53,36 @@ struct kernel_limits {
   unsigned max_dynamic_shared_bytes = 0;  ///< CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 };
 
+/// The hot launches of one version: counted on the launch path (relaxed atomics), read by
+/// hot_module::launches() for health signals (a fleet node's heartbeat).
+struct version_launch_counters {
+  std::atomic<std::uint64_t> launches{0};  ///< launches the driver accepted
+  std::atomic<std::uint64_t> failures{0};  ///< launches that threw (the driver refused them)
+  /// The CUresult of the last failure that came from the driver (0: none yet).
+  std::atomic<int> last_failure{0};
+};
+
 /// One loaded version: the module, its kernels and their limits, in the hot module's kernel
-/// order.
+/// order, and its launch counters (shared: a version keeps its counts while it moves through the
+/// chain).
 struct hot_version {
   module loaded;
   std::vector<kernel> kernels;
   std::vector<kernel_limits> limits;
+  std::shared_ptr<version_launch_counters> counters = std::make_shared<version_launch_counters>();
+};
+
+/// The serving version's launches since it was promoted (hot_module::launches()).
+struct launch_tally {
+  std::uint64_t version_id = 0;  ///< its chain id
+  std::uint64_t label = 0;       ///< its label (the bundle version), 0 if none
+  std::uint64_t launches = 0;
+  std::uint64_t failures = 0;
+  /// The driver's name of the last failure ("CUDA_ERROR_ILLEGAL_ADDRESS"), empty if none.
+  std::string last_failure;
+  /// Whether that failure is one that poisons the context (an illegal address, a launch
+  /// failure, a hardware exception): every later call in it fails the same way.
+  bool sticky = false;
 };
 
 /// A version loaded and validated, not yet serving. Promote it into the hot module that staged
@@ -260,6 +284,9 @@ class hot_module {
   /// which came before, whoever promoted (update endpoint, hot_reloader, a direct call).
   [[nodiscard]] held_versions versions() const;
 
+  /// The serving version's launches and launch failures since it was promoted, at one instant.
+  [[nodiscard]] launch_tally launches() const;
+
   /// A kernel of the interface, launching whatever version is current at each launch.
   /// @throws error (errc::precondition) for a name the first version did not export.
   [[nodiscard]] hot_kernel get_kernel(std::string_view name) const;
@@ -315,7 +342,12 @@ class hot_kernel {
   template <class... Args>
   std::uint64_t launch(const launch_config& config, const Args&... args) const {
     auto lease = acquire(config);
-    lease.payload().kernels[index_].launch(config, args...);
+    try {
+      lease.payload().kernels[index_].launch(config, args...);
+    } catch (...) {
+      count_failure(lease.payload());
+      throw;
+    }
     finish(lease, config);
     return lease.id();
   }
@@ -327,7 +359,12 @@ class hot_kernel {
   std::uint64_t launch(const pinned_version& pinned, const launch_config& config,
                        const Args&... args) const {
     const auto& lease = checked_pin(pinned, config);
-    lease.payload().kernels[index_].launch(config, args...);
+    try {
+      lease.payload().kernels[index_].launch(config, args...);
+    } catch (...) {
+      count_failure(lease.payload());
+      throw;
+    }
     finish(lease, config);
     return lease.id();
   }
@@ -361,6 +398,8 @@ class hot_kernel {
   [[nodiscard]] const chain::lease& checked_pin(const pinned_version& pinned,
                                                 const launch_config& config) const;
   void finish(const chain::lease& lease, const launch_config& config) const;
+  /// Counts a launch that threw against its version (in a catch block: reads the exception).
+  static void count_failure(const hot_version& version) noexcept;
   /// Raises the launch configuration a new version must fit (stage(), promote() and rollback()
   /// check it) to `config`.
   void note_usage(const launch_config& config) const noexcept;

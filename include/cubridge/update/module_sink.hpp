@@ -54,6 +54,13 @@ struct module_counters {
   std::uint64_t unloaded = 0;
   /// Failures on the way to unloading (each retried).
   std::uint64_t reclaim_failures = 0;
+  /// The serving version's launches and launch failures since it was promoted (for a group:
+  /// summed over its devices), the driver's name of the last failure, and whether it poisons
+  /// the context (a sticky error: hot_module::launches()).
+  std::uint64_t launches = 0;
+  std::uint64_t launch_failures = 0;
+  std::string last_launch_failure;
+  bool sticky_error = false;
 };
 
 /// One module as a sink reports it.
