@@ -12,6 +12,7 @@
 #include <cubridge/fleet/error.hpp>
 #include <cubridge/fleet/records.hpp>
 #include <cubridge/fleet/registry.hpp>
+#include <cubridge/fleet/wave_analysis.hpp>
 
 #include <chrono>
 #include <cstddef>
@@ -88,6 +89,48 @@ struct canary_policy {
   std::chrono::milliseconds window{std::chrono::seconds(60)};
 };
 
+/// A wave rollout (`publish --waves 1,10%,50%,100% --bake 30s`): wave after wave, each chosen
+/// as canaries are (live, following the module, able to run it, by cohort when given), each done
+/// when its nodes applied the candidate and stayed healthy for the bake time (wave_analysis.hpp),
+/// then the next; after the last (every node) the candidate is stable. The plan is desired state
+/// (desired_state::waves): a controller started again carries on from the same wave.
+struct wave_policy {
+  /// "N" nodes or "P%" of the nodes that qualify, each counted from the start (cumulative, as
+  /// Argo Rollouts' setWeight); every wave adds at least one node while any is left. The last
+  /// wave is "100%", added when missing.
+  std::vector<std::string> waves;
+  /// How long a wave's nodes must stay healthy after the last of them applied the candidate.
+  std::chrono::milliseconds bake{std::chrono::seconds(30)};
+  /// How long one wave may take, from its start; past it the rollout halts (Kubernetes'
+  /// progressDeadlineSeconds, per wave).
+  std::chrono::milliseconds deadline{std::chrono::minutes(10)};
+  /// Waves only from nodes labelled cohort=C; empty: any.
+  std::string cohort;
+  /// The limits the waves are held to, against the nodes still on the old version.
+  health_limits limits;
+  /// How often the nodes' heartbeats are read during a bake.
+  std::chrono::milliseconds poll{std::chrono::milliseconds(500)};
+};
+
+/// One step of a rollout as it happened, for its timeline.
+struct rollout_event {
+  std::chrono::system_clock::time_point time;
+  std::size_t wave = 0;
+  /// "started", "applied" (every node of the wave runs the candidate), "passed", "halted",
+  /// "completed".
+  std::string what;
+  std::string detail;
+};
+
+/// The waves' sizes as given ("1", "10%"), checked: 1 to max_waves, each a whole number of nodes
+/// above 0 or a percentage from 1 to 100, the percentages growing; "100%" added last when
+/// missing. @throws errc::precondition naming the wave that is wrong.
+[[nodiscard]] std::vector<std::string> checked_waves(std::vector<std::string> waves);
+
+/// How many of `qualifying` nodes the waves take, cumulatively (the last: all of them).
+[[nodiscard]] std::vector<std::size_t> wave_counts(const std::vector<std::string>& waves,
+                                                   std::size_t qualifying);
+
 /// How a publish or rollout ended.
 struct rollout_report {
   /// Every node's desired bundle is the new one (phase complete).
@@ -103,6 +146,13 @@ struct rollout_report {
   /// True when the desired state named this bundle already (a retried publish): nothing new
   /// was written.
   bool already_desired = false;
+  /// For a wave rollout: the signal that halted it ("probe", "failure_rate", "sticky_error",
+  /// "metric:<name>", "result", "deadline", "conflict"), the node it came from, the analysis's
+  /// last figures, and the rollout's steps.
+  std::string halt_signal;
+  std::string halt_node;
+  wave_verdict last_verdict;
+  std::vector<rollout_event> timeline;
 };
 
 /// The control side's connection. Not thread-safe: one thread uses a controller.
@@ -168,6 +218,26 @@ class controller {
   rollout_report rollout(std::span<const std::byte> bundle, const canary_policy& policy,
                          const secret_key& operator_key);
 
+  /// The wave policy (wave_policy): stores the bundle and runs its waves; or halts, dropping
+  /// the candidate (the nodes of the waves go back to the stable version by themselves, by the
+  /// signed desired state) and recording why (the node, the signal, the values). A wave rollout
+  /// of this bundle that is under way (its controller gone) is carried on from its wave.
+  /// @throws as rollout; errc::precondition for waves that do not parse or no node that
+  ///         qualifies; fleet_errc::conflict when another writer changed the state meanwhile.
+  rollout_report rollout_waves(std::span<const std::byte> bundle, const wave_policy& policy,
+                               const secret_key& operator_key);
+
+  /// Carries on the wave rollout of `module`: a halted one from the wave that failed (its clocks
+  /// started again), one under way from its wave. @throws fleet_errc::invalid_state when the
+  /// module has no wave rollout to resume.
+  rollout_report resume(std::string_view module, const secret_key& operator_key);
+
+  /// Ends the wave rollout of `module`, under way or halted: the candidate is dropped, every
+  /// node runs the stable version, the plan is gone (phase halted, reason "aborted by the
+  /// operator"). A controller running the waves meets a conflict and stops. Returns the record
+  /// written. @throws fleet_errc::invalid_state when there is none.
+  desired_state abort(std::string_view module, const secret_key& operator_key);
+
   /// Makes an earlier stable version desired again: `to_version`, or when 0 the one before the
   /// current stable one (the desired state keeps the last max_desired_history). Returns the
   /// record written. @throws fleet_errc::invalid_state when there is nothing to go back to or
@@ -195,8 +265,11 @@ class controller {
                                                             std::span<const std::string> nodes,
                                                             std::chrono::milliseconds timeout);
 
- private:
+  /// The connection's state, shared by the controller's sources (src/fleet/controller_impl.hpp);
+  /// named here only so that they can pass it around.
   struct impl;
+
+ private:
   std::unique_ptr<impl> impl_;
 };
 

@@ -1,0 +1,64 @@
+#pragma once
+// The health analysis of a wave rollout (docs/fleet.md, "Progressive delivery"): the nodes of
+// the waves so far, on the candidate, against the nodes still on the stable version over the
+// same window (canary against baseline, as Flagger and Kayenta compare), so that a fleet-wide
+// dip is not blamed on the candidate. A signal fails a wave when the canaries breach it and the
+// baseline does not.
+
+#include <cubridge/fleet/records.hpp>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace cubridge::fleet {
+
+/// The limits a wave is held to (the wave plan's, `fleet publish --max-failure-rate`,
+/// `--max-metric NAME<=X`). Sticky errors and an unhealthy probe always count.
+struct health_limits {
+  /// Launch failures per launch above which a wave fails; negative: no limit.
+  double max_failure_rate = -1;
+  /// Per probe value, the most the nodes may report on average.
+  std::map<std::string, double, std::less<>> max_metrics;
+};
+
+/// One node's figures for the module.
+struct health_sample {
+  std::string node;
+  module_health health;
+};
+
+/// Launch counters of a baseline node at the start of the window.
+struct counter_mark {
+  std::uint64_t launches = 0;
+  std::uint64_t failures = 0;
+};
+
+/// What the analysis found.
+struct wave_verdict {
+  bool failed = false;
+  /// The canary that breached first, the signal ("sticky_error", "probe", "failure_rate",
+  /// "metric:<name>") and a sentence with the values of both sides.
+  std::string node;
+  std::string signal;
+  std::string reason;
+  /// Canary and baseline figures of every signal evaluated, by signal name (for the record and
+  /// the dashboard): "failure_rate", "unhealthy", "sticky", "metric:<name>".
+  std::map<std::string, double, std::less<>> canary;
+  std::map<std::string, double, std::less<>> baseline;
+};
+
+/// Judges the canaries (their counters are the candidate's since it was promoted on them)
+/// against the baseline (counters now against `baseline_start`, per node: the same window).
+/// A baseline node missing from `baseline_start`, or whose counters went down (a restart), counts
+/// from zero. With no baseline node the limits apply to the canaries alone.
+[[nodiscard]] wave_verdict analyse_wave(
+    std::span<const health_sample> canaries, std::span<const health_sample> baseline,
+    const std::map<std::string, counter_mark, std::less<>>& baseline_start,
+    const health_limits& limits);
+
+}  // namespace cubridge::fleet

@@ -1,0 +1,421 @@
+// Wave rollouts, resume and abort (controller.hpp, docs/fleet.md "Progressive delivery"). The
+// plan lives in the desired state: each step is a compare-and-set of the module's record, and a
+// controller that stops between steps leaves a record the next one carries on from.
+#include "fleet/controller_impl.hpp"
+#include "fleet/rollout_steps.hpp"
+
+#include <cubridge/core/detail/check.hpp>
+#include <cubridge/core/detail/printable.hpp>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <thread>
+
+namespace cubridge::fleet {
+using namespace rollout_steps;
+
+namespace {
+
+using system_clock = std::chrono::system_clock;
+
+// How a run paces itself.
+struct wave_policy_timing {
+  std::chrono::milliseconds poll{500};  // between heartbeat reads during a bake
+};
+
+// The percentage of a wave written "P%", nullopt for a count of nodes.
+std::optional<unsigned> percent_of(std::string_view wave) {
+  if (!wave.ends_with('%')) return std::nullopt;
+  unsigned value = 0;
+  wave.remove_suffix(1);
+  std::from_chars(wave.data(), wave.data() + wave.size(), value);
+  return value;
+}
+
+// A whole decimal number from `lowest` to `highest`, nothing else; 0 otherwise.
+std::size_t whole_number(std::string_view text, std::size_t lowest, std::size_t highest) {
+  std::size_t value = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (text.empty() || ec != std::errc{} || end != text.data() + text.size() || text[0] == '0' ||
+      value < lowest || value > highest)
+    return 0;
+  return value;
+}
+
+std::vector<std::string> all_nodes_to(const wave_plan& plan, std::size_t wave) {
+  std::vector<std::string> nodes;
+  for (std::size_t i = 0; i <= wave && i < plan.nodes.size(); ++i)
+    nodes.insert(nodes.end(), plan.nodes[i].begin(), plan.nodes[i].end());
+  std::sort(nodes.begin(), nodes.end());
+  return nodes;
+}
+
+health_limits limits_of(const wave_plan& plan) {
+  return {plan.max_failure_rate, plan.max_metrics};
+}
+
+// One run of a module's waves, from the wave its desired state names to the end or a halt.
+class wave_run {
+ public:
+  wave_run(controller& control, controller::impl& d, trusted_keys keys,
+           const secret_key& operator_key, std::string module, rollout_report& report)
+      : control_(control),
+        d_(d),
+        keys_(std::move(keys)),
+        key_(operator_key),
+        module_(std::move(module)),
+        report_(report),
+        registry_(control.registry()),
+        watch_(d.connection.get(), module_, registry_) {}
+
+  /// Writes the record `change` makes of the current one, if the current one is still the
+  /// record this run wrote or read last; a change by anyone else ends the run (conflict).
+  template <class Change>
+  void write(Change change) {
+    const auto revision = report_.desired.revision;
+    d_.compare_and_set(desired_key(module_), [&](const auto& current) {
+      auto s = parse_current(current, module_, keys_);
+      if (s.revision != revision)
+        detail::fail(fleet_errc::conflict,
+                     "changed by another writer during the wave rollout (revision " +
+                         std::to_string(revision) + " is now " + std::to_string(s.revision) +
+                         (s.phase == rollout_phase::halted ? ", halted: " + s.reason : "") +
+                         "): this controller stops",
+                     "rollout_waves", "desired state of module '" + module_ + "'");
+      change(s);
+      auto value = sign_next_revision(s, d_.bucket.get(), keys_, key_);
+      report_.desired = s;
+      return value;
+    });
+  }
+
+  /// Runs the waves from the one report_.desired names.
+  void run(const wave_policy_timing& timing) {
+    timing_ = timing;
+    for (;;) {
+      const auto& plan = *report_.desired.waves;
+      const std::size_t wave = plan.wave;
+      const auto candidate = plan.candidate;
+      event(wave, "started", std::to_string(report_.desired.canaries.size()) +
+                                 " node(s) on v" + std::to_string(candidate.version));
+      const auto started = cubridge::detail::parse_time(plan.started);
+      deadline_ = (started ? system_clock::time_point(*started) : system_clock::now()) +
+                  std::chrono::milliseconds(plan.deadline_ms);
+      if (!wait_until_applied(wave) || !bake(wave)) return;
+      event(wave, "passed", "healthy for " + seconds_text(std::chrono::milliseconds(plan.bake_ms)));
+      if (wave + 2 >= plan.sizes.size()) {  // the next wave is every node: the candidate is stable
+        write([&](desired_state& s) { make_stable(s, candidate); });
+        event(wave + 1, "completed", "v" + std::to_string(candidate.version) + " stable");
+        report_.completed = true;
+        return;
+      }
+      write([&](desired_state& s) {
+        auto& p = *s.waves;
+        p.wave = wave + 1;
+        p.started = now_text();
+        s.canaries = all_nodes_to(p, p.wave);
+      });
+    }
+  }
+
+  /// Halts the rollout at `wave`: the candidate goes, the plan stays (resume runs it again).
+  void halt_at(std::size_t wave, std::string signal, std::string node, std::string reason) {
+    report_.halt_reason = reason;
+    report_.halt_signal = std::move(signal);
+    report_.halt_node = std::move(node);
+    const auto candidate = report_.desired.waves->candidate;
+    write([&](desired_state& s) {
+      halt(s, candidate,
+           "wave " + std::to_string(wave + 1) + " of " + std::to_string(s.waves->sizes.size()) +
+               ": " + reason);
+      s.waves->halted = true;
+      s.waves->wave = wave;
+    });
+    event(wave, "halted", report_.halt_reason);
+  }
+
+ private:
+  void event(std::size_t wave, std::string what, std::string detail) {
+    report_.timeline.push_back({system_clock::now(), wave, std::move(what), std::move(detail)});
+  }
+
+  steady::time_point steady_deadline() const {
+    const auto left = deadline_ - system_clock::now();
+    return steady::now() + std::max<system_clock::duration>(left, system_clock::duration::zero());
+  }
+
+  // Every node of the waves so far answers this revision with the candidate serving; false when
+  // the rollout halted (a node refused it, or the deadline passed).
+  bool wait_until_applied(std::size_t wave) {
+    report_.canaries = report_.desired.canaries;
+    report_.results.clear();
+    canary_tally tally{report_, report_.desired.waves->candidate.digest};
+    const auto until = steady_deadline();
+    take_stored_results(d_.js.get(), module_, report_.canaries, registry_, until, tally);
+    while (tally.applied.size() < report_.canaries.size() && report_.halt_reason.empty())
+      if (auto record = watch_.next(until))
+        tally(std::move(*record));
+      else
+        break;
+    if (!report_.halt_reason.empty()) {
+      const auto reason = report_.halt_reason;
+      std::string node = tally.failed.empty() ? std::string() : *tally.failed.begin();
+      halt_at(wave, "result", std::move(node), reason);
+      return false;
+    }
+    if (tally.applied.size() < report_.canaries.size()) {
+      halt_at(wave, "deadline", "",
+              std::to_string(tally.applied.size()) + " of " +
+                  std::to_string(report_.canaries.size()) +
+                  " node(s) applied the candidate before the wave's deadline (" +
+                  seconds_text(std::chrono::milliseconds(report_.desired.waves->deadline_ms)) +
+                  ")");
+      return false;
+    }
+    event(wave, "applied", std::to_string(tally.applied.size()) + " node(s) run the candidate");
+    return true;
+  }
+
+  // The module's figures on the canaries (on the candidate) and on the baseline (live nodes that
+  // follow the module and run the stable version), from their last heartbeats.
+  void sample(std::vector<health_sample>& canaries, std::vector<health_sample>& baseline) const {
+    const auto& s = report_.desired;
+    const auto stable = s.stable ? s.stable->version : 0;
+    for (const auto& node : control_.nodes()) {
+      if (!node.live || !node.beat) continue;
+      const auto h = node.beat->health.find(module_);
+      if (h == node.beat->health.end()) continue;
+      const bool canary = std::binary_search(s.canaries.begin(), s.canaries.end(), node.node);
+      if (canary && h->second.version == s.waves->candidate.version)
+        canaries.push_back({node.node, h->second});
+      else if (!canary && stable != 0 && h->second.version == stable)
+        baseline.push_back({node.node, h->second});
+    }
+  }
+
+  // The bake: the wave's nodes stay healthy against the baseline for the bake time after they
+  // all applied; false when the rollout halted.
+  bool bake(std::size_t wave) {
+    const auto& plan = *report_.desired.waves;
+    const auto limits = limits_of(plan);
+    const auto done = system_clock::now() + std::chrono::milliseconds(plan.bake_ms);
+    std::map<std::string, counter_mark, std::less<>> start;
+    bool first = true;
+    for (;;) {
+      std::vector<health_sample> canaries, baseline;
+      sample(canaries, baseline);
+      if (first) {  // the baseline's window starts with the bake
+        for (const auto& b : baseline)
+          start[b.node] = {b.health.launches, b.health.launch_failures};
+        first = false;
+      }
+      report_.last_verdict = analyse_wave(canaries, baseline, start, limits);
+      if (report_.last_verdict.failed) {
+        const auto verdict = report_.last_verdict;
+        halt_at(wave, verdict.signal, verdict.node, verdict.reason);
+        return false;
+      }
+      const auto now = system_clock::now();
+      if (now >= done) return true;
+      if (now >= deadline_) {
+        halt_at(wave, "deadline", "",
+                "the wave did not finish its bake before its deadline (" +
+                    seconds_text(std::chrono::milliseconds(plan.deadline_ms)) + ")");
+        return false;
+      }
+      std::this_thread::sleep_for(
+          std::min<system_clock::duration>(timing_.poll, std::min(done, deadline_) - now));
+    }
+  }
+
+  controller& control_;
+  controller::impl& d_;
+  trusted_keys keys_;
+  const secret_key& key_;
+  std::string module_;
+  rollout_report& report_;
+  node_registry registry_;
+  result_watch watch_;
+  wave_policy_timing timing_;
+  system_clock::time_point deadline_;
+};
+
+// The plan of `policy` for `p` over the nodes that qualify now, starting at wave 0.
+wave_plan plan_for(const prepared_bundle& p, const wave_policy& policy,
+                   const std::vector<std::string>& waves,
+                   const std::vector<std::string>& qualifying) {
+  wave_plan plan;
+  plan.candidate = p.ref;
+  plan.sizes = waves;
+  const auto counts = wave_counts(waves, qualifying.size());
+  std::size_t taken = 0;
+  for (std::size_t i = 0; i < counts.size(); ++i) {
+    const bool last = i + 1 == counts.size();
+    const std::size_t upto = last ? taken : counts[i];
+    plan.nodes.emplace_back(qualifying.begin() + static_cast<std::ptrdiff_t>(taken),
+                            qualifying.begin() + static_cast<std::ptrdiff_t>(upto));
+    taken = upto;
+  }
+  plan.started = now_text();
+  plan.bake_ms = static_cast<std::uint64_t>(policy.bake.count());
+  plan.deadline_ms = static_cast<std::uint64_t>(policy.deadline.count());
+  plan.max_failure_rate = policy.limits.max_failure_rate;
+  plan.max_metrics = policy.limits.max_metrics;
+  return plan;
+}
+
+}  // namespace
+
+std::vector<std::string> checked_waves(std::vector<std::string> waves) {
+  CUBRIDGE_EXPECTS(!waves.empty(), "waves: at least one wave");
+  unsigned last_percent = 0;
+  for (std::size_t i = 0; i < waves.size(); ++i) {
+    const auto& w = waves[i];
+    const auto wrong = [&](const std::string& why) {
+      cubridge::detail::throw_errc(errc::precondition, "waves",
+                                   "wave " + std::to_string(i + 1) + " '" +
+                                       cubridge::detail::printable(w, {.max_bytes = 16}) + "' " + why);
+    };
+    if (const auto percent = percent_of(w)) {
+      if (whole_number(std::string_view(w).substr(0, w.size() - 1), 1, 100) == 0)
+        wrong("is not a percentage from 1% to 100%");
+      if (*percent <= last_percent) wrong("is not above the wave before it");
+      last_percent = *percent;
+    } else if (whole_number(w, 1, max_desired_canaries) == 0) {
+      wrong("is neither a number of nodes (1 to 10000) nor a percentage (1% to 100%)");
+    }
+    if (i + 1 < waves.size() && w == "100%") wrong("is every node, and waves follow it");
+  }
+  if (waves.back() != "100%") waves.emplace_back("100%");
+  CUBRIDGE_EXPECTS(waves.size() <= max_waves,
+                   "waves: at most " + std::to_string(max_waves) + " waves, 100% included");
+  return waves;
+}
+
+std::vector<std::size_t> wave_counts(const std::vector<std::string>& waves,
+                                     std::size_t qualifying) {
+  std::vector<std::size_t> counts;
+  std::size_t before = 0;
+  for (std::size_t i = 0; i < waves.size(); ++i) {
+    std::size_t target = qualifying;
+    if (i + 1 < waves.size()) {
+      if (const auto percent = percent_of(waves[i]))
+        target = (qualifying * *percent + 99) / 100;  // rounded up: 10% of 4 nodes is 1
+      else
+        target = std::min(whole_number(waves[i], 1, max_desired_canaries), qualifying);
+    }
+    target = std::min(std::max(target, before + 1), qualifying);  // at least one more, if any
+    counts.push_back(target);
+    before = target;
+  }
+  return counts;
+}
+
+rollout_report controller::rollout_waves(std::span<const std::byte> bytes,
+                                         const wave_policy& policy,
+                                         const secret_key& operator_key) {
+  auto& d = *impl_;
+  const auto waves = checked_waves(policy.waves);
+  CUBRIDGE_EXPECTS(policy.bake.count() >= 0 && policy.deadline.count() > 0 &&
+                       policy.poll.count() > 0,
+                   "wave policy: the bake time may not be negative, the deadline and the poll "
+                   "interval must be positive");
+  CUBRIDGE_EXPECTS(policy.limits.max_failure_rate <= 1,
+                   "wave policy: the failure rate limit is a fraction, at most 1");
+  const auto keys = d.keys_with(operator_key);
+  const auto p = prepare(bytes, keys);
+  const auto& module = p.module();
+  rollout_report report;
+  report.version = p.ref.version;
+  wave_run run(*this, d, keys, operator_key, module, report);  // its watch first: no result missed
+  d.store_bundle(module, p.ref, bytes);
+  const auto qualifying = eligible_canaries(nodes(), p, policy.cohort);
+  d.compare_and_set(desired_key(module), [&](const auto& current) {
+    auto s = parse_current(current, module, keys);
+    if (s.phase == rollout_phase::canary && s.waves && !s.waves->halted &&
+        s.waves->candidate == p.ref) {  // under way: carried on from its wave
+      report.desired = s;
+      return current->value;
+    }
+    if (s.stable == p.ref && s.phase != rollout_phase::canary) {
+      report.already_desired = true;
+      report.desired = s;
+      return current->value;
+    }
+    require_newer(s, p.ref);
+    if (qualifying.empty())
+      cubridge::detail::throw_errc(
+          errc::precondition, "rollout_waves",
+          "no node qualifies for the first wave of module '" + module +
+              "' (live, following it, able to run " + p.ref.target +
+              (policy.cohort.empty() ? "" : ", of cohort " + policy.cohort) + ")");
+    auto plan = plan_for(p, policy, waves, qualifying);
+    enter_canary_phase(s, p.ref, plan.nodes[0]);
+    s.waves = std::move(plan);
+    auto value = sign_next_revision(s, d.bucket.get(), keys, operator_key);
+    report.desired = s;
+    return value;
+  });
+  if (report.already_desired) {
+    report.completed = true;
+    return report;
+  }
+  report.canaries = report.desired.canaries;
+  run.run({policy.poll});
+  return report;
+}
+
+rollout_report controller::resume(std::string_view module, const secret_key& operator_key) {
+  auto& d = *impl_;
+  impl::require_name(module, "module name");
+  const auto keys = d.keys_with(operator_key);
+  rollout_report report;
+  wave_run run(*this, d, keys, operator_key, std::string(module), report);
+  d.compare_and_set(desired_key(module), [&](const auto& current) {
+    auto s = parse_current(current, module, keys);
+    if (!s.waves)
+      detail::fail(fleet_errc::invalid_state, "has no wave rollout to resume", "resume",
+                   "desired state of module '" + std::string(module) + "'");
+    report.version = s.waves->candidate.version;
+    if (!s.waves->halted) {  // under way, its controller gone: carried on as it is
+      report.desired = s;
+      return current->value;
+    }
+    require_newer(s, s.waves->candidate);
+    enter_canary_phase(s, s.waves->candidate, all_nodes_to(*s.waves, s.waves->wave));
+    s.waves->halted = false;
+    s.waves->started = now_text();
+    auto value = sign_next_revision(s, d.bucket.get(), keys, operator_key);
+    report.desired = s;
+    return value;
+  });
+  report.canaries = report.desired.canaries;
+  run.run({std::chrono::milliseconds(500)});
+  return report;
+}
+
+desired_state controller::abort(std::string_view module, const secret_key& operator_key) {
+  auto& d = *impl_;
+  impl::require_name(module, "module name");
+  const auto keys = d.keys_with(operator_key);
+  desired_state written;
+  d.compare_and_set(desired_key(module), [&](const auto& current) {
+    auto s = parse_current(current, module, keys);
+    if (!s.waves)
+      detail::fail(fleet_errc::invalid_state, "has no wave rollout to abort", "abort",
+                   "desired state of module '" + std::string(module) + "'");
+    const auto& plan = *s.waves;
+    halt(s, plan.candidate,
+         "aborted by the operator at wave " + std::to_string(plan.wave + 1) + " of " +
+             std::to_string(plan.sizes.size()) +
+             (plan.halted ? " (halted before: " + s.reason + ")" : ""));
+    s.waves.reset();
+    auto value = sign_next_revision(s, d.bucket.get(), keys, operator_key);
+    written = s;
+    return value;
+  });
+  return written;
+}
+
+}  // namespace cubridge::fleet
