@@ -190,5 +190,4 @@ void halt(desired_state& s, const bundle_ref& candidate, std::string reason) {
   s.reason_version = candidate.version;
 }
 
-
 }  // namespace cubridge::fleet::rollout_steps

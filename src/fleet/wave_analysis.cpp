@@ -28,7 +28,8 @@ share share_of(std::span<const health_sample> samples, Has has) {
     if (has(sample.health)) {
       if (count++ == 0) s.first = sample.node;
     }
-  if (!samples.empty()) s.fraction = static_cast<double>(count) / static_cast<double>(samples.size());
+  if (!samples.empty())
+    s.fraction = static_cast<double>(count) / static_cast<double>(samples.size());
   return s;
 }
 
@@ -96,8 +97,9 @@ wave_verdict analyse_wave(std::span<const health_sample> canaries,
   if (sticky.fraction > sticky_base.fraction)
     fail(sticky.first, "sticky_error",
          "canary " + sticky.first + " has a sticky CUDA error (" +
-             find(canaries, sticky.first)->health.sticky_error + "): " + number(sticky.fraction * 100) +
-             "% of canaries" + against + (baseline.empty() ? "" : number(sticky_base.fraction * 100) + "%"));
+             find(canaries, sticky.first)->health.sticky_error +
+             "): " + number(sticky.fraction * 100) + "% of canaries" + against +
+             (baseline.empty() ? "" : number(sticky_base.fraction * 100) + "%"));
 
   // The service's own probe.
   const auto is_unhealthy = [](const module_health& h) { return !h.healthy; };
@@ -113,8 +115,8 @@ wave_verdict analyse_wave(std::span<const health_sample> canaries,
     fail(unhealthy.first, "probe",
          "canary " + unhealthy.first + "'s health probe says unhealthy" +
              (h.detail.empty() ? "" : " (" + h.detail + ")") +
-             (values.empty() ? "" : " [" + values + "]") + ": " +
-             number(unhealthy.fraction * 100) + "% of canaries unhealthy" + against +
+             (values.empty() ? "" : " [" + values + "]") + ": " + number(unhealthy.fraction * 100) +
+             "% of canaries unhealthy" + against +
              (baseline.empty() ? "" : number(unhealthy_base.fraction * 100) + "%"));
   }
 
@@ -133,9 +135,9 @@ wave_verdict analyse_wave(std::span<const health_sample> canaries,
   }
   for (const auto& b : baseline) {
     counter_mark start;
-    if (const auto it = baseline_start.find(b.node); it != baseline_start.end() &&
-                                                     it->second.launches <= b.health.launches &&
-                                                     it->second.failures <= b.health.launch_failures)
+    if (const auto it = baseline_start.find(b.node);
+        it != baseline_start.end() && it->second.launches <= b.health.launches &&
+        it->second.failures <= b.health.launch_failures)
       start = it->second;
     base_launches += b.health.launches - start.launches;
     base_failures += b.health.launch_failures - start.failures;

@@ -97,8 +97,9 @@ class wave_run {
       const auto& plan = *report_.desired.waves;
       const std::size_t wave = plan.wave;
       const auto candidate = plan.candidate;
-      event(wave, "started", std::to_string(report_.desired.canaries.size()) +
-                                 " node(s) on v" + std::to_string(candidate.version));
+      event(wave, "started",
+            std::to_string(report_.desired.canaries.size()) + " node(s) on v" +
+                std::to_string(candidate.version));
       const auto started = cubridge::detail::parse_time(plan.started);
       deadline_ = (started ? system_clock::time_point(*started) : system_clock::now()) +
                   std::chrono::milliseconds(plan.deadline_ms);
@@ -165,12 +166,11 @@ class wave_run {
       return false;
     }
     if (tally.applied.size() < report_.canaries.size()) {
-      halt_at(wave, "deadline", "",
-              std::to_string(tally.applied.size()) + " of " +
-                  std::to_string(report_.canaries.size()) +
-                  " node(s) applied the candidate before the wave's deadline (" +
-                  seconds_text(std::chrono::milliseconds(report_.desired.waves->deadline_ms)) +
-                  ")");
+      halt_at(
+          wave, "deadline", "",
+          std::to_string(tally.applied.size()) + " of " + std::to_string(report_.canaries.size()) +
+              " node(s) applied the candidate before the wave's deadline (" +
+              seconds_text(std::chrono::milliseconds(report_.desired.waves->deadline_ms)) + ")");
       return false;
     }
     event(wave, "applied", std::to_string(tally.applied.size()) + " node(s) run the candidate");
@@ -178,12 +178,16 @@ class wave_run {
   }
 
   // The module's figures on the canaries (on the candidate) and on the baseline (live nodes that
-  // follow the module and run the stable version), from their last heartbeats.
-  void sample(std::vector<health_sample>& canaries, std::vector<health_sample>& baseline) const {
+  // follow the module and run the stable version), from their last heartbeats: a heartbeat from
+  // before the wave applied may speak of an earlier run of the same version.
+  // Only heartbeats made after `since` count (their time is whole seconds: a later second).
+  void sample(system_clock::time_point since, std::vector<health_sample>& canaries,
+              std::vector<health_sample>& baseline) const {
     const auto& s = report_.desired;
     const auto stable = s.stable ? s.stable->version : 0;
+    const auto after = std::chrono::floor<std::chrono::seconds>(since);
     for (const auto& node : control_.nodes()) {
-      if (!node.live || !node.beat) continue;
+      if (!node.live || !node.beat || node.beat->time <= after) continue;
       const auto h = node.beat->health.find(module_);
       if (h == node.beat->health.end()) continue;
       const bool canary = std::binary_search(s.canaries.begin(), s.canaries.end(), node.node);
@@ -199,12 +203,13 @@ class wave_run {
   bool bake(std::size_t wave) {
     const auto& plan = *report_.desired.waves;
     const auto limits = limits_of(plan);
-    const auto done = system_clock::now() + std::chrono::milliseconds(plan.bake_ms);
+    const auto applied = system_clock::now();
+    const auto done = applied + std::chrono::milliseconds(plan.bake_ms);
     std::map<std::string, counter_mark, std::less<>> start;
     bool first = true;
     for (;;) {
       std::vector<health_sample> canaries, baseline;
-      sample(canaries, baseline);
+      sample(applied, canaries, baseline);
       if (first) {  // the baseline's window starts with the bake
         for (const auto& b : baseline)
           start[b.node] = {b.health.launches, b.health.launch_failures};
@@ -275,7 +280,8 @@ std::vector<std::string> checked_waves(std::vector<std::string> waves) {
     const auto wrong = [&](const std::string& why) {
       cubridge::detail::throw_errc(errc::precondition, "waves",
                                    "wave " + std::to_string(i + 1) + " '" +
-                                       cubridge::detail::printable(w, {.max_bytes = 16}) + "' " + why);
+                                       cubridge::detail::printable(w, {.max_bytes = 16}) + "' " +
+                                       why);
     };
     if (const auto percent = percent_of(w)) {
       if (whole_number(std::string_view(w).substr(0, w.size() - 1), 1, 100) == 0)
@@ -317,10 +323,10 @@ rollout_report controller::rollout_waves(std::span<const std::byte> bytes,
                                          const secret_key& operator_key) {
   auto& d = *impl_;
   const auto waves = checked_waves(policy.waves);
-  CUBRIDGE_EXPECTS(policy.bake.count() >= 0 && policy.deadline.count() > 0 &&
-                       policy.poll.count() > 0,
-                   "wave policy: the bake time may not be negative, the deadline and the poll "
-                   "interval must be positive");
+  CUBRIDGE_EXPECTS(
+      policy.bake.count() >= 0 && policy.deadline.count() > 0 && policy.poll.count() > 0,
+      "wave policy: the bake time may not be negative, the deadline and the poll "
+      "interval must be positive");
   CUBRIDGE_EXPECTS(policy.limits.max_failure_rate <= 1,
                    "wave policy: the failure rate limit is a fraction, at most 1");
   const auto keys = d.keys_with(operator_key);
@@ -382,10 +388,12 @@ rollout_report controller::resume(std::string_view module, const secret_key& ope
       report.desired = s;
       return current->value;
     }
-    require_newer(s, s.waves->candidate);
-    enter_canary_phase(s, s.waves->candidate, all_nodes_to(*s.waves, s.waves->wave));
-    s.waves->halted = false;
-    s.waves->started = now_text();
+    auto plan = std::move(*s.waves);
+    require_newer(s, plan.candidate);
+    enter_canary_phase(s, plan.candidate, all_nodes_to(plan, plan.wave));  // drops the plan
+    plan.halted = false;
+    plan.started = now_text();
+    s.waves = std::move(plan);
     auto value = sign_next_revision(s, d.bucket.get(), keys, operator_key);
     report.desired = s;
     return value;

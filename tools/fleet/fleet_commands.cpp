@@ -15,7 +15,9 @@
 #include <cubridge/fleet/controller.hpp>
 #include <cubridge/fleet/subjects.hpp>
 
+#include <charconv>
 #include <cmath>
+#include <cstdio>
 #include <iostream>
 #include <set>
 
@@ -76,6 +78,21 @@ std::chrono::milliseconds seconds_of(double seconds, const char* option) {
   return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000));
 }
 
+// --max-metric NAME<=X.
+std::pair<std::string, double> parse_metric_limit(const std::string& text) {
+  const auto at = text.find("<=");
+  double limit = 0;
+  const auto number = at == std::string::npos ? std::string() : text.substr(at + 2);
+  const auto [end, ec] = std::from_chars(number.data(), number.data() + number.size(), limit);
+  if (at == std::string::npos || number.empty() || ec != std::errc{} ||
+      end != number.data() + number.size() || !std::isfinite(limit))
+    throw usage_error("--max-metric '" + printable(text) + "' is not NAME<=NUMBER");
+  const auto name = text.substr(0, at);
+  if (const auto problem = fleet::check_fleet_name(name, "metric name"); !problem.empty())
+    throw usage_error("--max-metric: " + problem);
+  return {name, limit};
+}
+
 }  // namespace
 
 fleet_commands::fleet_commands(CLI::App& app) {
@@ -116,14 +133,38 @@ fleet_commands::fleet_commands(CLI::App& app) {
   publish_->add_option("--successes", p.successes, "Applied canary results needed (default N)")
       ->check(CLI::Range(1, 10000))
       ->needs(canary);
-  publish_->add_option("--cohort", p.cohort, "Canaries only from nodes labelled cohort=C")
-      ->needs(canary);
+  publish_->add_option("--cohort", p.cohort, "Canaries or waves only from nodes labelled cohort=C");
   publish_->add_option("--window", p.window_s, "How long to wait for results (default 60s)")
       ->transform(duration_transform());
   publish_
       ->add_option("--publish-timeout", p.publish_timeout_s,
                    "How long storing the bundle may take (default 5s plus 1s per MiB)")
       ->transform(duration_transform());
+  auto* waves = publish_
+                    ->add_option("--waves", p.waves,
+                                 "Progressive delivery: waves of N nodes or P% of them, e.g. "
+                                 "1,10%,50%,100% (each bakes before the next)")
+                    ->delimiter(',')
+                    ->excludes(canary);
+  publish_->add_option("--bake", p.bake_s, "How long each wave stays healthy first (default 30s)")
+      ->transform(duration_transform())
+      ->needs(waves);
+  publish_
+      ->add_option("--wave-deadline", p.wave_deadline_s,
+                   "How long one wave may take before the rollout halts (default 10m)")
+      ->transform(duration_transform())
+      ->needs(waves);
+  publish_
+      ->add_option("--max-failure-rate", p.max_failure_rate,
+                   "Launch failures per launch a wave may have, 0 to 1 (compared with the "
+                   "nodes on the old version)")
+      ->check(CLI::Range(0.0, 1.0))
+      ->needs(waves);
+  publish_
+      ->add_option("--max-metric", p.max_metrics,
+                   "NAME<=X: the most the health probe's value NAME may be on a wave's "
+                   "nodes on average (repeatable)")
+      ->needs(waves);
   publish_->add_flag("--wait", p.wait, "Wait for every live node's result");
   publish_->add_flag("--allow-readable-key", p.allow_readable_key, readable_key_help);
 
@@ -142,6 +183,18 @@ fleet_commands::fleet_commands(CLI::App& app) {
                    "The version to go back to (default: the stable one before the current)")
       ->check(version_validator());
   rollback_->add_flag("--allow-readable-key", rollback_args_.allow_readable_key, readable_key_help);
+
+  resume_ = fleet_->add_subcommand("resume", "Carry on a halted or interrupted wave rollout");
+  bus_options(resume_);
+  resume_->add_option("module", rollback_args_.module, "The module")->required();
+  resume_->add_option("--key", rollback_args_.key, "The operator's secret key")->required();
+  resume_->add_flag("--allow-readable-key", rollback_args_.allow_readable_key, readable_key_help);
+  abort_ =
+      fleet_->add_subcommand("abort", "End a wave rollout: every node back on the stable version");
+  bus_options(abort_);
+  abort_->add_option("module", rollback_args_.module, "The module")->required();
+  abort_->add_option("--key", rollback_args_.key, "The operator's secret key")->required();
+  abort_->add_flag("--allow-readable-key", rollback_args_.allow_readable_key, readable_key_help);
 
   watch_ = fleet_->add_subcommand("watch", "A live table of the nodes, until interrupted");
   bus_options(watch_);
@@ -188,6 +241,8 @@ int fleet_commands::run() const noexcept {
     if (publish_->parsed()) return publish();
     if (status_->parsed()) return status();
     if (rollback_->parsed()) return rollback();
+    if (resume_->parsed()) return resume_or_abort(true);
+    if (abort_->parsed()) return resume_or_abort(false);
     if (watch_->parsed()) return watch();
     if (enroll_->parsed()) return enroll();
     if (init_->parsed()) return run_fleet_init(init_options_);
@@ -209,6 +264,8 @@ int fleet_commands::publish() const {
   if (a.successes > a.canary)
     throw usage_error("--successes " + std::to_string(a.successes) + " is over --canary " +
                       std::to_string(a.canary));
+  if (!a.cohort.empty() && a.canary == 0 && a.waves.empty())
+    throw usage_error("--cohort chooses canaries or waves: give --canary N or --waves");
   const auto window = seconds_of(a.window_s, "--window");
   auto o = options(a.key, a.allow_readable_key);
   if (a.publish_timeout_s != 0)
@@ -219,6 +276,21 @@ int fleet_commands::publish() const {
   const auto bundle = make_bundle(
       control, file, {file, a.key, a.name, a.version, a.target, std::nullopt, a.allow_readable_key},
       key.key);
+  if (!a.waves.empty()) {
+    fleet::wave_policy policy;
+    try {
+      policy.waves = fleet::checked_waves(a.waves);
+    } catch (const error& e) {
+      throw usage_error(std::string("--waves: ") + e.what());
+    }
+    policy.bake = a.bake_s == 0 ? std::chrono::milliseconds(0) : seconds_of(a.bake_s, "--bake");
+    policy.deadline = seconds_of(a.wave_deadline_s, "--wave-deadline");
+    policy.cohort = a.cohort;
+    policy.limits.max_failure_rate = a.max_failure_rate;
+    for (const auto& limit : a.max_metrics)
+      policy.limits.max_metrics.insert(parse_metric_limit(limit));
+    return wave_outcome(control.rollout_waves(bundle, policy, key.key));
+  }
   if (a.canary) {
     const auto report = control.rollout(bundle, {a.canary, a.successes, a.cohort, window}, key.key);
     const auto& m = report.desired;
@@ -277,6 +349,43 @@ int fleet_commands::rollback() const {
             << " is desired again on every node (" << written.reason << ", revision "
             << written.revision << ") at " << control.connected_server() << "\n";
   return exit_ok;
+}
+
+int fleet_commands::resume_or_abort(bool resume) const {
+  const auto& a = rollback_args_;
+  if (const auto problem = fleet::check_fleet_name(a.module, "module name"); !problem.empty())
+    throw usage_error(problem);
+  auto o = options(a.key, a.allow_readable_key);
+  const auto key = read_signing_key(a.key, a.allow_readable_key);
+  controller control(std::move(o));
+  if (resume) return wave_outcome(control.resume(a.module, key.key));
+  const auto written = control.abort(a.module, key.key);
+  std::cout << "'" << a.module << "': " << written.reason << "; every node runs "
+            << (written.stable ? "v" + std::to_string(written.stable->version) : "no version")
+            << " (revision " << written.revision << ")\n";
+  return exit_ok;
+}
+
+int fleet_commands::wave_outcome(const fleet::rollout_report& report) const {
+  const auto& m = report.desired;
+  for (const auto& e : report.timeline) {
+    const std::chrono::duration<double> since = e.time - report.timeline.front().time;
+    char at[32];
+    std::snprintf(at, sizeof at, "+%8.3f s", since.count());
+    std::cout << at << "  wave " << e.wave + 1 << "  " << e.what << "  " << e.detail << "\n";
+  }
+  if (report.completed) {
+    std::cout << "'" << m.module << "' v" << report.version << " is desired on every node"
+              << (report.already_desired ? " (already)" : "") << " (revision " << m.revision
+              << ")\n";
+    return exit_ok;
+  }
+  std::cerr << "cubridge: wave rollout of '" << m.module << "' v" << report.version << " halted ("
+            << report.halt_signal << (report.halt_node.empty() ? "" : ", node " + report.halt_node)
+            << "): " << report.halt_reason
+            << "; its nodes go back to the stable version (`cubridge fleet resume " << m.module
+            << "` runs the wave again, `cubridge fleet abort " << m.module << "` ends it)\n";
+  return exit_failure;
 }
 
 int fleet_commands::enroll() const {

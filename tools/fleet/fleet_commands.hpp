@@ -4,6 +4,7 @@
 #include "fleet/fleet_init.hpp"
 
 #include <CLI/CLI.hpp>
+#include <cubridge/fleet/controller.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -39,6 +40,8 @@ class fleet_commands {
   CLI::App* publish_;
   CLI::App* status_;
   CLI::App* rollback_;
+  CLI::App* resume_;
+  CLI::App* abort_;
   CLI::App* watch_;
   CLI::App* enroll_;
   CLI::App* init_;
@@ -54,6 +57,8 @@ class fleet_commands {
     std::uint64_t version = 0;
     std::size_t canary = 0, successes = 0;
     double window_s = 60, publish_timeout_s = 0;
+    std::vector<std::string> waves, max_metrics;
+    double bake_s = 30, wave_deadline_s = 600, max_failure_rate = -1;
     bool wait = false;
     bool allow_readable_key = false;
   } publish_args_;
@@ -76,6 +81,9 @@ class fleet_commands {
   int publish() const;
   int status() const;
   int rollback() const;
+  int resume_or_abort(bool resume) const;
+  /// Prints a wave rollout's timeline and ending; its exit status.
+  int wave_outcome(const fleet::rollout_report& report) const;
   int watch() const;
   int enroll() const;
 };
