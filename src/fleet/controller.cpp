@@ -223,6 +223,29 @@ std::optional<desired_entry> controller::desired(std::string_view module) const 
   return impl_->read_desired(module, impl_->options.operator_keys);
 }
 
+std::vector<desired_state> controller::desired_history(std::string_view module) const {
+  impl::require_name(module, "module name");
+  kvEntryList list{};
+  kvWatchOptions o;
+  kvWatchOptions_Init(&o);
+  o.Timeout = impl_->options.request_timeout.count();
+  const auto key = desired_key(module);
+  std::vector<desired_state> out;
+  if (kvStore_History(&list, impl_->bucket.get(), key.c_str(), &o) != NATS_OK) return out;
+  for (int i = 0; i < list.Count; ++i) {
+    kvEntry* e = list.Entries[i];
+    if (kvEntry_Operation(e) != kvOp_Put) continue;
+    const auto* data = static_cast<const char*>(kvEntry_Value(e));
+    const std::string_view value(data ? data : "", static_cast<std::size_t>(kvEntry_ValueLen(e)));
+    if (const auto opened =
+            open_record(value, record_kind::desired_state, impl_->options.operator_keys))
+      if (auto s = parse_desired_state(opened->body); s && s->module == module)
+        out.push_back(std::move(*s));
+  }
+  kvEntryList_Destroy(&list);
+  return out;
+}
+
 std::vector<node_state> controller::nodes(std::chrono::system_clock::time_point now,
                                           read_report* report) const {
   const auto deadline = steady::now() + impl_->options.read_deadline;

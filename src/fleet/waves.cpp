@@ -177,27 +177,6 @@ class wave_run {
     return true;
   }
 
-  // The module's figures on the canaries (on the candidate) and on the baseline (live nodes that
-  // follow the module and run the stable version), from their last heartbeats: a heartbeat from
-  // before the wave applied may speak of an earlier run of the same version.
-  // Only heartbeats made after `since` count (their time is whole seconds: a later second).
-  void sample(system_clock::time_point since, std::vector<health_sample>& canaries,
-              std::vector<health_sample>& baseline) const {
-    const auto& s = report_.desired;
-    const auto stable = s.stable ? s.stable->version : 0;
-    const auto after = std::chrono::floor<std::chrono::seconds>(since);
-    for (const auto& node : control_.nodes()) {
-      if (!node.live || !node.beat || node.beat->time <= after) continue;
-      const auto h = node.beat->health.find(module_);
-      if (h == node.beat->health.end()) continue;
-      const bool canary = std::binary_search(s.canaries.begin(), s.canaries.end(), node.node);
-      if (canary && h->second.version == s.waves->candidate.version)
-        canaries.push_back({node.node, h->second});
-      else if (!canary && stable != 0 && h->second.version == stable)
-        baseline.push_back({node.node, h->second});
-    }
-  }
-
   // The bake: the wave's nodes stay healthy against the baseline for the bake time after they
   // all applied; false when the rollout halted.
   bool bake(std::size_t wave) {
@@ -208,14 +187,13 @@ class wave_run {
     std::map<std::string, counter_mark, std::less<>> start;
     bool first = true;
     for (;;) {
-      std::vector<health_sample> canaries, baseline;
-      sample(applied, canaries, baseline);
+      const auto samples = sample_wave(report_.desired, control_.nodes(), applied);
       if (first) {  // the baseline's window starts with the bake
-        for (const auto& b : baseline)
+        for (const auto& b : samples.baseline)
           start[b.node] = {b.health.launches, b.health.launch_failures};
         first = false;
       }
-      report_.last_verdict = analyse_wave(canaries, baseline, start, limits);
+      report_.last_verdict = analyse_wave(samples.canaries, samples.baseline, start, limits);
       if (report_.last_verdict.failed) {
         const auto verdict = report_.last_verdict;
         halt_at(wave, verdict.signal, verdict.node, verdict.reason);
@@ -271,6 +249,25 @@ wave_plan plan_for(const prepared_bundle& p, const wave_policy& policy,
 }
 
 }  // namespace
+
+wave_samples sample_wave(const desired_state& state, const std::vector<node_state>& nodes,
+                         system_clock::time_point since) {
+  wave_samples out;
+  if (!state.waves) return out;
+  const auto stable = state.stable ? state.stable->version : 0;
+  const auto after = std::chrono::floor<std::chrono::seconds>(since);
+  for (const auto& node : nodes) {
+    if (!node.live || !node.beat || node.beat->time <= after) continue;
+    const auto h = node.beat->health.find(state.module);
+    if (h == node.beat->health.end()) continue;
+    const bool canary = std::binary_search(state.canaries.begin(), state.canaries.end(), node.node);
+    if (canary && h->second.version == state.waves->candidate.version)
+      out.canaries.push_back({node.node, h->second});
+    else if (!canary && stable != 0 && h->second.version == stable)
+      out.baseline.push_back({node.node, h->second});
+  }
+  return out;
+}
 
 std::vector<std::string> checked_waves(std::vector<std::string> waves) {
   CUBRIDGE_EXPECTS(!waves.empty(), "waves: at least one wave");

@@ -6,8 +6,10 @@
 //   cubridge_test_fleet_node --server URL --node ID --trusted-key FILE --node-key FILE
 //       --state-file F --module NAME [--apply-delay-ms N] [--stall-before-apply-ms N]
 //       [--fail-version V] [--http-port P] [--credentials FILE] [--ca FILE] [--api-prefix P]
-//       [--heartbeat-ms N] [--max-bundle-bytes N] [--output FILE]
+//       [--heartbeat-ms N] [--max-bundle-bytes N] [--output FILE] [--unhealthy-version V]
 //
+// --unhealthy-version V: the node's health probe says unhealthy while V serves (a version that
+// passed its smoke test and gives wrong answers).
 // The agent and the endpoint share one update_gate: one lock per module, one replay record.
 //
 // The sink keeps its serving and previous versions in F.serving, written atomically at each
@@ -160,7 +162,7 @@ struct node_options {
   std::string server, node, trusted_key, node_key, state_file, module, output, credentials, ca,
       api_prefix;
   long apply_delay_ms = 0, stall_before_apply_ms = 0, heartbeat_ms = 5000;
-  std::uint64_t fail_version = 0, max_bundle_bytes = std::uint64_t{16} << 20;
+  std::uint64_t fail_version = 0, unhealthy_version = 0, max_bundle_bytes = std::uint64_t{16} << 20;
   long http_port = -1;  // -1: no endpoint; 0: any free port
 };
 
@@ -198,6 +200,8 @@ node_options parse(int argc, char** argv) {
       o.heartbeat_ms = std::stol(value);
     else if (flag == "--fail-version")
       o.fail_version = std::stoull(value);
+    else if (flag == "--unhealthy-version")
+      o.unhealthy_version = std::stoull(value);
     else if (flag == "--max-bundle-bytes")
       o.max_bundle_bytes = std::stoull(value);
     else if (flag == "--http-port")
@@ -242,6 +246,15 @@ int run(const node_options& o) {
   agent_options.node_key_file = o.node_key;
   agent_options.modules = {o.module};
   agent_options.heartbeat_interval = std::chrono::milliseconds(o.heartbeat_ms);
+  if (o.unhealthy_version != 0)
+    agent_options.health_probe = [bad = o.unhealthy_version](std::string_view,
+                                                             std::uint64_t version) {
+      cubridge::health_report r;
+      r.healthy = version != bad;
+      r.values["wrong_answers"] = r.healthy ? 0 : 10;
+      if (!r.healthy) r.detail = "output check: wrong answers on sampled requests";
+      return r;
+    };
   cubridge::fleet_agent agent(gate, agent_options);
 
   std::optional<cubridge::update_endpoint> endpoint;

@@ -50,12 +50,15 @@ class FleetWaves : public FleetControlPlane {
     (void)control->publish(bundle(m, 1), operator_keys.secret_key);
     EXPECT_TRUE(converge(everyone, m, 1)) << serving_text(everyone, m);
     // Every node live with its health seen by the controller, before a wave is chosen.
-    EXPECT_TRUE(eventually([&] {
-      const auto seen = control->nodes();
-      return std::all_of(seen.begin(), seen.end(), [&](const auto& n) {
-        return n.live && n.beat && n.beat->health.contains(m) && n.beat->health.at(m).version == 1;
-      });
-    }, 10s));
+    EXPECT_TRUE(eventually(
+        [&] {
+          const auto seen = control->nodes();
+          return std::all_of(seen.begin(), seen.end(), [&](const auto& n) {
+            return n.live && n.beat && n.beat->health.contains(m) &&
+                   n.beat->health.at(m).version == 1;
+          });
+        },
+        10s));
     return everyone;
   }
 
@@ -89,11 +92,13 @@ TEST_F(FleetWaves, WavesAdvanceOnlyAfterTheirBakeAndLaterWavesNeverFetchEarly) {
   ASSERT_TRUE(applied1 && passed1 && applied2 && passed2);
   EXPECT_GE(passed1->time - applied1->time, 1500ms);
   EXPECT_GE(passed2->time - applied2->time, 1500ms);
-  const auto served = [&](int node) { return *nodes[static_cast<std::size_t>(node)]->sink->first_served(m, 2); };
-  EXPECT_LT(served(0), passed1->time);   // n1 in wave 1
-  EXPECT_GE(served(1), passed1->time);   // n2 only once wave 1 passed
+  const auto served = [&](int node) {
+    return *nodes[static_cast<std::size_t>(node)]->sink->first_served(m, 2);
+  };
+  EXPECT_LT(served(0), passed1->time);  // n1 in wave 1
+  EXPECT_GE(served(1), passed1->time);  // n2 only once wave 1 passed
   EXPECT_LT(served(1), passed2->time);
-  EXPECT_GE(served(2), passed2->time);   // n3, n4: the last wave
+  EXPECT_GE(served(2), passed2->time);  // n3, n4: the last wave
   EXPECT_GE(served(3), passed2->time);
   const auto state = control->desired(m);
   ASSERT_TRUE(state);
@@ -105,8 +110,8 @@ TEST_F(FleetWaves, WavesAdvanceOnlyAfterTheirBakeAndLaterWavesNeverFetchEarly) {
 TEST_F(FleetWaves, AProbeFailingOnTheCanaryHaltsTheFirstWaveAndNoOtherNodeEverRunsIt) {
   const auto everyone = fleet_of(4);
   probes.bad_version = 2;  // v2 passes its smoke test, then gives wrong answers
-  const auto report = control->rollout_waves(bundle(m, 2), policy({"1", "50%"}, 5000ms),
-                                             operator_keys.secret_key);
+  const auto report =
+      control->rollout_waves(bundle(m, 2), policy({"1", "50%"}, 5000ms), operator_keys.secret_key);
   EXPECT_FALSE(report.completed);
   EXPECT_EQ(report.halt_signal, "probe");
   EXPECT_EQ(report.halt_node, "n1");
@@ -170,8 +175,8 @@ TEST_F(FleetWaves, TheProgressDeadlineHaltsAStuckWave) {
 TEST_F(FleetWaves, AbortEndsAHaltedRolloutAndResumeThenHasNothingToRun) {
   const auto everyone = fleet_of(2);
   probes.bad_version = 2;
-  const auto halted = control->rollout_waves(bundle(m, 2), policy({"1"}, 3000ms),
-                                             operator_keys.secret_key);
+  const auto halted =
+      control->rollout_waves(bundle(m, 2), policy({"1"}, 3000ms), operator_keys.secret_key);
   ASSERT_FALSE(halted.completed);
   const auto written = control->abort(m, operator_keys.secret_key);
   EXPECT_EQ(written.phase, rollout_phase::halted);
@@ -197,10 +202,12 @@ TEST_F(FleetWaves, ForgedHealthIsIgnoredAndCounted) {
   // Once the wave runs: heartbeats for every node saying v2 fails every launch and is
   // unhealthy, signed by a stranger (not the node's enrolled key).
   const auto reader = make_controller();  // a controller is used by one thread
-  EXPECT_TRUE(eventually([&] {
-    const auto s = reader->desired(m);
-    return s && s->state.phase == rollout_phase::canary;
-  }, 10s));
+  EXPECT_TRUE(eventually(
+      [&] {
+        const auto s = reader->desired(m);
+        return s && s->state.phase == rollout_phase::canary;
+      },
+      10s));
   while (rollout.wait_for(50ms) != std::future_status::ready) {
     for (const char* id : {"n1", "n2", "n3"}) {
       fleet::heartbeat h;
@@ -235,19 +242,30 @@ TEST_F(FleetWaves, AControllerKilledMidRolloutIsCarriedOnFromTheSameWave) {
   std::ofstream(bundle_file, std::ios::binary)
       .write(reinterpret_cast<const char*>(v2.data()), static_cast<std::streamsize>(v2.size()));
   const std::string url = server.url();
-  std::vector<std::string> args = {CUBRIDGE_TOOL_PATH, "fleet", "publish", bundle_file.string(),
-                                   "--key", key_file.string(), "--server", url, "--waves",
-                                   "1,50%", "--bake", "3s"};
+  std::vector<std::string> args = {CUBRIDGE_TOOL_PATH,
+                                   "fleet",
+                                   "publish",
+                                   bundle_file.string(),
+                                   "--key",
+                                   key_file.string(),
+                                   "--server",
+                                   url,
+                                   "--waves",
+                                   "1,50%",
+                                   "--bake",
+                                   "3s"};
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
   pid_t child = 0;
   ASSERT_EQ(posix_spawn(&child, argv[0], nullptr, nullptr, argv.data(), environ), 0);
   // Killed as soon as it wrote its second wave (n2 joins n1 on v2).
-  ASSERT_TRUE(eventually([&] {
-    const auto s = control->desired(m);
-    return s && s->state.waves && s->state.waves->wave == 1;
-  }, 30s));
+  ASSERT_TRUE(eventually(
+      [&] {
+        const auto s = control->desired(m);
+        return s && s->state.waves && s->state.waves->wave == 1;
+      },
+      30s));
   ::kill(child, SIGKILL);
   int status = 0;
   ::waitpid(child, &status, 0);
@@ -272,8 +290,8 @@ TEST_F(FleetWaves, AControllerKilledMidRolloutIsCarriedOnFromTheSameWave) {
 
 // --- the analysis and the wave sizes, without a bus ----------------------------------------
 
-fleet::health_sample sample(const std::string& node, std::uint64_t launches,
-                            std::uint64_t failures, bool healthy = true) {
+fleet::health_sample sample(const std::string& node, std::uint64_t launches, std::uint64_t failures,
+                            bool healthy = true) {
   fleet::health_sample s{node, {}};
   s.health.version = 1;
   s.health.launches = launches;
@@ -340,9 +358,16 @@ TEST(WaveSizes, AreCheckedCumulativeAndEndWithEveryNode) {
   EXPECT_EQ(fleet::wave_counts({"1", "10%", "50%", "100%"}, 100),
             (std::vector<std::size_t>{1, 10, 50, 100}));
   EXPECT_EQ(fleet::wave_counts({"5", "100%"}, 2), (std::vector<std::size_t>{2, 2}));
-  for (const auto& bad : std::vector<std::vector<std::string>>{
-           {}, {"0"}, {"-1"}, {"0%"}, {"101%"}, {"50%", "10%"}, {"1.5"}, {"x"}, {"100%", "1"},
-           {"01"}})
+  for (const auto& bad : std::vector<std::vector<std::string>>{{},
+                                                               {"0"},
+                                                               {"-1"},
+                                                               {"0%"},
+                                                               {"101%"},
+                                                               {"50%", "10%"},
+                                                               {"1.5"},
+                                                               {"x"},
+                                                               {"100%", "1"},
+                                                               {"01"}})
     EXPECT_THROW((void)fleet::checked_waves(bad), cubridge::error) << (bad.empty() ? "" : bad[0]);
 }
 

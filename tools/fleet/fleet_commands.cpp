@@ -5,6 +5,7 @@
 #include "fleet/fleet_commands.hpp"
 
 #include "exit_codes.hpp"
+#include "fleet/fleet_dashboard.hpp"
 #include "fleet/fleet_status.hpp"
 #include "update/arguments.hpp"
 #include "update/signing.hpp"
@@ -202,6 +203,15 @@ fleet_commands::fleet_commands(CLI::App& app) {
   watch_->add_option("--key", status_key_,
                      "The operator's secret key (its public half is trusted)");
 
+  dashboard_ = fleet_->add_subcommand(
+      "dashboard", "A live page of the fleet: nodes x modules, waves, health, halts, timeline");
+  bus_options(dashboard_);
+  dashboard_->add_option("--listen", dashboard_listen_,
+                         "HOST:PORT to serve the page on (default 127.0.0.1:8090: this machine "
+                         "only; the page is read-only)");
+  dashboard_->add_option("--key", status_key_,
+                         "The operator's secret key (its public half is trusted)");
+
   auto& e = enroll_args_;
   enroll_ = fleet_->add_subcommand("enroll", "Enrol a node: its id, public key and labels");
   bus_options(enroll_);
@@ -244,6 +254,7 @@ int fleet_commands::run() const noexcept {
     if (resume_->parsed()) return resume_or_abort(true);
     if (abort_->parsed()) return resume_or_abort(false);
     if (watch_->parsed()) return watch();
+    if (dashboard_->parsed()) return dashboard();
     if (enroll_->parsed()) return enroll();
     if (init_->parsed()) return run_fleet_init(init_options_);
   } catch (const usage_error& e) {
@@ -386,6 +397,25 @@ int fleet_commands::wave_outcome(const fleet::rollout_report& report) const {
             << "; its nodes go back to the stable version (`cubridge fleet resume " << m.module
             << "` runs the wave again, `cubridge fleet abort " << m.module << "` ends it)\n";
   return exit_failure;
+}
+
+int fleet_commands::dashboard() const {
+  dashboard_options d;
+  const auto colon = dashboard_listen_.rfind(':');
+  const auto port =
+      colon == std::string::npos ? std::string() : dashboard_listen_.substr(colon + 1);
+  int value = 0;
+  const auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), value);
+  if (colon == std::string::npos || colon == 0 || port.empty() || ec != std::errc{} ||
+      end != port.data() + port.size() || value < 1 || value > 65535)
+    throw usage_error("--listen '" + printable(dashboard_listen_) +
+                      "' is not HOST:PORT (e.g. 127.0.0.1:8090)");
+  d.host = dashboard_listen_.substr(0, colon);
+  if (d.host.size() > 2 && d.host.front() == '[' && d.host.back() == ']')
+    d.host = d.host.substr(1, d.host.size() - 2);
+  d.port = value;
+  controller control(options(status_key_, true));
+  return serve_dashboard(control, d);
 }
 
 int fleet_commands::enroll() const {

@@ -43,6 +43,8 @@ class fleet_commands {
   CLI::App* resume_;
   CLI::App* abort_;
   CLI::App* watch_;
+  CLI::App* dashboard_;
+  std::string dashboard_listen_ = "127.0.0.1:8090";
   CLI::App* enroll_;
   CLI::App* init_;
   fleet_init_options init_options_;
@@ -85,6 +87,7 @@ class fleet_commands {
   /// Prints a wave rollout's timeline and ending; its exit status.
   int wave_outcome(const fleet::rollout_report& report) const;
   int watch() const;
+  int dashboard() const;
   int enroll() const;
 };
 

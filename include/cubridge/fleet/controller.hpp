@@ -127,6 +127,18 @@ struct rollout_event {
 /// missing. @throws errc::precondition naming the wave that is wrong.
 [[nodiscard]] std::vector<std::string> checked_waves(std::vector<std::string> waves);
 
+/// A wave's health figures from the nodes' last heartbeats: the canaries (the record's canaries,
+/// on its candidate) and the baseline (the other live nodes that follow the module, on its
+/// stable version). Only heartbeats made after `since` count (their time is whole seconds: a
+/// later second), so that a heartbeat from before the wave applied is not taken for the wave's.
+struct wave_samples {
+  std::vector<health_sample> canaries;
+  std::vector<health_sample> baseline;
+};
+[[nodiscard]] wave_samples sample_wave(const desired_state& state,
+                                       const std::vector<node_state>& nodes,
+                                       std::chrono::system_clock::time_point since);
+
 /// How many of `qualifying` nodes the waves take, cumulatively (the last: all of them).
 [[nodiscard]] std::vector<std::size_t> wave_counts(const std::vector<std::string>& waves,
                                                    std::size_t qualifying);
@@ -198,6 +210,9 @@ class controller {
   /// @throws fleet_errc::invalid_state when the key holds a record that does not verify with
   ///         the operator keys or parse (it names why).
   [[nodiscard]] std::optional<desired_entry> desired(std::string_view module) const;
+  /// Every record of the module's desired state the bucket still holds that verifies, oldest
+  /// first (the bucket keeps the last 64): the module's timeline.
+  [[nodiscard]] std::vector<desired_state> desired_history(std::string_view module) const;
 
   /// Publishes a signed bundle to every node: verifies it (with the operator keys and the
   /// signing key), stores it under its module, version and digest (idempotent, JetStream

@@ -1,0 +1,208 @@
+// The fleet dashboard (fleet_dashboard.hpp). One thread reads the fleet every refresh (a
+// controller is used by one thread) into a snapshot; the HTTP threads only hand out the latest
+// snapshot, so a page costs the bus nothing, and the number of pages listening is bounded.
+#include "fleet/fleet_dashboard.hpp"
+
+#include "fleet/fleet_status.hpp"
+
+#include <cubridge/bundle/bundle.hpp>  // detail::format_time, parse_time
+
+#include <httplib.h>
+#include <signal.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <iostream>
+#include <mutex>
+#include <thread>
+
+namespace cubridge::tool {
+namespace {
+
+using json = nlohmann::json;
+using system_clock = std::chrono::system_clock;
+
+json health_json(const fleet::module_health& h) {
+  return {{"version", h.version},
+          {"launches", h.launches},
+          {"launch_failures", h.launch_failures},
+          {"sticky_error", h.sticky_error},
+          {"healthy", h.healthy},
+          {"values", h.values},
+          {"detail", h.detail}};
+}
+
+json plan_json(const fleet::wave_plan& p) {
+  return {{"sizes", p.sizes},       {"nodes", p.nodes},
+          {"wave", p.wave},         {"started", p.started},
+          {"bake_ms", p.bake_ms},   {"deadline_ms", p.deadline_ms},
+          {"halted", p.halted},     {"candidate", p.candidate.version},
+          {"max_failure_rate", p.max_failure_rate}, {"max_metrics", p.max_metrics}};
+}
+
+json timeline_json(const std::vector<fleet::desired_state>& history) {
+  json out = json::array();
+  for (const auto& s : history)
+    out.push_back({{"time", s.time},
+                   {"revision", s.revision},
+                   {"phase", std::string(to_string(s.phase))},
+                   {"wave", s.waves ? s.waves->wave + 1 : 0},
+                   {"stable", s.stable ? s.stable->version : 0},
+                   {"candidate", s.candidate ? s.candidate->version : 0},
+                   {"reason", s.reason}});
+  return out;
+}
+
+// The running wave's figures since it started (the controller's own analysis starts at the
+// wave's apply; this is the view of someone watching).
+json analysis_json(const fleet::desired_state& s, const std::vector<fleet::node_state>& nodes) {
+  if (!s.waves) return nullptr;
+  const auto started = cubridge::detail::parse_time(s.waves->started);
+  const auto samples = fleet::sample_wave(
+      s, nodes, started ? system_clock::time_point(*started) : system_clock::now());
+  const auto v = fleet::analyse_wave(samples.canaries, samples.baseline, {},
+                                     {s.waves->max_failure_rate, s.waves->max_metrics});
+  return {{"canary", v.canary},
+          {"baseline", v.baseline},
+          {"canaries", samples.canaries.size()},
+          {"baseline_nodes", samples.baseline.size()},
+          {"failing", v.failed},
+          {"reason", v.reason}};
+}
+
+std::atomic<bool> stopping{false};
+extern "C" void on_stop(int) {
+  stopping = true;
+}
+
+// The latest snapshot and its number; listeners wait for a newer one.
+class snapshot_board {
+ public:
+  void put(std::string text) {
+    {
+      std::lock_guard lock(mutex_);
+      text_ = std::move(text);
+      ++number_;
+    }
+    changed_.notify_all();
+  }
+  /// The snapshot after `seen` (waiting at most `wait`), and its number; the same one when
+  /// nothing newer came.
+  std::pair<std::string, std::uint64_t> after(std::uint64_t seen, std::chrono::milliseconds wait) {
+    std::unique_lock lock(mutex_);
+    changed_.wait_for(lock, wait, [&] { return number_ != seen || stopping; });
+    return {text_, number_};
+  }
+  void wake() { changed_.notify_all(); }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::string text_ = "{}";
+  std::uint64_t number_ = 0;
+};
+
+}  // namespace
+
+json dashboard_state(const fleet::controller& control) {
+  auto reading = read_fleet(control);
+  auto state = fleet_status_json(reading);
+  state["time"] = cubridge::detail::format_time(
+      std::chrono::floor<std::chrono::seconds>(system_clock::now()));
+  state["server"] = control.connected_server();
+  for (std::size_t i = 0; i < reading.nodes.size(); ++i) {
+    json health = json::object();
+    if (const auto& beat = reading.nodes[i].beat)
+      for (const auto& [module, h] : beat->health) health[module] = health_json(h);
+    state["nodes"][i]["health"] = std::move(health);
+  }
+  for (std::size_t i = 0; i < reading.modules.size(); ++i) {
+    const auto& s = reading.modules[i].state;
+    auto& m = state["modules"][i];
+    m["waves"] = s.waves ? plan_json(*s.waves) : json(nullptr);
+    m["analysis"] = s.phase == fleet::rollout_phase::canary ? analysis_json(s, reading.nodes)
+                                                            : json(nullptr);
+    m["timeline"] = timeline_json(control.desired_history(s.module));
+  }
+  return state;
+}
+
+int serve_dashboard(fleet::controller& control, const dashboard_options& options) {
+  snapshot_board board;
+  board.put(dashboard_state(control).dump(-1, ' ', false, json::error_handler_t::replace));
+  std::atomic<int> listening{0};
+
+  httplib::Server server;
+  const auto threads = static_cast<std::size_t>(options.max_listeners) + 4;  // pages + requests
+  server.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  server.set_read_timeout(5, 0);
+  server.set_write_timeout(5, 0);
+  server.set_payload_max_length(1024);  // it takes no bodies
+  const auto common = [](httplib::Response& res) {
+    res.set_header("Cache-Control", "no-store");
+    res.set_header("X-Content-Type-Options", "nosniff");
+    res.set_header("Content-Security-Policy",
+                   "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+                   "connect-src 'self'; img-src 'self'");
+  };
+  server.Get("/", [&](const httplib::Request&, httplib::Response& res) {
+    common(res);
+    res.set_content(std::string(dashboard_page()), "text/html; charset=utf-8");
+  });
+  server.Get("/state", [&](const httplib::Request&, httplib::Response& res) {
+    common(res);
+    res.set_content(board.after(0, std::chrono::milliseconds(0)).first, "application/json");
+  });
+  server.Get("/events", [&](const httplib::Request&, httplib::Response& res) {
+    common(res);
+    if (listening.fetch_add(1) >= options.max_listeners) {
+      listening.fetch_sub(1);
+      res.status = 503;
+      res.set_content("too many pages listening\n", "text/plain");
+      return;
+    }
+    auto seen = std::make_shared<std::uint64_t>(0);
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [&board, seen](std::size_t, httplib::DataSink& sink) {
+          if (stopping) return false;
+          const auto [text, number] = board.after(*seen, std::chrono::seconds(15));
+          const std::string event =
+              number == *seen ? std::string(": still here\n\n") : "data: " + text + "\n\n";
+          *seen = number;
+          return sink.write(event.data(), event.size());
+        },
+        [&listening](bool) { listening.fetch_sub(1); });
+  });
+
+  if (!server.bind_to_port(options.host, options.port)) {
+    std::cerr << "cubridge: fleet dashboard cannot listen on " << options.host << ":"
+              << options.port << "\n";
+    return 1;
+  }
+  ::signal(SIGINT, on_stop);
+  ::signal(SIGTERM, on_stop);
+  std::thread http([&] { server.listen_after_bind(); });
+  std::cout << "dashboard at http://" << options.host << ":" << options.port << "/ (reading "
+            << control.connected_server() << ")" << std::endl;
+  int status = 0;
+  while (!stopping) {
+    std::this_thread::sleep_for(options.refresh);
+    try {
+      board.put(dashboard_state(control).dump(-1, ' ', false, json::error_handler_t::replace));
+    } catch (const std::exception& e) {
+      std::cerr << "cubridge: fleet dashboard: reading the fleet: " << e.what() << "\n";
+      if (const auto* x = dynamic_cast<const error*>(&e); x && x->is(fleet_errc::unreachable)) {
+        status = 1;
+        break;
+      }
+    }
+  }
+  stopping = true;
+  board.wake();
+  server.stop();
+  http.join();
+  return status;
+}
+
+}  // namespace cubridge::tool
