@@ -140,6 +140,22 @@ void write_module_metrics(metrics_text_writer& out, const std::vector<module_rep
     for (const auto& r : reports)
       if (r.counters) out.sample((*r.counters).*c.member, {{"module", r.name}});
   }
+  // Per version: the serving version's launches start at 0 when it is promoted, so a rate over
+  // them (Grafana's, a rollout's) is that version's.
+  static constexpr counter_family launches[] = {
+      {"cubridge_module_launches_total", "Hot launches of the serving version.",
+       &module_counters::launches},
+      {"cubridge_module_launch_failures_total",
+       "Hot launches of the serving version the driver refused.",
+       &module_counters::launch_failures},
+  };
+  for (const auto& c : launches) {
+    out.family(c.name, c.help, metric_type::counter);
+    for (const auto& r : reports)
+      if (r.counters)
+        out.sample((*r.counters).*c.member,
+                   {{"module", r.name}, {"version", std::to_string(r.current_version)}});
+  }
 }
 
 }  // namespace cubridge
