@@ -48,6 +48,11 @@ struct fleet_node::impl {
     a.node = o.node;
     a.node_key_file = o.node_key;
     a.heartbeat_interval = o.heartbeat_interval;
+    if (o.health)
+      a.health_probe = [health = o.health](std::string_view, std::uint64_t) {
+        const auto h = health();
+        return cubridge::health_report{h.healthy, h.values, h.detail};
+      };
     return a;
   }
   impl(std::shared_ptr<cubridge::update_gate> gate, fleet_node_options o)

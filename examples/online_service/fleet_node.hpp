@@ -8,10 +8,19 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <functional>
+#include <map>
 #include <memory>
 #include <string>
 
 namespace online_service {
+
+/// What the service says of its health at each heartbeat (the fleet's health probe).
+struct service_health {
+  bool healthy = true;
+  std::map<std::string, double, std::less<>> values;
+  std::string detail;
+};
 
 struct fleet_node_options {
   std::string server;       ///< the NATS server(s), nats://HOST:PORT or tls://, comma-separated
@@ -20,6 +29,8 @@ struct fleet_node_options {
   std::string credentials;  ///< the node's credentials file (cubridge fleet init), if any
   std::string ca;           ///< the fleet's CA certificate, if TLS
   std::chrono::milliseconds heartbeat_interval{5000};
+  /// Asked at each heartbeat (none: healthy): the service's own output check.
+  std::function<service_health()> health;
 };
 
 /// Whether this build can be a fleet node (it was linked with cubridge_fleet).

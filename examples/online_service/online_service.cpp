@@ -413,8 +413,25 @@ int run(const options& o) {
   cubridge::update_endpoint_options endpoint_options;
   endpoint_options.port = o.update_port;
   cubridge::update_endpoint endpoint(gate, endpoint_options);
+  // The service's output check as the fleet's health probe: wrong answers since the last
+  // heartbeat make this node unhealthy (a version can pass its smoke test and be wrong on real
+  // requests).
+  std::atomic<std::uint64_t> answered{0}, wrong_answers{0};
+  auto fleet_options = o.fleet;
+  fleet_options.health = [&] {
+    online_service::service_health h;
+    const auto wrong = wrong_answers.exchange(0);
+    const auto all = answered.exchange(0);
+    h.healthy = wrong == 0;
+    h.values = {{"wrong_answers", static_cast<double>(wrong)},
+                {"answers", static_cast<double>(all)}};
+    if (wrong != 0)
+      h.detail = "output check: " + std::to_string(wrong) + " of " + std::to_string(all) +
+                 " answers wrong since the last heartbeat";
+    return h;
+  };
   std::optional<online_service::fleet_node> fleet;
-  if (!o.fleet.server.empty()) fleet.emplace(gate, o.fleet);
+  if (!o.fleet.server.empty()) fleet.emplace(gate, fleet_options);
 
   httplib::Server server;
   server.new_task_queue = [n = o.threads] { return new httplib::ThreadPool(n); };
@@ -449,7 +466,9 @@ int run(const options& o) {
     json reply;
     try {
       a = svc.serve(seed);
+      answered.fetch_add(1, std::memory_order_relaxed);
       if (!a.correct) {
+        wrong_answers.fetch_add(1, std::memory_order_relaxed);
         reply = {{"error", "wrong_result"},
                  {"version", a.version},
                  {"result", a.result},

@@ -118,7 +118,8 @@ TEST(MetricsTextTest, RefusesBadNamesRepeatedFamiliesAndSamplesOutsideOne) {
 TEST(MetricsTextTest, ModuleMetricsHaveAFixedSetOfLinesPerModule) {
   module_report plain{"plain", 3, {2, 3}, 1, "stage refused"};
   module_report hot{"hot\"one", 7, {7}, 0, {}};
-  hot.counters = cubridge::module_counters{5, 1, 2, 4, 0, 900, 3, "CUDA_ERROR_INVALID_VALUE", false};
+  hot.counters =
+      cubridge::module_counters{5, 1, 2, 4, 0, 900, 3, "CUDA_ERROR_INVALID_VALUE", false};
   metrics_text_writer out;
   cubridge::write_module_metrics(out, {plain, hot});
   const auto text = out.text();
@@ -131,16 +132,17 @@ TEST(MetricsTextTest, ModuleMetricsHaveAFixedSetOfLinesPerModule) {
       {"cubridge_module_launches_total", 1},  {"cubridge_module_launch_failures_total", 1},
   };
   EXPECT_EQ(families, expected) << text;
-  for (const char* line : {"cubridge_module_version{module=\"plain\"} 3\n",
-                           "cubridge_module_versions_held{module=\"plain\"} 2\n",
-                           "cubridge_module_retired_waiting{module=\"plain\"} 1\n",
-                           "cubridge_module_version{module=\"hot\\\"one\"} 7\n",
-                           "cubridge_module_promotions_total{module=\"hot\\\"one\"} 5\n",
-                           "cubridge_module_rollbacks_total{module=\"hot\\\"one\"} 1\n",
-                           "cubridge_module_rejected_total{module=\"hot\\\"one\"} 2\n",
-                           "cubridge_module_unloaded_total{module=\"hot\\\"one\"} 4\n",
-                           "cubridge_module_launches_total{module=\"hot\\\"one\",version=\"7\"} 900\n",
-                           "cubridge_module_launch_failures_total{module=\"hot\\\"one\",version=\"7\"} 3\n"})
+  for (const char* line :
+       {"cubridge_module_version{module=\"plain\"} 3\n",
+        "cubridge_module_versions_held{module=\"plain\"} 2\n",
+        "cubridge_module_retired_waiting{module=\"plain\"} 1\n",
+        "cubridge_module_version{module=\"hot\\\"one\"} 7\n",
+        "cubridge_module_promotions_total{module=\"hot\\\"one\"} 5\n",
+        "cubridge_module_rollbacks_total{module=\"hot\\\"one\"} 1\n",
+        "cubridge_module_rejected_total{module=\"hot\\\"one\"} 2\n",
+        "cubridge_module_unloaded_total{module=\"hot\\\"one\"} 4\n",
+        "cubridge_module_launches_total{module=\"hot\\\"one\",version=\"7\"} 900\n",
+        "cubridge_module_launch_failures_total{module=\"hot\\\"one\",version=\"7\"} 3\n"})
     EXPECT_NE(text.find(line), std::string::npos) << line << " in\n" << text;
 
   metrics_text_writer none;

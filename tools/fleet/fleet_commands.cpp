@@ -379,10 +379,16 @@ int fleet_commands::resume_or_abort(bool resume) const {
 
 int fleet_commands::wave_outcome(const fleet::rollout_report& report) const {
   const auto& m = report.desired;
-  for (const auto& e : report.timeline) {
+  for (const auto& e : report.timeline) {  // the time of day, and since the first step
     const std::chrono::duration<double> since = e.time - report.timeline.front().time;
-    char at[32];
-    std::snprintf(at, sizeof at, "+%8.3f s", since.count());
+    const auto ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(e.time.time_since_epoch()).count() %
+        1000;
+    const auto day =
+        cubridge::detail::format_time(std::chrono::floor<std::chrono::seconds>(e.time));
+    char at[64];
+    std::snprintf(at, sizeof at, "%s.%03dZ (+%7.3f s)", day.substr(0, day.size() - 1).c_str(),
+                  static_cast<int>(ms), since.count());
     std::cout << at << "  wave " << e.wave + 1 << "  " << e.what << "  " << e.detail << "\n";
   }
   if (report.completed) {

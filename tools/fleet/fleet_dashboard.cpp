@@ -33,11 +33,16 @@ json health_json(const fleet::module_health& h) {
 }
 
 json plan_json(const fleet::wave_plan& p) {
-  return {{"sizes", p.sizes},       {"nodes", p.nodes},
-          {"wave", p.wave},         {"started", p.started},
-          {"bake_ms", p.bake_ms},   {"deadline_ms", p.deadline_ms},
-          {"halted", p.halted},     {"candidate", p.candidate.version},
-          {"max_failure_rate", p.max_failure_rate}, {"max_metrics", p.max_metrics}};
+  return {{"sizes", p.sizes},
+          {"nodes", p.nodes},
+          {"wave", p.wave},
+          {"started", p.started},
+          {"bake_ms", p.bake_ms},
+          {"deadline_ms", p.deadline_ms},
+          {"halted", p.halted},
+          {"candidate", p.candidate.version},
+          {"max_failure_rate", p.max_failure_rate},
+          {"max_metrics", p.max_metrics}};
 }
 
 json timeline_json(const std::vector<fleet::desired_state>& history) {
@@ -107,8 +112,8 @@ class snapshot_board {
 json dashboard_state(const fleet::controller& control) {
   auto reading = read_fleet(control);
   auto state = fleet_status_json(reading);
-  state["time"] = cubridge::detail::format_time(
-      std::chrono::floor<std::chrono::seconds>(system_clock::now()));
+  state["time"] =
+      cubridge::detail::format_time(std::chrono::floor<std::chrono::seconds>(system_clock::now()));
   state["server"] = control.connected_server();
   for (std::size_t i = 0; i < reading.nodes.size(); ++i) {
     json health = json::object();
@@ -120,8 +125,8 @@ json dashboard_state(const fleet::controller& control) {
     const auto& s = reading.modules[i].state;
     auto& m = state["modules"][i];
     m["waves"] = s.waves ? plan_json(*s.waves) : json(nullptr);
-    m["analysis"] = s.phase == fleet::rollout_phase::canary ? analysis_json(s, reading.nodes)
-                                                            : json(nullptr);
+    m["analysis"] =
+        s.phase == fleet::rollout_phase::canary ? analysis_json(s, reading.nodes) : json(nullptr);
     m["timeline"] = timeline_json(control.desired_history(s.module));
   }
   return state;

@@ -2,6 +2,9 @@
 // version the service starts with); the demo pushes this same source with VERSION 2 defined
 // first, compiled by `cubridge push` with NVRTC. No includes, so NVRTC needs no headers.
 // -DBROKEN builds a version whose answers are wrong: the service's smoke test refuses it.
+// -DWRONG_SOMETIMES builds one that is wrong only for inputs of 990 and up (1% of the load
+// client's requests, none of the smoke test's inputs): it passes the smoke test and needs the
+// service's own output check, as a health probe, to be caught.
 #ifndef VERSION
 #define VERSION 1
 #endif
@@ -9,8 +12,10 @@
 // out[i] = 2 * in[i] + 1 in every version (the service checks it); version_out says which ran.
 extern "C" __global__ void respond(float* out, const float* in, unsigned n, unsigned* version_out) {
   const unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
-#ifdef BROKEN
+#if defined(BROKEN)
   if (i < n) out[i] = 2.0f * in[i];
+#elif defined(WRONG_SOMETIMES)
+  if (i < n) out[i] = in[i] >= 990.0f ? 2.0f * in[i] : 2.0f * in[i] + 1.0f;
 #else
   if (i < n) out[i] = 2.0f * in[i] + 1.0f;
 #endif
