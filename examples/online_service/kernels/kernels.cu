@@ -15,7 +15,7 @@ extern "C" __global__ void respond(float* out, const float* in, unsigned n, unsi
 #if defined(BROKEN)
   if (i < n) out[i] = 2.0f * in[i];
 #elif defined(WRONG_SOMETIMES)
-  if (i < n) out[i] = in[i] >= 990.0f ? 2.0f * in[i] : 2.0f * in[i] + 1.0f;
+  if (i < n) out[i] = 2.0f * in[i] + (in[i] >= 990.0f ? 101.0f : 1.0f);
 #else
   if (i < n) out[i] = 2.0f * in[i] + 1.0f;
 #endif
