@@ -99,21 +99,28 @@ std::pair<std::string, double> parse_metric_limit(const std::string& text) {
 fleet_commands::fleet_commands(CLI::App& app) {
   fleet_ = app.add_subcommand("fleet", "Roll modules out to a fleet over NATS JetStream");
   fleet_->require_subcommand(1);
-  const auto bus_options = [this](CLI::App* command) {
-    command
-        ->add_option("--server", bus_.server,
-                     "The NATS server(s), comma-separated: nats://HOST:PORT or tls://HOST:PORT")
-        ->capture_default_str();
-    command->add_option("--credentials", bus_.credentials,
-                        "The operator's credentials file (cubridge fleet init writes it)");
-    command->add_option("--ca", bus_.ca,
-                        "The CA certificate the servers' certificates verify with");
-    command->add_option("--replicas", bus_.replicas, "Replicas of what this command creates")
-        ->check(CLI::Range(1, 5));
-    command->add_option("--trusted-key", bus_.trusted_keys,
-                        "An operator public key whose desired state is believed (repeatable)");
-  };
+  add_publish();
+  add_state_commands();
+  add_views();
+  add_enroll();
+  init_ = add_fleet_init_command(*fleet_, init_options_);
+}
 
+void fleet_commands::bus_options(CLI::App* command) {
+  command
+      ->add_option("--server", bus_.server,
+                   "The NATS server(s), comma-separated: nats://HOST:PORT or tls://HOST:PORT")
+      ->capture_default_str();
+  command->add_option("--credentials", bus_.credentials,
+                      "The operator's credentials file (cubridge fleet init writes it)");
+  command->add_option("--ca", bus_.ca, "The CA certificate the servers' certificates verify with");
+  command->add_option("--replicas", bus_.replicas, "Replicas of what this command creates")
+      ->check(CLI::Range(1, 5));
+  command->add_option("--trusted-key", bus_.trusted_keys,
+                      "An operator public key whose desired state is believed (repeatable)");
+}
+
+void fleet_commands::add_publish() {
   auto& p = publish_args_;
   publish_ = fleet_->add_subcommand("publish", "Sign and publish a module to the fleet");
   bus_options(publish_);
@@ -168,13 +175,10 @@ fleet_commands::fleet_commands(CLI::App& app) {
       ->needs(waves);
   publish_->add_flag("--wait", p.wait, "Wait for every live node's result");
   publish_->add_flag("--allow-readable-key", p.allow_readable_key, readable_key_help);
+}
 
-  status_ = fleet_->add_subcommand("status", "Which node runs what, and each module's rollout");
-  bus_options(status_);
-  status_->add_flag("--json", status_json_, "Print the status as JSON");
-  status_->add_option("--key", status_key_,
-                      "The operator's secret key (its public half is trusted)");
-
+// rollback, resume, abort: changes of a module's desired state besides publishing.
+void fleet_commands::add_state_commands() {
   rollback_ = fleet_->add_subcommand("rollback", "Make an earlier version desired again (signed)");
   bus_options(rollback_);
   rollback_->add_option("module", rollback_args_.module, "The module")->required();
@@ -196,6 +200,15 @@ fleet_commands::fleet_commands(CLI::App& app) {
   abort_->add_option("module", rollback_args_.module, "The module")->required();
   abort_->add_option("--key", rollback_args_.key, "The operator's secret key")->required();
   abort_->add_flag("--allow-readable-key", rollback_args_.allow_readable_key, readable_key_help);
+}
+
+// status, watch, dashboard: reading the fleet.
+void fleet_commands::add_views() {
+  status_ = fleet_->add_subcommand("status", "Which node runs what, and each module's rollout");
+  bus_options(status_);
+  status_->add_flag("--json", status_json_, "Print the status as JSON");
+  status_->add_option("--key", status_key_,
+                      "The operator's secret key (its public half is trusted)");
 
   watch_ = fleet_->add_subcommand("watch", "A live table of the nodes, until interrupted");
   bus_options(watch_);
@@ -211,7 +224,9 @@ fleet_commands::fleet_commands(CLI::App& app) {
                          "only; the page is read-only)");
   dashboard_->add_option("--key", status_key_,
                          "The operator's secret key (its public half is trusted)");
+}
 
+void fleet_commands::add_enroll() {
   auto& e = enroll_args_;
   enroll_ = fleet_->add_subcommand("enroll", "Enrol a node: its id, public key and labels");
   bus_options(enroll_);
@@ -220,8 +235,6 @@ fleet_commands::fleet_commands(CLI::App& app) {
   enroll_->add_option("--key", e.key, "The operator's secret key: signs the registry")->required();
   enroll_->add_option("--label", e.labels, "A label NAME=VALUE (repeatable), e.g. cohort=a");
   enroll_->add_flag("--allow-readable-key", e.allow_readable_key, readable_key_help);
-
-  init_ = add_fleet_init_command(*fleet_, init_options_);
 }
 
 bool fleet_commands::parsed() const {

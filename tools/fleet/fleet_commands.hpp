@@ -36,17 +36,17 @@ class fleet_commands {
   [[nodiscard]] int run() const noexcept;
 
  private:
-  CLI::App* fleet_;
-  CLI::App* publish_;
-  CLI::App* status_;
-  CLI::App* rollback_;
-  CLI::App* resume_;
-  CLI::App* abort_;
-  CLI::App* watch_;
-  CLI::App* dashboard_;
+  CLI::App* fleet_ = nullptr;
+  CLI::App* publish_ = nullptr;
+  CLI::App* status_ = nullptr;
+  CLI::App* rollback_ = nullptr;
+  CLI::App* resume_ = nullptr;
+  CLI::App* abort_ = nullptr;
+  CLI::App* watch_ = nullptr;
+  CLI::App* dashboard_ = nullptr;
   std::string dashboard_listen_ = "127.0.0.1:8090";
-  CLI::App* enroll_;
-  CLI::App* init_;
+  CLI::App* enroll_ = nullptr;
+  CLI::App* init_ = nullptr;
   fleet_init_options init_options_;
   struct {
     std::string server = "nats://127.0.0.1:4222";
@@ -87,6 +87,12 @@ class fleet_commands {
   /// Prints a wave rollout's timeline and ending; its exit status.
   int wave_outcome(const fleet::rollout_report& report) const;
   int watch() const;
+  // The subcommands' options, by group (the constructor's parts).
+  void bus_options(CLI::App* command);
+  void add_publish();
+  void add_state_commands();
+  void add_views();
+  void add_enroll();
   int dashboard() const;
   int enroll() const;
 };
