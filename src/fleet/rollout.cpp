@@ -29,7 +29,7 @@ rollout_report controller::publish(std::span<const std::byte> bytes,
   d.store_bundle(module, p.ref, bytes);
   d.compare_and_set(desired_key(module), [&](const auto& current) {
     auto s = parse_current(current, module, keys);
-    report.already_desired = s.stable == p.ref && s.phase != rollout_phase::canary;
+    report.already_desired = desired_everywhere(s, p.ref);
     if (report.already_desired) {
       report.desired = s;
       return current->value;  // the same value: a retried publish writes nothing new
@@ -69,7 +69,7 @@ rollout_report controller::rollout(std::span<const std::byte> bytes, const canar
       report.desired = s;
       return current->value;
     }
-    if (s.stable == p.ref && s.phase != rollout_phase::canary) {
+    if (desired_everywhere(s, p.ref)) {
       report.already_desired = true;
       report.desired = s;
       return current->value;

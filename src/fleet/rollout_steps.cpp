@@ -56,6 +56,10 @@ std::uint64_t highest_desired(const desired_state& s) {
   return v;
 }
 
+bool desired_everywhere(const desired_state& s, const bundle_ref& ref) {
+  return s.stable == ref && s.phase != rollout_phase::canary;
+}
+
 // Refuses a version that would take the desired state down (or the same version with another
 // bundle): only rollback() goes down.
 void require_newer(const desired_state& s, const bundle_ref& ref) {

@@ -41,6 +41,8 @@ struct prepared_bundle {
 [[nodiscard]] prepared_bundle prepare(std::span<const std::byte> bytes, const trusted_keys& keys);
 /// The highest version the state asks any node to run.
 [[nodiscard]] std::uint64_t highest_desired(const desired_state& s);
+/// Whether `s` already asks every node to run `ref` (a retried publish: nothing to write).
+[[nodiscard]] bool desired_everywhere(const desired_state& s, const bundle_ref& ref);
 /// Refuses a version that would take the desired state down (or the same version with another
 /// bundle): only rollback() goes down. @throws fleet_errc::older_version.
 void require_newer(const desired_state& s, const bundle_ref& ref);

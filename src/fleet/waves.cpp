@@ -341,7 +341,7 @@ rollout_report controller::rollout_waves(std::span<const std::byte> bytes,
       report.desired = s;
       return current->value;
     }
-    if (s.stable == p.ref && s.phase != rollout_phase::canary) {
+    if (desired_everywhere(s, p.ref)) {
       report.already_desired = true;
       report.desired = s;
       return current->value;
