@@ -353,14 +353,19 @@ rollout_report controller::rollout_waves(std::span<const std::byte> bytes,
           "no node qualifies for the first wave of module '" + module +
               "' (live, following it, able to run " + p.ref.target +
               (policy.cohort.empty() ? "" : ", of cohort " + policy.cohort) + ")");
-    auto plan = plan_for(p, policy, waves, qualifying);
-    enter_canary_phase(s, p.ref, plan.nodes[0]);
-    s.waves = std::move(plan);
+    if (waves.size() == 1) {  // "100%" alone: every node at once, a plain publish
+      make_stable(s, p.ref);
+      report.completed = true;
+    } else {
+      auto plan = plan_for(p, policy, waves, qualifying);
+      enter_canary_phase(s, p.ref, plan.nodes[0]);
+      s.waves = std::move(plan);
+    }
     auto value = sign_next_revision(s, d.bucket.get(), keys, operator_key);
     report.desired = s;
     return value;
   });
-  if (report.already_desired) {
+  if (report.already_desired || report.completed) {
     report.completed = true;
     return report;
   }

@@ -157,6 +157,18 @@ TEST_F(FleetWaves, AFleetWideDipDoesNotHalt) {
   EXPECT_TRUE(converge(everyone, m, 2)) << serving_text(everyone, m);
 }
 
+TEST_F(FleetWaves, OneWaveOfEveryNodeIsAPlainPublish) {
+  const auto everyone = fleet_of(2);
+  const auto report =
+      control->rollout_waves(bundle(m, 2), policy({"100%"}, 1000ms), operator_keys.secret_key);
+  EXPECT_TRUE(report.completed);
+  const auto state = control->desired(m);
+  ASSERT_TRUE(state);  // readable: no canary phase without canaries was written
+  EXPECT_EQ(state->state.phase, rollout_phase::complete);
+  EXPECT_EQ(state->state.stable->version, 2u);
+  EXPECT_TRUE(converge(everyone, m, 2)) << serving_text(everyone, m);
+}
+
 TEST_F(FleetWaves, TheProgressDeadlineHaltsAStuckWave) {
   const auto everyone = fleet_of(3);
   nodes[0]->sink->fail(2, 4000ms);  // n1's smoke test of v2 takes 4 s (then fails)
