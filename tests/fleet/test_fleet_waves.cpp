@@ -147,7 +147,9 @@ TEST_F(FleetWaves, AProbeFailingOnTheCanaryHaltsTheFirstWaveAndNoOtherNodeEverRu
 TEST_F(FleetWaves, AFleetWideDipDoesNotHalt) {
   const auto everyone = fleet_of(3);
   probes.everywhere = true;  // the old version and the new one both report unhealthy
-  auto p = policy({"1"}, 1000ms);
+  // A bake long enough for a heartbeat made after the apply (heartbeat times are whole
+  // seconds: up to 1 s and an interval later) to be judged.
+  auto p = policy({"1"}, 2500ms);
   p.limits.max_metrics["wrong_answers"] = 1;
   const auto report = control->rollout_waves(bundle(m, 2), p, operator_keys.secret_key);
   ASSERT_TRUE(report.completed) << report.halt_reason;
