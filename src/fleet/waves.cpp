@@ -257,10 +257,13 @@ wave_samples sample_wave(const desired_state& state, const std::vector<node_stat
   const auto stable = state.stable ? state.stable->version : 0;
   const auto after = std::chrono::floor<std::chrono::seconds>(since);
   for (const auto& node : nodes) {
-    if (!node.live || !node.beat || node.beat->time <= after) continue;
+    if (!node.live || !node.beat) continue;
     const auto h = node.beat->health.find(state.module);
     if (h == node.beat->health.end()) continue;
     const bool canary = std::binary_search(state.canaries.begin(), state.canaries.end(), node.node);
+    // A canary's heartbeat from before the wave applied may speak of an earlier run of the same
+    // version; a baseline node's last one speaks of the stable version whenever it was made.
+    if (canary && node.beat->time <= after) continue;
     if (canary && h->second.version == state.waves->candidate.version)
       out.canaries.push_back({node.node, h->second});
     else if (!canary && stable != 0 && h->second.version == stable)

@@ -147,6 +147,15 @@ TEST_F(FleetWaves, AProbeFailingOnTheCanaryHaltsTheFirstWaveAndNoOtherNodeEverRu
 TEST_F(FleetWaves, AFleetWideDipDoesNotHalt) {
   const auto everyone = fleet_of(3);
   probes.everywhere = true;  // the old version and the new one both report unhealthy
+  // ... and the controller has seen the baseline say so before the wave starts.
+  ASSERT_TRUE(eventually(
+      [&] {
+        const auto seen = control->nodes();
+        return std::all_of(seen.begin(), seen.end(), [&](const auto& n) {
+          return n.beat && n.beat->health.contains(m) && !n.beat->health.at(m).healthy;
+        });
+      },
+      10s));
   // A bake long enough for a heartbeat made after the apply (heartbeat times are whole
   // seconds: up to 1 s and an interval later) to be judged.
   auto p = policy({"1"}, 2500ms);

@@ -129,8 +129,10 @@ struct rollout_event {
 
 /// A wave's health figures from the nodes' last heartbeats: the canaries (the record's canaries,
 /// on its candidate) and the baseline (the other live nodes that follow the module, on its
-/// stable version). Only heartbeats made after `since` count (their time is whole seconds: a
-/// later second), so that a heartbeat from before the wave applied is not taken for the wave's.
+/// stable version). A canary's heartbeat counts only when made after `since` (its time is whole
+/// seconds: a later second), so that one from before the wave applied is not taken for the
+/// wave's; a baseline node's last heartbeat counts whenever it was made (it runs the stable
+/// version throughout), so that the baseline is there from the first look.
 struct wave_samples {
   std::vector<health_sample> canaries;
   std::vector<health_sample> baseline;
