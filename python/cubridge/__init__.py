@@ -28,6 +28,10 @@ With a GPU, beside torch or CuPy (which use the device's primary context):
     >>> with cubridge.Sandbox("libvendor.so") as box:      # or in a process of its own
     ...     status, reply = box.call("entry", b"request", buffers=[cubridge.SharedMemory(n)])
     >>> endpoint = cubridge.UpdateEndpoint(hot, [keys.public_key])  # signed pushes, HTTP
+    >>> agent = cubridge.FleetAgent(hot, [keys.public_key], node="node-1",  # or a fleet node
+    ...                             node_key_file="node-1.key", health_probe=check_answers)
+    >>> cubridge.FleetController(operator_keys=[keys.public_key]).rollout_waves(
+    ...     bundle, keys.secret_key, waves=["1", "50%"], bake_s=30)  # from the operator's side
 
 Failures raise subclasses of :class:`cubridge.Error`, which carry the C++ error's fields.
 """
@@ -49,8 +53,14 @@ from ._cubridge import (BundleManifest, Context, ContextRef, Device, DeviceView,
                         generate_keypair, kernel_signature, scoped_current, sign_bundle,
                         unmangled_name, verify_bundle)
 from ._errors import (BundleError, CompileError, ContextResetError, DriverUnavailable, Error,
-                      GuestError, ImageError, IOFailure, LaunchArgumentError, PreconditionError,
+                      FleetError, GuestError, ImageError, IOFailure, LaunchArgumentError, PreconditionError,
                       SandboxError, VersionRejected)
+
+# The fleet's two sides, where the extension was built with the fleet layer (libnats): always in
+# the wheel and in builds by scripts/setup; `has_fleet` says.
+has_fleet: bool = _cubridge.has_fleet
+if has_fleet:
+    from ._cubridge import FleetAgent, FleetController
 
 # The version of the C++ library this package wraps (CMakeLists.txt's project version, the one
 # place it is written; the package metadata reads it from there too).
@@ -103,5 +113,5 @@ __all__ = [
     "PublicKey", "SecretKey", "BundleManifest", "VerifiedBundle", "Error", "DriverUnavailable",
     "ImageError", "LaunchArgumentError", "ContextResetError", "VersionRejected",
     "PreconditionError", "IOFailure", "CompileError", "BundleError", "GuestError",
-    "SandboxError",
-]
+    "SandboxError", "FleetError", "has_fleet",
+] + (["FleetAgent", "FleetController"] if has_fleet else [])

@@ -140,6 +140,22 @@ class SandboxError(Error):
         self.restart_ms = restart_ms
 
 
+class FleetError(Error):
+    """The fleet's bus or control state refused a call (:class:`cubridge.FleetController`).
+
+    Attributes:
+        reason: ``"unreachable"`` (no server answered), ``"refused"`` (the server refused this
+            identity), ``"nats_failed"``, ``"config_mismatch"``, ``"oversized"`` (a bundle over
+            the server's largest message), ``"conflict"`` (another writer changed the desired
+            state first), ``"older_version"`` (a lower version outside a rollback) or
+            ``"invalid_state"`` (nothing to resume or abort; a record that does not verify).
+    """
+
+    def __init__(self, message: str, *, reason: str = "", **fields) -> None:
+        super().__init__(message, **fields)
+        self.reason = reason
+
+
 def _make(class_name: str, message: str, fields: dict) -> Error:
     """The exception the extension raises for a C++ error (called from C++ only)."""
     return globals()[class_name](message, **fields)

@@ -5,12 +5,14 @@
 #include <cubridge/bundle/bundle.hpp>
 #include <cubridge/compile/compile.hpp>
 #include <cubridge/core/error.hpp>
+#include <cubridge/fleet/error.hpp>
 #include <cubridge/isolation/guest_context.hpp>
 #include <cubridge/isolation/sandbox.hpp>
 #include <cubridge/swap/error.hpp>
 
 #include <nanobind/stl/string.h>
 
+#include <cctype>
 #include <chrono>
 #include <exception>
 #include <string>
@@ -34,6 +36,20 @@ const char* source_name(error_source source) {
       return "cubridge";
   }
   return "cubridge";
+}
+
+bool is_fleet_error(const error& e) {
+  return e.domain() != nullptr && e.domain()->layer() == fleet_error_domain.layer();
+}
+
+/// FleetError's reason: the code's name in lower case without the domain's prefix
+/// ("CUBRIDGE_FLEET_CONFLICT" -> "conflict").
+std::string fleet_reason(int code) {
+  std::string name(fleet_error_domain.name(code));
+  constexpr std::string_view prefix = "CUBRIDGE_FLEET_";
+  if (name.starts_with(prefix)) name.erase(0, prefix.size());
+  for (auto& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return name;
 }
 
 /// The fields every cubridge error has, as keyword arguments of cubridge.Error.
@@ -61,6 +77,7 @@ const char* class_of(const error& e) {
   if (dynamic_cast<const launch_argument_error*>(&e)) return "LaunchArgumentError";
   if (dynamic_cast<const context_reset_error*>(&e)) return "ContextResetError";
   if (dynamic_cast<const version_rejected_error*>(&e)) return "VersionRejected";
+  if (is_fleet_error(e)) return "FleetError";
   if (e.is(errc::precondition)) return "PreconditionError";
   if (e.is(errc::io)) return "IOFailure";
   return "Error";
@@ -83,6 +100,7 @@ nb::object exception_of(const error& e) {
     fields["restarted"] = s->restarted();
     fields["restart_ms"] = std::chrono::duration<double, std::milli>(s->restart_duration()).count();
   }
+  if (is_fleet_error(e)) fields["reason"] = fleet_reason(e.code());
   if (const auto* c = dynamic_cast<const compile_error*>(&e)) {
     fields["source_name"] = c->source_name();
     fields["architecture"] = c->architecture();

@@ -2,6 +2,12 @@
 // puts Python's idiom on top; everything here calls the C++ API, nothing is done twice.
 #include "bindings.hpp"
 #include "doctor.hpp"
+#ifndef CUBRIDGE_PYTHON_FLEET
+#define CUBRIDGE_PYTHON_FLEET 0  // python/CMakeLists.txt sets it where the fleet layer is built
+#endif
+#if CUBRIDGE_PYTHON_FLEET
+#include "fleet_bindings.hpp"
+#endif
 
 #include <cubridge/compile/machine_code.hpp>
 #include <cubridge/core/compute_capability.hpp>
@@ -64,6 +70,11 @@ NB_MODULE(_cubridge, m) {
   bind_isolation(m);
   bind_sandbox(m);
   bind_update_endpoint(m);
+#if CUBRIDGE_PYTHON_FLEET
+  bind_fleet_controller(m);
+  bind_fleet_agent(m);
+#endif
+  m.attr("has_fleet") = CUBRIDGE_PYTHON_FLEET != 0;
   // Argument types the launch path remembers are let go before the interpreter finalises, so no
   // user class (nor what it refers to) outlives it.
   nb::module_::import_("atexit").attr("register")(

@@ -107,3 +107,54 @@ def guest_library(tmp_path_factory) -> pathlib.Path:
                     "-cudart", "static", "-gencode", "arch=compute_90,code=sm_90",
                     f"-I{REPO / 'include'}", "-o", str(out), str(GUEST_LIBRARY)], check=True)
     return out
+
+
+# --- the fleet: a real nats-server, and the C++ test node where the CMake build made it --------
+
+def _nats_server_binary() -> str:
+    for candidate in (os.environ.get("NATS_SERVER"), shutil.which("nats-server"),
+                      "/usr/sbin/nats-server"):
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    pytest.skip("no nats-server ($NATS_SERVER, PATH, /usr/sbin): scripts/setup installs it")
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def nats_server(tmp_path):
+    """A JetStream nats-server of its own on a free loopback port; yields its URL."""
+    import time
+    binary = _nats_server_binary()
+    port = _free_port()
+    log = tmp_path / "nats.log"
+    process = subprocess.Popen([binary, "-a", "127.0.0.1", "-p", str(port), "-js", "-sd",
+                                str(tmp_path / "jetstream"), "-l", str(log)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 20
+    while "Server is ready" not in (log.read_text() if log.exists() else ""):
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            pytest.fail(f"nats-server did not start: {log.read_text() if log.exists() else ''}")
+        time.sleep(0.05)
+    try:
+        yield f"nats://127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+@pytest.fixture(scope="session")
+def fleet_node_binary() -> pathlib.Path:
+    """tests/fleet/fleet_node.cpp as the CMake build made it: a fleet node over a recording sink
+    (no GPU). scripts/python-test names it in $CUBRIDGE_TEST_FLEET_NODE when build/ has it."""
+    path = _prebuilt("CUBRIDGE_TEST_FLEET_NODE")
+    if path is None:
+        pytest.skip("no $CUBRIDGE_TEST_FLEET_NODE (scripts/test builds it into "
+                    "build/tests/cubridge_test_fleet_node)")
+    return path

@@ -1,0 +1,335 @@
+// The node side of the fleet (fleet/agent.hpp) in a Python service: a fleet_agent over the
+// service's HotModules that reconciles them to the operator-signed desired state and sends
+// signed heartbeats, with a Python callable as the service's health probe. The agent's threads
+// touch Python only to call the probe, under the GIL; every agent is stopped at interpreter exit
+// (atexit), before Python can no longer be called.
+#include "bindings.hpp"
+#include "fleet_bindings.hpp"
+
+#include <cubridge/core/error.hpp>
+#include <cubridge/fleet/agent.hpp>
+#include <cubridge/update_swap/hot_module_sink.hpp>
+
+#include <nanobind/stl/map.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace nb = nanobind;
+
+namespace cubridge::python {
+namespace {
+
+constexpr const char* probe_contract =
+    "return True/False or a dict {'healthy': bool, 'values': {name: number}, 'detail': str}";
+
+/// What the probe answered, as a health_report; what it cannot be read as is unhealthy, saying
+/// why (a probe that answers nonsense must not pass a wave).
+health_report report_of(nb::handle answer) {
+  if (PyBool_Check(answer.ptr())) return {answer.ptr() == Py_True, {}, {}};
+  if (!PyDict_Check(answer.ptr()))
+    return {false, {}, "the health probe returned a " + type_name(answer.ptr()) + ": " +
+                           probe_contract};
+  health_report r;
+  for (auto [key, value] : nb::cast<nb::dict>(answer)) {
+    const auto name = nb::isinstance<nb::str>(key) ? nb::cast<std::string>(key) : std::string();
+    if (name == "healthy" && PyBool_Check(value.ptr())) {
+      r.healthy = value.ptr() == Py_True;
+    } else if (name == "detail" && nb::isinstance<nb::str>(value)) {
+      r.detail = nb::cast<std::string>(value);
+    } else if (name == "values" && PyDict_Check(value.ptr())) {
+      for (auto [n, v] : nb::cast<nb::dict>(value)) {
+        if (!nb::isinstance<nb::str>(n) || !(nb::isinstance<nb::float_>(v) || nb::isinstance<nb::int_>(v)))
+          return {false, {}, "the health probe's values must map names to numbers"};
+        r.values[nb::cast<std::string>(n)] = nb::cast<double>(v);
+      }
+    } else {
+      return {false, {}, "the health probe's answer has a key '" + nb::cast<std::string>(nb::str(key)) +
+                             "' of type " + type_name(value.ptr()) + ": " + probe_contract};
+    }
+  }
+  return r;
+}
+
+/// The agent's probe over the Python callable `probe` (borrowed: the FleetAgent holds it and
+/// outlives the agent's threads).
+health_probe_fn python_probe(PyObject* probe) {
+  return [probe](std::string_view module, std::uint64_t version) -> health_report {
+    if (!nb::is_alive()) return {false, {}, "the Python interpreter has exited"};
+    nb::gil_scoped_acquire gil;
+    try {
+      return report_of(nb::handle(probe)(std::string(module), version));
+    } catch (nb::python_error& e) {
+      const auto kind = type_name(e.type().ptr());
+      return {false, {}, "the health probe raised " + kind + ": " + nb::cast<std::string>(nb::str(e.value()))};
+    } catch (const std::exception& e) {
+      return {false, {}, std::string("the health probe failed: ") + e.what()};
+    }
+  };
+}
+
+/// What FleetAgent takes besides its modules and keys.
+struct agent_settings {
+  bus_settings bus;
+  std::string node;
+  std::string node_key_file;
+  bool allow_readable_key = false;
+  std::vector<std::string> modules;
+  std::string cohort;
+  double heartbeat_interval_s = 5;
+  double resync_interval_s = 2;
+  std::string state_file;
+  bool persist_state = true;
+  std::map<std::string, std::uint64_t> version_floor;
+  bool require_expiry = false;
+};
+
+class py_fleet_agent;
+
+/// `work()` without the GIL, whether the caller holds it or not: the heartbeat thread may be
+/// waiting for it inside the probe while the caller waits for that thread (stop) or for the
+/// lock of the live agents that stop_all holds while it stops them.
+template <class Work>
+void without_gil(Work work) {
+  if (PyGILState_Check()) {
+    nb::gil_scoped_release unlocked;
+    work();
+  } else {
+    work();
+  }
+}
+
+/// The agents alive, stopped at interpreter exit (their threads must not call the probe then).
+struct live_agents {
+  std::mutex mutex;
+  std::set<py_fleet_agent*> agents;
+};
+live_agents& live() {
+  static auto* const all = new live_agents;  // never destroyed: an agent may outlive statics
+  return *all;
+}
+
+class py_fleet_agent {
+ public:
+  py_fleet_agent(nb::handle hot_modules, const std::vector<public_key>& keys,
+                 const agent_settings& s, nb::object probe)
+      : probe_(std::move(probe)), sink_(std::make_shared<hot_module_sink>()) {
+    if (nb::isinstance<py_hot_module>(hot_modules) ||
+        nb::isinstance<py_hot_module_group>(hot_modules)) {
+      add(hot_modules);
+    } else {
+      for (nb::handle h : hot_modules) add(h);
+    }
+    update_gate_options g;
+    for (const auto& k : keys) g.keys.add(k);
+    g.state_file = s.state_file;
+    g.persist_state = s.persist_state;
+    g.version_floor.insert(s.version_floor.begin(), s.version_floor.end());
+    g.require_expiry = s.require_expiry;
+    fleet_agent_options o;
+    o.bus = bus_options_of(s.bus);
+    o.node = s.node;
+    o.node_key_file = s.node_key_file;
+    o.allow_readable_key = s.allow_readable_key;
+    o.modules = s.modules;
+    o.cohort = s.cohort;
+    o.heartbeat_interval = milliseconds_of(s.heartbeat_interval_s, "heartbeat_interval_s");
+    o.resync_interval = milliseconds_of(s.resync_interval_s, "resync_interval_s");
+    if (!probe_.is_none()) {
+      CUBRIDGE_EXPECTS(PyCallable_Check(probe_.ptr()),
+                       "FleetAgent health_probe must be callable(module, version)");
+      o.health_probe = python_probe(probe_.ptr());
+    }
+    agent_ = std::make_unique<fleet_agent>(update_gate::create(sink_, std::move(g)), std::move(o));
+    without_gil([this] {
+      std::lock_guard lock(live().mutex);
+      live().agents.insert(this);
+    });
+  }
+  py_fleet_agent(const py_fleet_agent&) = delete;
+  py_fleet_agent& operator=(const py_fleet_agent&) = delete;
+  ~py_fleet_agent() {
+    without_gil([this] {
+      {
+        std::lock_guard lock(live().mutex);
+        live().agents.erase(this);
+      }
+      agent_->stop();
+    });
+  }
+
+  void start() {
+    nb::gil_scoped_release unlocked;  // the probe may be called at once, on another thread
+    agent_->start();
+  }
+  void stop() noexcept {
+    without_gil([this] { agent_->stop(); });
+  }
+  [[nodiscard]] const fleet_agent& get() const { return *agent_; }
+  [[nodiscard]] nb::list modules() const {
+    nb::list out;
+    for (const auto& m : modules_) out.append(m);
+    return out;
+  }
+
+  /// Every live agent stopped (atexit).
+  static void stop_all() {
+    std::lock_guard lock(live().mutex);
+    for (auto* agent : live().agents) agent->stop();
+  }
+
+ private:
+  void add(nb::handle hot_module) {
+    if (nb::isinstance<py_hot_module>(hot_module))
+      sink_->add(nb::cast<py_hot_module&>(hot_module).hot);
+    else if (nb::isinstance<py_hot_module_group>(hot_module))
+      sink_->add(nb::cast<py_hot_module_group&>(hot_module).group);
+    else
+      detail::throw_errc(errc::precondition, "cubridge.FleetAgent",
+                         std::string("a ") + type_name(hot_module.ptr()) +
+                             " is no HotModule or HotModuleGroup: the agent serves those");
+    modules_.push_back(nb::borrow(hot_module));
+  }
+
+  // Declared first, destroyed last: the agent's threads call the probe until agent_ is gone.
+  nb::object probe_;
+  std::vector<nb::object> modules_;
+  std::shared_ptr<hot_module_sink> sink_;
+  std::unique_ptr<fleet_agent> agent_;
+};
+
+nb::dict stats_of(const fleet_agent& a) {
+  const auto s = a.stats();
+  nb::dict d;
+  d["applied"] = s.applied;
+  d["duplicates"] = s.duplicates;
+  d["refused"] = s.refused;
+  d["retries"] = s.retries;
+  d["records_published"] = s.records_published;
+  d["publish_failures"] = s.publish_failures;
+  d["heartbeats"] = s.heartbeats;
+  d["connects"] = s.connects;
+  d["desired_refused"] = s.desired_refused;
+  return d;
+}
+
+void bind_agent_state(nb::class_<py_fleet_agent>& c) {
+  c.def_prop_ro(
+       "running", [](const py_fleet_agent& a) { return a.get().running(); },
+       "True between start() and stop().")
+      .def_prop_ro(
+          "connected", [](const py_fleet_agent& a) { return a.get().connected(); },
+          "Whether the agent is connected and watching the desired state.")
+      .def_prop_ro(
+          "connected_server", [](const py_fleet_agent& a) { return a.get().connected_server(); },
+          "The server in use (credentials cut out); '' while not connected.")
+      .def_prop_ro(
+          "last_problem", [](const py_fleet_agent& a) { return a.get().last_problem(); },
+          "Why the agent is not connected yet, in words; '' when it is.")
+      .def_prop_ro(
+          "converged",
+          [](const py_fleet_agent& a) {
+            nb::gil_scoped_release unlocked;
+            return a.get().converged();
+          },
+          "Whether every followed module serves what its desired state names for this node.")
+      .def_prop_ro(
+          "last_result",
+          [](const py_fleet_agent& a) -> nb::object {
+            const auto r = a.get().last_result();
+            return r ? from_json(fleet::to_json(*r)) : nb::none();
+          },
+          "The last result record published (a dict), or None.")
+      .def_prop_ro(
+          "stats", [](const py_fleet_agent& a) { return stats_of(a.get()); },
+          "{'applied', 'duplicates', 'refused', 'retries', 'records_published', "
+          "'publish_failures', 'heartbeats', 'connects', 'desired_refused'}.")
+      .def(
+          "metrics_text", [](const py_fleet_agent& a) { return a.get().metrics_text(); },
+          "The agent's Prometheus text: versions per module, promotions, refusals, connection.")
+      .def_prop_ro("hot_modules", &py_fleet_agent::modules, "The HotModules reconciled.");
+}
+
+}  // namespace
+
+void bind_fleet_agent(nb::module_& m) {
+  nb::class_<py_fleet_agent> c(
+      m, "FleetAgent",
+      "A fleet node in this process (docs/fleet.md, 'What a node does'): reconciles the "
+      "HotModules to the operator-signed desired state over NATS JetStream (fetch by digest, "
+      "verify with `public_keys`, smoke test, promote), and sends a heartbeat signed with the "
+      "node's key every heartbeat_interval_s with each module's launch counters and what "
+      "`health_probe(module, version)` answers. Runs on threads of its own; a context manager "
+      "(stops on exit).");
+  c.def(
+      "__init__",
+      [](py_fleet_agent* self, nb::handle hot_modules, const std::vector<public_key>& keys,
+         std::string node, std::string node_key_file, std::string servers,
+         std::string credentials, std::string ca_file, std::string api_prefix,
+         nb::object health_probe, std::vector<std::string> modules, std::string cohort,
+         double heartbeat_interval_s, double resync_interval_s, std::string state_file,
+         bool persist_state, std::map<std::string, std::uint64_t> version_floor,
+         bool require_expiry, bool allow_readable_key, bool start) {
+        const agent_settings s{
+            {std::move(servers), std::move(credentials), std::move(ca_file),
+             std::move(api_prefix), 1},
+            std::move(node), std::move(node_key_file), allow_readable_key, std::move(modules),
+            std::move(cohort), heartbeat_interval_s, resync_interval_s, std::move(state_file),
+            persist_state, std::move(version_floor), require_expiry};
+        new (self) py_fleet_agent(hot_modules, keys, s, std::move(health_probe));
+        if (start) self->start();
+      },
+      nb::arg("hot_modules"), nb::arg("public_keys"), nb::kw_only(), nb::arg("node"),
+      nb::arg("node_key_file"), nb::arg("servers") = "nats://127.0.0.1:4222",
+      nb::arg("credentials") = "", nb::arg("ca_file") = "", nb::arg("api_prefix") = "",
+      nb::arg("health_probe") = nb::none(), nb::arg("modules") = std::vector<std::string>{},
+      nb::arg("cohort") = "all", nb::arg("heartbeat_interval_s") = 5.0,
+      nb::arg("resync_interval_s") = 2.0, nb::arg("state_file") = "",
+      nb::arg("persist_state") = true,
+      nb::arg("version_floor") = std::map<std::string, std::uint64_t>{},
+      nb::arg("require_expiry") = false, nb::arg("allow_readable_key") = false,
+      nb::arg("start") = true,
+      "An agent for node `node` (enrolled with the public half of node_key_file) over "
+      "`hot_modules` (a HotModule, a HotModuleGroup or a list), applying bundles signed by "
+      "`public_keys`; starts unless start=False (start() returns at once also while no server "
+      "answers: the agent connects and catches up by itself). health_probe: called on the "
+      "heartbeat thread with the GIL, answers True/False or {'healthy': bool, 'values': {name: "
+      "number}, 'detail': str}; what it raises or answers otherwise reads as unhealthy. "
+      "state_file, persist_state, version_floor, require_expiry: the replay state and policy, "
+      "as UpdateEndpoint's.");
+  c.def("start", &py_fleet_agent::start,
+        "Starts the agent's threads. Raises PreconditionError when running already or for a bad "
+        "node id or module name, IOFailure for an unreadable key or credentials file.")
+      .def("stop", &py_fleet_agent::stop,
+           "Stops the threads (an apply in progress finishes) and closes the connection; the "
+           "modules keep serving what they have.")
+      .def("close", &py_fleet_agent::stop, "stop().")
+      .def(
+          "__enter__",
+          [](nb::handle self) {
+            auto& a = nb::cast<py_fleet_agent&>(self);
+            if (!a.get().running()) a.start();
+            return nb::borrow(self);
+          },
+          "Starts the agent unless it runs already; returns it.")
+      .def(
+          "__exit__", [](py_fleet_agent& a, nb::handle, nb::handle, nb::handle) { a.stop(); },
+          nb::arg("exc_type").none(), nb::arg("exc_value").none(), nb::arg("traceback").none(),
+          "stop().");
+  bind_agent_state(c);
+  nb::module_::import_("atexit").attr("register")(
+      nb::cpp_function([] { py_fleet_agent::stop_all(); }));
+}
+
+}  // namespace cubridge::python
