@@ -39,8 +39,9 @@ constexpr const char* probe_contract =
 health_report report_of(nb::handle answer) {
   if (PyBool_Check(answer.ptr())) return {answer.ptr() == Py_True, {}, {}};
   if (!PyDict_Check(answer.ptr()))
-    return {false, {}, "the health probe returned a " + type_name(answer.ptr()) + ": " +
-                           probe_contract};
+    return {false,
+            {},
+            "the health probe returned a " + type_name(answer.ptr()) + ": " + probe_contract};
   health_report r;
   for (auto [key, value] : nb::cast<nb::dict>(answer)) {
     const auto name = nb::isinstance<nb::str>(key) ? nb::cast<std::string>(key) : std::string();
@@ -50,13 +51,16 @@ health_report report_of(nb::handle answer) {
       r.detail = nb::cast<std::string>(value);
     } else if (name == "values" && PyDict_Check(value.ptr())) {
       for (auto [n, v] : nb::cast<nb::dict>(value)) {
-        if (!nb::isinstance<nb::str>(n) || !(nb::isinstance<nb::float_>(v) || nb::isinstance<nb::int_>(v)))
+        if (!nb::isinstance<nb::str>(n) ||
+            !(nb::isinstance<nb::float_>(v) || nb::isinstance<nb::int_>(v)))
           return {false, {}, "the health probe's values must map names to numbers"};
         r.values[nb::cast<std::string>(n)] = nb::cast<double>(v);
       }
     } else {
-      return {false, {}, "the health probe's answer has a key '" + nb::cast<std::string>(nb::str(key)) +
-                             "' of type " + type_name(value.ptr()) + ": " + probe_contract};
+      return {false,
+              {},
+              "the health probe's answer has a key '" + nb::cast<std::string>(nb::str(key)) +
+                  "' of type " + type_name(value.ptr()) + ": " + probe_contract};
     }
   }
   return r;
@@ -72,7 +76,9 @@ health_probe_fn python_probe(PyObject* probe) {
       return report_of(nb::handle(probe)(std::string(module), version));
     } catch (nb::python_error& e) {
       const auto kind = type_name(e.type().ptr());
-      return {false, {}, "the health probe raised " + kind + ": " + nb::cast<std::string>(nb::str(e.value()))};
+      return {false,
+              {},
+              "the health probe raised " + kind + ": " + nb::cast<std::string>(nb::str(e.value()))};
     } catch (const std::exception& e) {
       return {false, {}, std::string("the health probe failed: ") + e.what()};
     }
@@ -275,18 +281,25 @@ void bind_fleet_agent(nb::module_& m) {
   c.def(
       "__init__",
       [](py_fleet_agent* self, nb::handle hot_modules, const std::vector<public_key>& keys,
-         std::string node, std::string node_key_file, std::string servers,
-         std::string credentials, std::string ca_file, std::string api_prefix,
-         nb::object health_probe, std::vector<std::string> modules, std::string cohort,
-         double heartbeat_interval_s, double resync_interval_s, std::string state_file,
-         bool persist_state, std::map<std::string, std::uint64_t> version_floor,
-         bool require_expiry, bool allow_readable_key, bool start) {
-        const agent_settings s{
-            {std::move(servers), std::move(credentials), std::move(ca_file),
-             std::move(api_prefix), 1},
-            std::move(node), std::move(node_key_file), allow_readable_key, std::move(modules),
-            std::move(cohort), heartbeat_interval_s, resync_interval_s, std::move(state_file),
-            persist_state, std::move(version_floor), require_expiry};
+         std::string node, std::string node_key_file, std::string servers, std::string credentials,
+         std::string ca_file, std::string api_prefix, nb::object health_probe,
+         std::vector<std::string> modules, std::string cohort, double heartbeat_interval_s,
+         double resync_interval_s, std::string state_file, bool persist_state,
+         std::map<std::string, std::uint64_t> version_floor, bool require_expiry,
+         bool allow_readable_key, bool start) {
+        const agent_settings s{{std::move(servers), std::move(credentials), std::move(ca_file),
+                                std::move(api_prefix), 1},
+                               std::move(node),
+                               std::move(node_key_file),
+                               allow_readable_key,
+                               std::move(modules),
+                               std::move(cohort),
+                               heartbeat_interval_s,
+                               resync_interval_s,
+                               std::move(state_file),
+                               persist_state,
+                               std::move(version_floor),
+                               require_expiry};
         new (self) py_fleet_agent(hot_modules, keys, s, std::move(health_probe));
         if (start) self->start();
       },

@@ -133,9 +133,9 @@ fleet::wave_policy wave_policy_of(const wave_settings& s) {
   p.deadline = milliseconds_of(s.deadline_s, "deadline_s");
   p.cohort = s.cohort;
   if (s.max_failure_rate) {
-    CUBRIDGE_EXPECTS(std::isfinite(*s.max_failure_rate) && *s.max_failure_rate >= 0 &&
-                         *s.max_failure_rate <= 1,
-                     "max_failure_rate must be a fraction from 0 to 1");
+    CUBRIDGE_EXPECTS(
+        std::isfinite(*s.max_failure_rate) && *s.max_failure_rate >= 0 && *s.max_failure_rate <= 1,
+        "max_failure_rate must be a fraction from 0 to 1");
     p.limits.max_failure_rate = *s.max_failure_rate;
   }
   for (const auto& [name, limit] : s.max_metrics) {
@@ -249,8 +249,8 @@ void bind_controller_calls(nb::class_<py_fleet_controller>& c) {
       .def(
           "abort",
           [](py_fleet_controller& self, const std::string& module, const secret_key& key) {
-            return from_json(fleet::to_json(
-                self.run([&](controller_ref c) { return c.abort(module, key); })));
+            return from_json(
+                fleet::to_json(self.run([&](controller_ref c) { return c.abort(module, key); })));
           },
           nb::arg("module"), nb::arg("operator_key"),
           "Ends the module's wave rollout (every node back on the stable version); returns the "
@@ -259,8 +259,8 @@ void bind_controller_calls(nb::class_<py_fleet_controller>& c) {
           "rollback",
           [](py_fleet_controller& self, const std::string& module, const secret_key& key,
              std::uint64_t to_version) {
-            return from_json(fleet::to_json(self.run(
-                [&](controller_ref c) { return c.rollback(module, to_version, key); })));
+            return from_json(fleet::to_json(
+                self.run([&](controller_ref c) { return c.rollback(module, to_version, key); })));
           },
           nb::arg("module"), nb::arg("operator_key"), nb::kw_only(), nb::arg("to_version") = 0,
           "Makes an earlier stable version desired again (0: the one before the current one); "
@@ -302,7 +302,8 @@ void bind_controller_reads(nb::class_<py_fleet_controller>& c) {
       .def(
           "desired_history",
           [](py_fleet_controller& self, const std::string& module) {
-            const auto states = self.run([&](controller_ref c) { return c.desired_history(module); });
+            const auto states =
+                self.run([&](controller_ref c) { return c.desired_history(module); });
             nb::list out;
             for (const auto& s : states) out.append(from_json(fleet::to_json(s)));
             return out;
@@ -352,10 +353,12 @@ void bind_fleet_controller(nb::module_& m) {
       [](py_fleet_controller* self, std::string servers, std::vector<public_key> operator_keys,
          std::string credentials, std::string ca_file, std::string api_prefix, int replicas,
          double connect_timeout_s, double request_timeout_s, double read_deadline_s) {
-        const controller_settings s{
-            {std::move(servers), std::move(credentials), std::move(ca_file),
-             std::move(api_prefix), replicas},
-            std::move(operator_keys), connect_timeout_s, request_timeout_s, read_deadline_s};
+        const controller_settings s{{std::move(servers), std::move(credentials), std::move(ca_file),
+                                     std::move(api_prefix), replicas},
+                                    std::move(operator_keys),
+                                    connect_timeout_s,
+                                    request_timeout_s,
+                                    read_deadline_s};
         new (self) py_fleet_controller(s);
       },
       nb::arg("servers") = "nats://127.0.0.1:4222", nb::kw_only(),
@@ -371,8 +374,7 @@ void bind_fleet_controller(nb::module_& m) {
   c.def("close", &py_fleet_controller::close, "Closes the connection; later calls raise.")
       .def("__enter__", [](nb::handle self) { return nb::borrow(self); })
       .def(
-          "__exit__",
-          [](py_fleet_controller& c, nb::handle, nb::handle, nb::handle) { c.close(); },
+          "__exit__", [](py_fleet_controller& c, nb::handle, nb::handle, nb::handle) { c.close(); },
           nb::arg("exc_type").none(), nb::arg("exc_value").none(), nb::arg("traceback").none());
 }
 
