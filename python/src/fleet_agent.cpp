@@ -189,10 +189,14 @@ class py_fleet_agent {
     return out;
   }
 
-  /// Every live agent stopped (atexit).
+  /// Every live agent stopped (atexit). The lock is taken without the GIL, as the destructor
+  /// takes it: a thread destroying an agent holds the lock while it waits for that agent's
+  /// heartbeat thread, which may be waiting for the GIL inside the probe.
   static void stop_all() {
-    std::lock_guard lock(live().mutex);
-    for (auto* agent : live().agents) agent->stop();
+    without_gil([] {
+      std::lock_guard lock(live().mutex);
+      for (auto* agent : live().agents) agent->stop();
+    });
   }
 
  private:
