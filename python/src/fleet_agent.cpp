@@ -75,7 +75,7 @@ health_probe_fn python_probe(PyObject* probe) {
     try {
       return report_of(nb::handle(probe)(std::string(module), version));
     } catch (nb::python_error& e) {
-      const auto kind = type_name(e.type().ptr());
+      const auto kind = type_name(e.value().ptr());  // the exception's class
       return {false,
               {},
               "the health probe raised " + kind + ": " + nb::cast<std::string>(nb::str(e.value()))};
