@@ -13,26 +13,14 @@ import time
 import pytest
 
 import cubridge
+from fleet_support import eventually as _eventually
+from fleet_support import write_secret as _write_secret
 
 pytestmark = pytest.mark.skipif(not cubridge.has_fleet,
                                 reason="the extension was built without the fleet layer (libnats)")
 
 MODULE = "filters"
 SOURCE = b'extern "C" __global__ void k(float* x) { x[0] = 1.0f; }\n'
-
-
-def _eventually(condition, timeout: float = 20.0, what: str = "the condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what} did not hold within {timeout} s")
-        time.sleep(0.05)
-
-
-def _write_secret(path: pathlib.Path, key: cubridge.SecretKey) -> pathlib.Path:
-    path.write_text(key.to_text())
-    path.chmod(0o600)
-    return path
 
 
 class Fleet:

@@ -13,6 +13,7 @@ import time
 import pytest
 
 import cubridge
+import fleet_support
 
 pytestmark = [
     pytest.mark.skipif(not cubridge.driver_available(), reason="no CUDA driver here"),
@@ -33,19 +34,15 @@ extern "C" __global__ void tag(float* out, const float* in, int* version, int n)
 N = 1024
 
 
+def _eventually(condition, what: str) -> None:
+    fleet_support.eventually(condition, timeout=30.0, what=what)
+
+
 @pytest.fixture(scope="module")
 def torch():
     torch = pytest.importorskip("torch")
     torch.zeros(1, device="cuda")
     return torch
-
-
-def _eventually(condition, timeout: float = 30.0, what: str = "the condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what} did not hold within {timeout} s")
-        time.sleep(0.05)
 
 
 class Service:
@@ -102,9 +99,7 @@ def _enrolled_agent(control, operator, node: str, hot, probe, servers: str, fold
                     **options) -> cubridge.FleetAgent:
     """A FleetAgent for `node` over `hot` with `probe`, its key enrolled by the operator."""
     keys = cubridge.generate_keypair()
-    key_file = folder / f"{node}.key"
-    key_file.write_text(keys.secret_key.to_text())
-    key_file.chmod(0o600)
+    key_file = fleet_support.write_secret(folder / f"{node}.key", keys.secret_key)
     control.enroll(node, keys.public_key, operator_key=operator.secret_key)
     return cubridge.FleetAgent(hot, [operator.public_key], node=node, node_key_file=str(key_file),
                                servers=servers, health_probe=probe, persist_state=False, **options)
