@@ -12,6 +12,7 @@
 #include <cubridge/bundle/detail/signing.hpp>
 #include <cubridge/core/detail/printable.hpp>
 #include <cubridge/core/error.hpp>
+#include <cubridge/core/log.hpp>
 #include <cubridge/fleet/agent.hpp>
 #include <cubridge/fleet/desired_state.hpp>
 #include <cubridge/fleet/signed_record.hpp>
@@ -21,10 +22,12 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <cstdio>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <random>
+#include <shared_mutex>
 #include <thread>
 
 namespace cubridge {
@@ -51,6 +54,15 @@ std::chrono::milliseconds fetch_wait(std::uint64_t size) {
   // given up early is sent again, one more copy queued on the server (seen in bench_fleet at
   // 1,000 nodes).
   return api_wait + std::chrono::milliseconds((size >> 10) * 4);
+}
+
+// A run's id: 64 random bits as 16 hex digits.
+std::string new_boot_id() {
+  std::random_device device;
+  const std::uint64_t bits = (std::uint64_t{device()} << 32) ^ device();
+  char text[17];
+  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(bits));
+  return text;
 }
 
 }  // namespace
@@ -84,6 +96,10 @@ struct fleet_agent::impl {
   std::optional<secret_key> node_key;
   std::vector<std::string> modules;  // followed, fixed at start()
 
+  // The link: made and replaced by the worker only; the heartbeat thread and the accessors read
+  // it under a shared lock (a connection the client library closed is replaced by a new one).
+  mutable std::shared_mutex link_mutex;
+  nats::connect_options link_options;
   nats::connection_ptr connection;
   nats::jetstream_ptr js;
   nats::kv_store_ptr bucket;
@@ -103,9 +119,16 @@ struct fleet_agent::impl {
   std::map<std::string, std::uint64_t> acted_on;  // per module: the revision last acted on
   std::map<std::string, bool> converged_now;      // per module
   std::string problem;                            // why not ready
+  std::string last_problem;                       // the last one noted, kept once solved
+
+  // This run of the agent, as its heartbeats name it (records.hpp: boot, sequence, started).
+  std::string boot;
+  std::chrono::sys_seconds started{};
+  std::uint64_t sequence = 0;  // the heartbeat thread's only
 
   std::atomic<std::uint64_t> applied{0}, duplicates{0}, refused{0}, retries{0},
-      records_published{0}, publish_failures{0}, heartbeats{0}, connects{0}, desired_refused{0};
+      records_published{0}, publish_failures{0}, heartbeats{0}, connects{0}, desired_refused{0},
+      links_replaced{0};
 
   bool pause(std::chrono::milliseconds delay) {
     std::unique_lock lock(wake_mutex);
@@ -132,7 +155,14 @@ struct fleet_agent::impl {
     return stopping;
   }
   bool link_up() const {
+    std::shared_lock lock(link_mutex);
     return connection && natsConnection_Status(connection.get()) == NATS_CONN_STATUS_CONNECTED;
+  }
+  // Whether the client library gave the connection up for good (it closes one after the same
+  // authentication error twice, e.g. handshakes timing out on a server busy with a connect
+  // storm): only a new connection helps then.
+  bool link_closed() const {
+    return !connection || natsConnection_IsClosed(connection.get());
   }
   std::chrono::system_clock::time_point now() const {
     const auto& clock = gate->options().clock;
@@ -149,8 +179,15 @@ struct fleet_agent::impl {
   }
   void note_problem(std::string text) {
     std::lock_guard lock(state_mutex);
+    if (!text.empty() && text != last_problem) {
+      log::warn("fleet agent of node '" + options.node + "': " + text);
+      last_problem = text;
+    }
     problem = std::move(text);
   }
+  // Makes the link anew (the first time, or after the client library closed it): a fresh
+  // connection that keeps trying in the background, and its JetStream context.
+  void open_link();
 
   void choose_modules();
   void set_up();
@@ -166,7 +203,7 @@ struct fleet_agent::impl {
   void count(const gate_decision& d);
   bool publish_record(module_follow& f);
   void run_heartbeats();
-  fleet::heartbeat heartbeat_now() const;
+  fleet::heartbeat heartbeat_now();
   fleet::module_health health_of(const module_report& report) const;
 };
 
@@ -258,11 +295,61 @@ void fleet_agent::impl::read_desired(module_follow& f) {
     take(f, value->value);
 }
 
+void fleet_agent::impl::open_link() {
+  std::string why;
+  {
+    std::shared_lock lock(link_mutex);
+    if (connection) {
+      const char* text = nullptr;
+      const auto status = natsConnection_GetLastError(connection.get(), &text);
+      why = std::string(natsStatus_GetText(status)) + (text && *text ? std::string(": ") + text : "");
+    }
+  }
+  // Out of the lock: a first attempt may take the connect timeout.
+  auto fresh = nats::connect(link_options);
+  auto fresh_js = nats::jetstream(fresh.get(), api_wait, options.bus.api_prefix);
+  std::unique_lock lock(link_mutex);
+  getter.reset();
+  bucket.reset();
+  for (auto& f : follows) f.watcher.reset();
+  ready = false;
+  if (connection) {
+    ++links_replaced;
+    note_problem("the client library closed the connection to " +
+                 fleet::redact_server_list(options.bus.servers) + " (" + why +
+                 "): connecting again");
+  }
+  js = std::move(fresh_js);
+  connection = std::move(fresh);
+}
+
 void fleet_agent::impl::run_worker() {
-  int set_up_failures = 0;
+  int set_up_failures = 0, link_failures = 0;
   follows.clear();
   for (const auto& m : modules) follows.push_back({m});
+  // Nodes that boot together (a rack powered on, every node after a server restart) do not
+  // knock on the server together.
+  if (options.connect_jitter.count() > 0) {
+    thread_local std::minstd_rand random{std::random_device{}()};
+    if (pause(std::chrono::milliseconds(std::uniform_int_distribution<std::int64_t>(
+            0, options.connect_jitter.count())(random))))
+      return;
+  }
   while (!stop_requested()) {
+    if (link_closed()) {
+      try {
+        open_link();
+        link_failures = 0;
+      } catch (const std::exception& e) {
+        note_problem(std::string("cannot connect: ") + e.what());
+      }
+      // Jittered exponential backoff before the next look, forever: a closed link again soon
+      // after is not retried in a tight loop.
+      if (link_closed() || link_failures > 0) {
+        if (pause(nats::reconnect_delay(++link_failures))) return;
+        continue;
+      }
+    }
     if (!ready) {
       try {
         if (!link_up())
@@ -493,7 +580,7 @@ fleet::module_health fleet_agent::impl::health_of(const module_report& report) c
   return h;
 }
 
-fleet::heartbeat fleet_agent::impl::heartbeat_now() const {
+fleet::heartbeat fleet_agent::impl::heartbeat_now() {
   fleet::heartbeat h;
   h.node = options.node;
   h.cohort = options.cohort;
@@ -505,9 +592,12 @@ fleet::heartbeat fleet_agent::impl::heartbeat_now() const {
   for (const auto& report : gate->sink().status())
     if (h.versions.contains(report.name)) h.health[report.name] = health_of(report);
   h.connected = true;  // sent only while connected
+  h.boot = boot;
+  h.started = started;
   std::lock_guard lock(state_mutex);
   for (const auto& [m, revision] : acted_on) h.revisions[m] = revision;
   h.last_result = last;
+  h.problem = problem;
   return h;
 }
 
@@ -516,8 +606,12 @@ void fleet_agent::impl::run_heartbeats() {
   do {
     if (!ready || !link_up()) continue;
     try {
-      const auto text = fleet::sign_record(fleet::record_kind::heartbeat,
-                                           fleet::to_json(heartbeat_now()), *node_key);
+      std::shared_lock lock(link_mutex);
+      if (!js) continue;
+      auto beat = heartbeat_now();
+      beat.sequence = ++sequence;  // a beat that fails to go out leaves a gap, never a repeat
+      const auto text =
+          fleet::sign_record(fleet::record_kind::heartbeat, fleet::to_json(beat), *node_key);
       nats::publish(js.get(), connection.get(), subject,
                     std::as_bytes(std::span(text.data(), text.size())), "heartbeat", {}, api_wait);
       ++heartbeats;
@@ -569,12 +663,14 @@ void fleet_agent::start() {
   // file names; resolved once, for every JetStream context of the agent.
   d.options.bus.api_prefix = fleet::api_prefix_of(d.options.bus);
   d.gate->start();  // the replay state, before anything is applied
-  nats::connect_options c;
+  d.boot = new_boot_id();
+  d.started = std::chrono::floor<std::chrono::seconds>(d.now());
+  d.sequence = 0;
+  auto& c = d.link_options;
   c.bus = d.options.bus;
   c.name = "cubridge-agent-" + d.options.node;
   c.retry_on_failed_connect = true;  // a service starts while the server is down
-  d.connection = nats::connect(c);
-  d.js = nats::jetstream(d.connection.get(), api_wait, d.options.bus.api_prefix);
+  (void)nats::make_options(c);       // a CA or credentials file it cannot use: the caller's error
   {
     std::lock_guard lock(d.wake_mutex);
     d.stopping = false;
@@ -598,6 +694,7 @@ void fleet_agent::stop() noexcept {
   d.ready = false;
   d.getter.reset();
   d.bucket.reset();
+  std::unique_lock lock(d.link_mutex);
   d.js.reset();
   d.connection.reset();
   d.is_running = false;
@@ -613,7 +710,8 @@ bool fleet_agent::connected() const noexcept {
 
 std::string fleet_agent::connected_server() const {
   if (!connected()) return {};
-  return nats::connected_url(impl_->connection.get());
+  std::shared_lock lock(impl_->link_mutex);
+  return impl_->connection ? nats::connected_url(impl_->connection.get()) : std::string();
 }
 
 std::string fleet_agent::last_problem() const {
@@ -623,8 +721,9 @@ std::string fleet_agent::last_problem() const {
 
 fleet_agent_stats fleet_agent::stats() const noexcept {
   const auto& d = *impl_;
-  return {d.applied,          d.duplicates, d.refused,  d.retries,        d.records_published,
-          d.publish_failures, d.heartbeats, d.connects, d.desired_refused};
+  return {d.applied,          d.duplicates, d.refused,         d.retries,
+          d.records_published, d.publish_failures, d.heartbeats, d.connects,
+          d.desired_refused,  d.links_replaced};
 }
 
 bool fleet_agent::converged() const {
@@ -670,6 +769,20 @@ std::string fleet_agent::metrics_text() const {
   counter("cubridge_fleet_agent_heartbeats_total", "Heartbeats published.", d.heartbeats);
   counter("cubridge_fleet_agent_publish_failures_total",
           "Result records that could not go out at once (retried).", d.publish_failures);
+  counter("cubridge_fleet_agent_links_replaced_total",
+          "Connections the client library closed for good and the agent made anew.",
+          d.links_replaced);
+  out.family("cubridge_fleet_agent_problem",
+             "1 while the agent has a problem (why not connected or converged), with the last "
+             "problem noted as its label (kept once solved, with the value 0).",
+             metric_type::gauge);
+  {
+    std::lock_guard lock(d.state_mutex);
+    if (!d.last_problem.empty())
+      out.sample(d.problem.empty() ? 0u : 1u,
+                 {{"problem", cubridge::detail::printable(d.last_problem,
+                                                          {.max_bytes = 200, .quoted = false})}});
+  }
   return std::move(out).str();
 }
 

@@ -246,46 +246,95 @@ std::vector<desired_state> controller::desired_history(std::string_view module) 
   return out;
 }
 
+bool controller::impl::read_heartbeats(const node_registry& registry,
+                                       steady_clock_deadline deadline, read_report* report) {
+  const std::string stream(heartbeat_stream);
+  jsStreamInfo* raw_info = nullptr;
+  jsErrCode js_code = static_cast<jsErrCode>(0);
+  const auto status = js_GetStreamInfo(&raw_info, js.get(), stream.c_str(), nullptr, &js_code);
+  const detail::stream_info_ptr info(raw_info);
+  if (status == NATS_NOT_FOUND) return true;  // no node ever beat
+  detail::check(status, "js_GetStreamInfo", "stream " + stream, js_code);
+  const std::uint64_t last = info->State.LastSeq;
+  if (last <= heartbeats_read_to) return true;
+  if (!heartbeats) {
+    // One ordered consumer, from the first message the stream keeps: every heartbeat in the
+    // server's order with its receive time, and each read after this one takes only what is new.
+    jsSubOptions so;
+    jsSubOptions_Init(&so);
+    so.Stream = stream.c_str();
+    so.Ordered = true;
+    so.Config.DeliverPolicy = js_DeliverAll;
+    natsSubscription* raw = nullptr;
+    const std::string filter = std::string(heartbeat_subject_prefix) + ">";
+    detail::check(js_SubscribeSync(&raw, js.get(), filter.c_str(), nullptr, &so, &js_code),
+                  "js_SubscribeSync", "ordered consumer of stream " + stream, js_code);
+    heartbeats.reset(raw);
+  }
+  while (heartbeats_read_to < last) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return false;
+    natsMsg* raw = nullptr;
+    const auto next = natsSubscription_NextMsg(&raw, heartbeats.get(), left.count());
+    const detail::message_ptr message(raw);
+    if (next == NATS_TIMEOUT) return false;
+    detail::check(next, "natsSubscription_NextMsg", "ordered consumer of stream " + stream);
+    jsMsgMetaData* raw_meta = nullptr;
+    if (natsMsg_GetMetaData(&raw_meta, message.get()) != NATS_OK) continue;
+    const std::unique_ptr<jsMsgMetaData, decltype(&jsMsgMetaData_Destroy)> meta(
+        raw_meta, &jsMsgMetaData_Destroy);
+    heartbeats_read_to = meta->Sequence.Stream;
+    const std::string_view subject = natsMsg_GetSubject(message.get());
+    const auto node = subject.substr(std::min(subject.size(), heartbeat_subject_prefix.size()));
+    const auto* enrolled = registry.find(node);
+    if (!enrolled) continue;  // a node not enrolled: never read
+    record_refusal refusal;
+    const auto opened = open_record(detail::message_text(message.get()), record_kind::heartbeat,
+                                    trusted_keys{enrolled->key}, &refusal);
+    std::optional<heartbeat> beat;
+    if (opened) beat = parse_heartbeat(opened->body);
+    if (!beat || beat->node != node) {
+      count_refusal(report, opened ? "malformed heartbeat" : "heartbeat not signed by its node");
+      continue;  // a forged heartbeat changes nothing
+    }
+    const auto received =
+        std::chrono::system_clock::time_point(std::chrono::duration_cast<
+                                              std::chrono::system_clock::duration>(
+            std::chrono::nanoseconds(meta->Timestamp)));
+    const auto verdict = ledger.take(*beat, received);
+    if (verdict == heartbeat_verdict::replayed || verdict == heartbeat_verdict::earlier_run)
+      count_refusal(report, "heartbeat going back (" + std::string(to_string(verdict)) + ")");
+  }
+  return true;
+}
+
 std::vector<node_state> controller::nodes(std::chrono::system_clock::time_point now,
                                           read_report* report) const {
   const auto deadline = steady::now() + impl_->options.read_deadline;
   const auto registry = this->registry();
+  const bool complete = impl_->read_heartbeats(registry, deadline, report);
+  if (!complete && report) report->complete = false;
   std::vector<node_state> out;
-  const std::string stream(heartbeat_stream);
   for (const auto& [id, entry] : registry.nodes) {
     node_state state;
     state.node = id;
     state.labels = entry.labels;
-    if (steady::now() > deadline) {
-      state.problem = "not read within the read deadline";
-      if (report) report->complete = false;
+    const auto* seen = impl_->ledger.find(id);
+    if (!seen) {
+      state.problem = complete ? "no heartbeat" : "not read within the read deadline";
       out.push_back(std::move(state));
       continue;
     }
-    const auto message = detail::last_message(impl_->js.get(), stream, heartbeat_subject(id));
-    if (!message) {
-      state.problem = "no heartbeat";
-      out.push_back(std::move(state));
-      continue;
-    }
-    record_refusal refusal;
-    const auto opened = open_record(detail::message_text(message.get()), record_kind::heartbeat,
-                                    trusted_keys{entry.key}, &refusal);
-    std::optional<heartbeat> beat;
-    if (opened) beat = parse_heartbeat(opened->body);
-    if (!beat || beat->node != id) {
-      state.problem = "heartbeat refused: " +
-                      (opened ? std::string("malformed or naming another node") : refusal.why);
-      count_refusal(report, opened ? "malformed heartbeat" : "heartbeat not signed by its node");
-      out.push_back(std::move(state));
-      continue;
-    }
-    const auto age = std::chrono::duration_cast<std::chrono::seconds>(now - beat->time);
-    state.age = std::max(age, std::chrono::seconds(0));
-    // Heartbeat times are whole seconds: a second of allowance, or a node beating faster than
-    // once a second would flicker between live and not.
-    state.live = now - beat->time < 3 * beat->interval + std::chrono::seconds(1);
-    state.beat = std::move(*beat);
+    state.received = seen->received;
+    state.age = std::max(std::chrono::duration_cast<std::chrono::seconds>(now - seen->received),
+                         std::chrono::seconds(0));
+    state.live = heartbeat_ledger::live(seen->received, seen->beat.interval, now);
+    state.clock_skew = std::chrono::duration_cast<std::chrono::seconds>(
+        seen->beat.time - std::chrono::floor<std::chrono::seconds>(seen->received));
+    state.restarts = seen->restarts;
+    state.replayed = seen->refused;
+    state.beat = seen->beat;
     out.push_back(std::move(state));
   }
   return out;

@@ -15,6 +15,8 @@
 
 namespace cubridge::fleet {
 
+using steady_clock_deadline = std::chrono::steady_clock::time_point;
+
 struct controller::impl {
   controller_options options;
   detail::connection_ptr connection;
@@ -22,6 +24,17 @@ struct controller::impl {
   detail::kv_store_ptr bucket;
   std::vector<std::string> warnings;
   bool open = false;
+  /// The heartbeat stream, read in order by an ordered consumer made on the first nodes(), and
+  /// what its heartbeats told so far.
+  detail::subscription_ptr heartbeats;
+  std::uint64_t heartbeats_read_to = 0;  // the stream sequence of the last message taken
+  heartbeat_ledger ledger;
+
+  /// Takes the heartbeats the stream received since the last call, up to what it holds now,
+  /// into `ledger`, each verified with the key `registry` holds for the node its subject names;
+  /// refusals counted in `report`. False when the deadline came first.
+  bool read_heartbeats(const node_registry& registry, steady_clock_deadline deadline,
+                       read_report* report);
 
   /// Throws errc::precondition unless `name` is a fleet name.
   static void require_name(std::string_view name, std::string_view what);

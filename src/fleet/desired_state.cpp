@@ -104,6 +104,8 @@ json plan_json(const wave_plan& p) {
           {"deadline_ms", p.deadline_ms},
           {"max_failure_rate", p.max_failure_rate},
           {"max_metrics", p.max_metrics},
+          {"baseline_breach", p.baseline_breach_halts ? "halt" : "bake_on"},
+          {"max_missed_heartbeats", p.max_missed_heartbeats},
           {"halted", p.halted}};
 }
 
@@ -170,6 +172,21 @@ std::optional<wave_plan> read_plan(const json& j, reader& r) {
       }
       p.max_metrics[name] = limit.get<double>();
     }
+  }
+  // Both optional: a record of 0.1.0 has neither.
+  if (const auto breach = w.find("baseline_breach"); breach != w.end()) {
+    if (!breach->is_string() || (*breach != "halt" && *breach != "bake_on"))
+      r.fail("'waves.baseline_breach' is neither \"halt\" nor \"bake_on\"");
+    else
+      p.baseline_breach_halts = *breach == "halt";
+  }
+  if (const auto missed = w.find("max_missed_heartbeats"); missed != w.end()) {
+    if (!missed->is_number_unsigned() || missed->get<std::uint64_t>() == 0 ||
+        missed->get<std::uint64_t>() > max_missed_heartbeats_limit)
+      r.fail("'waves.max_missed_heartbeats' is not a whole number from 1 to " +
+             std::to_string(max_missed_heartbeats_limit));
+    else
+      p.max_missed_heartbeats = static_cast<std::uint32_t>(missed->get<std::uint64_t>());
   }
   const auto halted = w.find("halted");
   if (halted == w.end() || !halted->is_boolean())

@@ -284,7 +284,8 @@ std::string ensure_result_stream(jsCtx* js, int replicas) {
 
 std::string ensure_heartbeat_stream(jsCtx* js, int replicas) {
   constexpr int64_t hour_ns = int64_t{3600} * 1000 * 1000 * 1000;
-  stream_spec spec{std::string(heartbeat_stream), {"cubridge.heartbeat.>"}, 1, hour_ns};
+  stream_spec spec{
+      std::string(heartbeat_stream), {"cubridge.heartbeat.>"}, heartbeats_kept, hour_ns};
   spec.max_msg_size = max_record_message;
   spec.max_bytes = int64_t{64} << 20;
   spec.replicas = replicas;

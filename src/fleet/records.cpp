@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 
 namespace cubridge::fleet {
@@ -184,6 +185,12 @@ std::string to_json(const result_record& record) {
   return dump(record_json(record));
 }
 
+bool is_boot_id(std::string_view boot) noexcept {
+  return boot.size() == 16 && std::all_of(boot.begin(), boot.end(), [](char c) {
+           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+         });
+}
+
 std::string to_json(const heartbeat& beat) {
   json versions = json::object(), revisions = json::object();
   std::size_t listed = 0;
@@ -213,6 +220,12 @@ std::string to_json(const heartbeat& beat) {
          {"revisions", std::move(revisions)},
          {"connected", beat.connected},
          {"last_result", beat.last_result ? record_json(*beat.last_result) : json(nullptr)}};
+  if (!beat.boot.empty()) {
+    j["boot"] = bounded(beat.boot, 16);
+    j["sequence"] = beat.sequence;
+    j["started"] = cubridge::detail::format_time(beat.started);
+  }
+  if (!beat.problem.empty()) j["problem"] = bounded(beat.problem, max_record_detail);
   return dump(j);
 }
 
@@ -272,6 +285,22 @@ std::optional<heartbeat> parse_heartbeat(std::string_view text) {
   if (!last->is_null()) {
     h.last_result = record_of(*last);
     if (!h.last_result) return std::nullopt;
+  }
+  // Optional together: a node that predates them sends none.
+  if (j->contains("boot")) {
+    const auto boot = text_field(*j, "boot", 16);
+    const auto sequence = count_field(*j, "sequence");
+    const auto started = time_field(*j, "started");
+    if (!boot || !is_boot_id(*boot) || !sequence || *sequence == 0 || !started)
+      return std::nullopt;
+    h.boot = *boot;
+    h.sequence = *sequence;
+    h.started = *started;
+  }
+  if (j->contains("problem")) {
+    const auto problem = text_field(*j, "problem", max_record_detail);
+    if (!problem) return std::nullopt;
+    h.problem = *problem;
   }
   return h;
 }

@@ -1,7 +1,9 @@
 // The canary-against-baseline analysis of a wave (wave_analysis.hpp).
 #include <cubridge/fleet/wave_analysis.hpp>
 
+#include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <optional>
 
 namespace cubridge::fleet {
@@ -13,24 +15,40 @@ std::string number(double value) {
   return text;
 }
 
-// A fraction of the nodes (sticky errors, unhealthy probes) on each side, and the first canary
-// that has it.
+// The median of `values` (the mean of the middle two for an even count); nullopt for none.
+std::optional<double> median(std::vector<double> values) {
+  if (values.empty()) return std::nullopt;
+  std::sort(values.begin(), values.end());
+  const auto n = values.size();
+  return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
+}
+
+// A fraction of the nodes (sticky errors, unhealthy probes) on one side, the first node that
+// has it, and every node that has it.
 struct share {
   double fraction = 0;
   std::string first;
+  std::vector<std::string> nodes;
 };
 
 template <class Has>
 share share_of(std::span<const health_sample> samples, Has has) {
   share s;
-  std::size_t count = 0;
   for (const auto& sample : samples)
-    if (has(sample.health)) {
-      if (count++ == 0) s.first = sample.node;
-    }
+    if (has(sample.health)) s.nodes.push_back(sample.node);
+  if (!s.nodes.empty()) s.first = s.nodes.front();
   if (!samples.empty())
-    s.fraction = static_cast<double>(count) / static_cast<double>(samples.size());
+    s.fraction = static_cast<double>(s.nodes.size()) / static_cast<double>(samples.size());
   return s;
+}
+
+// The baseline's share with its baseline_trim() worst nodes left out: one node that always says
+// "unhealthy" moves it by nothing.
+double trimmed_fraction(const share& s, std::size_t count) {
+  const auto trim = baseline_trim(count);
+  if (count <= trim) return 0;
+  const auto kept = s.nodes.size() > trim ? s.nodes.size() - trim : 0;
+  return static_cast<double>(kept) / static_cast<double>(count - trim);
 }
 
 const health_sample* find(std::span<const health_sample> samples, std::string_view node) {
@@ -70,10 +88,17 @@ std::string worst_for(std::span<const health_sample> samples, std::string_view m
   return node;
 }
 
+std::string joined(const std::vector<std::string>& nodes) {
+  std::string out;
+  for (const auto& n : nodes) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+
 // What the signals below share: the verdict they add to, the first failure kept.
 struct judging {
   std::span<const health_sample> canaries, baseline;
   wave_verdict& v;
+  bool baseline_breach_halts = true;
   std::string against;  // " against 3 baseline node(s) at ", or "(no node on the old version...)"
 
   void fail(std::string node, std::string signal, std::string reason) const {
@@ -86,51 +111,99 @@ struct judging {
   [[nodiscard]] std::string baseline_text(const std::string& value) const {
     return against + (baseline.empty() ? "" : value);
   }
+  // The baseline breached `signal` on its own (its median node): noted, and the rollout halted
+  // for review unless the limits bake on through a fleet-wide dip.
+  void baseline_breached(const std::string& signal, const std::vector<std::string>& nodes,
+                         const std::string& figures) const {
+    for (const auto& n : nodes)
+      if (std::find(v.baseline_breaching.begin(), v.baseline_breaching.end(), n) ==
+          v.baseline_breaching.end())
+        v.baseline_breaching.push_back(n);
+    if (!baseline_breach_halts) return;
+    fail(nodes.empty() ? std::string() : nodes.front(), "baseline_unhealthy",
+         "the baseline is unhealthy (" + signal + ": " + figures + "): nodes " + joined(nodes) +
+             "; halted for review, since the canaries cannot be judged against it");
+  }
 };
+
+// The nodes of `samples` whose own figure breaches: value(sample) > limit.
+template <class Value>
+std::vector<std::string> breaching(std::span<const health_sample> samples, Value value,
+                                   double limit) {
+  std::vector<std::string> out;
+  for (const auto& s : samples)
+    if (const auto x = value(s); x && *x > limit) out.push_back(s.node);
+  return out;
+}
+
+// A share signal (sticky errors, unhealthy probes): the canaries fail it when their share is
+// above the baseline's trimmed share; the baseline breaches when more than half of it has it.
+template <class Has>
+void judge_share(const judging& j, const std::string& figure, Has has,
+                 const std::string& signal_name,
+                 const std::function<std::string(const share&, double, double)>& describe) {
+  const auto c = share_of(j.canaries, has);
+  const auto b = share_of(j.baseline, has);
+  const double base = trimmed_fraction(b, j.baseline.size());
+  j.v.canary[figure] = c.fraction;
+  j.v.baseline[figure] = base;
+  const bool baseline_breaches = b.fraction > 0.5;
+  if (baseline_breaches)
+    j.baseline_breached(signal_name, b.nodes,
+                        std::to_string(b.nodes.size()) + " of " +
+                            std::to_string(j.baseline.size()) + " baseline node(s)");
+  if (c.fraction > base && !baseline_breaches)
+    j.fail(c.first, signal_name, describe(c, c.fraction, base));
+}
 
 // A context poisoned on a canary: its service can no longer use the GPU.
 void judge_sticky(const judging& j) {
-  const auto has = [](const module_health& h) { return !h.sticky_error.empty(); };
-  const auto c = share_of(j.canaries, has);
-  const auto b = share_of(j.baseline, has);
-  j.v.canary["sticky"] = c.fraction;
-  j.v.baseline["sticky"] = b.fraction;
-  if (c.fraction > b.fraction)
-    j.fail(c.first, "sticky_error",
-           "canary " + c.first + " has a sticky CUDA error (" +
-               find(j.canaries, c.first)->health.sticky_error + "): " + number(c.fraction * 100) +
-               "% of canaries" + j.baseline_text(number(b.fraction * 100) + "%"));
+  judge_share(j, "sticky", [](const module_health& h) { return !h.sticky_error.empty(); },
+              "sticky_error", [&j](const share& c, double canary, double base) {
+                return "canary " + c.first + " has a sticky CUDA error (" +
+                       find(j.canaries, c.first)->health.sticky_error + "): " +
+                       number(canary * 100) + "% of canaries" +
+                       j.baseline_text(number(base * 100) + "%");
+              });
 }
 
 // The service's own probe.
 void judge_probe(const judging& j) {
-  const auto unhealthy = [](const module_health& h) { return !h.healthy; };
-  const auto c = share_of(j.canaries, unhealthy);
-  const auto b = share_of(j.baseline, unhealthy);
-  j.v.canary["unhealthy"] = c.fraction;
-  j.v.baseline["unhealthy"] = b.fraction;
-  if (c.fraction <= b.fraction) return;
-  const auto& h = find(j.canaries, c.first)->health;
-  std::string values;
-  for (const auto& [name, value] : h.values) {
-    if (!values.empty()) values += ", ";
-    values += name;
-    values += '=';
-    values += number(value);
-  }
-  j.fail(c.first, "probe",
-         "canary " + c.first + "'s health probe says unhealthy" +
-             (h.detail.empty() ? "" : " (" + h.detail + ")") +
-             (values.empty() ? "" : " [" + values + "]") + ": " + number(c.fraction * 100) +
-             "% of canaries unhealthy" + j.baseline_text(number(b.fraction * 100) + "%"));
+  judge_share(j, "unhealthy", [](const module_health& h) { return !h.healthy; }, "probe",
+              [&j](const share& c, double canary, double base) {
+                const auto& h = find(j.canaries, c.first)->health;
+                std::string values;
+                for (const auto& [name, value] : h.values) {
+                  if (!values.empty()) values += ", ";
+                  values += name;
+                  values += '=';
+                  values += number(value);
+                }
+                return "canary " + c.first + "'s health probe says unhealthy" +
+                       (h.detail.empty() ? "" : " (" + h.detail + ")") +
+                       (values.empty() ? "" : " [" + values + "]") + ": " +
+                       number(canary * 100) + "% of canaries unhealthy" +
+                       j.baseline_text(number(base * 100) + "%");
+              });
 }
 
-// Launch failures per launch: the candidate's counts on the canaries, the window's on the
-// baseline.
+// A baseline node's launches and failures over the window.
+counter_mark window_of(const health_sample& b,
+                       const std::map<std::string, counter_mark, std::less<>>& baseline_start) {
+  counter_mark start;
+  if (const auto it = baseline_start.find(b.node);
+      it != baseline_start.end() && it->second.launches <= b.health.launches &&
+      it->second.failures <= b.health.launch_failures)
+    start = it->second;
+  return {b.health.launches - start.launches, b.health.launch_failures - start.failures};
+}
+
+// Launch failures per launch: the candidate's counts on the canaries (pooled), the window's on
+// the baseline (the median node's rate).
 void judge_failure_rate(const judging& j,
                         const std::map<std::string, counter_mark, std::less<>>& baseline_start,
                         double limit) {
-  std::uint64_t launches = 0, failures = 0, base_launches = 0, base_failures = 0;
+  std::uint64_t launches = 0, failures = 0;
   std::string worst_node;
   double worst_rate = -1;
   for (const auto& c : j.canaries) {
@@ -141,49 +214,70 @@ void judge_failure_rate(const judging& j,
       worst_node = c.node;
     }
   }
-  for (const auto& b : j.baseline) {
-    counter_mark start;
-    if (const auto it = baseline_start.find(b.node);
-        it != baseline_start.end() && it->second.launches <= b.health.launches &&
-        it->second.failures <= b.health.launch_failures)
-      start = it->second;
-    base_launches += b.health.launches - start.launches;
-    base_failures += b.health.launch_failures - start.failures;
-  }
+  const auto node_rate = [&](const health_sample& b) {
+    const auto w = window_of(b, baseline_start);
+    return rate(w.failures, w.launches);
+  };
+  std::vector<double> rates;
+  for (const auto& b : j.baseline)
+    if (const auto r = node_rate(b)) rates.push_back(*r);
   const auto canary_rate = rate(failures, launches);
-  const auto base_rate = rate(base_failures, base_launches);
+  const auto base_rate = median(rates);
   if (canary_rate) j.v.canary["failure_rate"] = *canary_rate;
   if (base_rate) j.v.baseline["failure_rate"] = *base_rate;
-  if (limit >= 0 && canary_rate && *canary_rate > limit && !(base_rate && *base_rate > limit))
+  if (limit < 0) return;
+  const bool baseline_breaches = base_rate && *base_rate > limit;
+  if (baseline_breaches)
+    j.baseline_breached("failure_rate",
+                        breaching(j.baseline, node_rate, limit),
+                        "median node " + number(*base_rate) + " over " + number(limit));
+  if (canary_rate && *canary_rate > limit && !baseline_breaches)
     j.fail(worst_node, "failure_rate",
            "canary launch failure rate " + number(*canary_rate) + " (" + std::to_string(failures) +
                " of " + std::to_string(launches) + ") is over " + number(limit) +
                j.baseline_text(base_rate ? number(*base_rate) : std::string("no launch")));
 }
 
-// The probe's named values, on average.
+// The probe's named values: the canaries on average, the baseline's median node.
 void judge_metrics(const judging& j, const std::map<std::string, double, std::less<>>& limits) {
   for (const auto& [metric, limit] : limits) {
     const std::string key = "metric:" + metric;
+    const auto value_of = [&metric](const health_sample& s) -> std::optional<double> {
+      const auto it = s.health.values.find(metric);
+      if (it == s.health.values.end()) return std::nullopt;
+      return it->second;
+    };
+    std::vector<double> values;
+    for (const auto& b : j.baseline)
+      if (const auto x = value_of(b)) values.push_back(*x);
     const auto canary_mean = mean_of(j.canaries, metric);
-    const auto base_mean = mean_of(j.baseline, metric);
+    const auto base_median = median(std::move(values));
     if (canary_mean) j.v.canary[key] = *canary_mean;
-    if (base_mean) j.v.baseline[key] = *base_mean;
-    if (canary_mean && *canary_mean > limit && !(base_mean && *base_mean > limit))
+    if (base_median) j.v.baseline[key] = *base_median;
+    const bool baseline_breaches = base_median && *base_median > limit;
+    if (baseline_breaches)
+      j.baseline_breached(key, breaching(j.baseline, value_of, limit),
+                          "median node " + number(*base_median) + " over " + number(limit));
+    if (canary_mean && *canary_mean > limit && !baseline_breaches)
       j.fail(worst_for(j.canaries, metric), key,
              "canary " + metric + " " + number(*canary_mean) + " on average is over " +
-                 number(limit) + j.baseline_text(base_mean ? number(*base_mean) : "none"));
+                 number(limit) +
+                 j.baseline_text(base_median ? number(*base_median) + " (median node)" : "none"));
   }
 }
 
 }  // namespace
+
+std::size_t baseline_trim(std::size_t count) noexcept {
+  return std::max<std::size_t>(1, count / 10);
+}
 
 wave_verdict analyse_wave(std::span<const health_sample> canaries,
                           std::span<const health_sample> baseline,
                           const std::map<std::string, counter_mark, std::less<>>& baseline_start,
                           const health_limits& limits) {
   wave_verdict v;
-  const judging j{canaries, baseline, v,
+  const judging j{canaries, baseline, v, limits.baseline_breach_halts,
                   baseline.empty()
                       ? " (no node on the old version to compare with)"
                       : " against " + std::to_string(baseline.size()) + " baseline node(s) at "};

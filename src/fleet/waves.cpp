@@ -52,7 +52,7 @@ std::vector<std::string> all_nodes_to(const wave_plan& plan, std::size_t wave) {
 }
 
 health_limits limits_of(const wave_plan& plan) {
-  return {plan.max_failure_rate, plan.max_metrics};
+  return {plan.max_failure_rate, plan.max_metrics, plan.baseline_breach_halts};
 }
 
 // One run of a module's waves, from the wave its desired state names to the end or a halt.
@@ -103,6 +103,7 @@ class wave_run {
       const auto started = cubridge::detail::parse_time(plan.started);
       deadline_ = (started ? system_clock::time_point(*started) : system_clock::now()) +
                   std::chrono::milliseconds(plan.deadline_ms);
+      runs_at_start_ = runs_of(control_.nodes());
       if (!wait_until_applied(wave) || !bake(wave)) return;
       event(wave, "passed", "healthy for " + seconds_text(std::chrono::milliseconds(plan.bake_ms)));
       if (wave + 2 >= plan.sizes.size()) {  // the next wave is every node: the candidate is stable
@@ -177,8 +178,73 @@ class wave_run {
     return true;
   }
 
+  // Which run of each node (boot id, restarts seen) the wave started with.
+  struct run_mark {
+    std::string boot;
+    std::uint64_t restarts = 0;
+  };
+  static std::map<std::string, run_mark, std::less<>> runs_of(const std::vector<node_state>& all) {
+    std::map<std::string, run_mark, std::less<>> out;
+    for (const auto& n : all)
+      if (n.beat) out[n.node] = {n.beat->boot, n.restarts};
+    return out;
+  }
+
+  // The evidence the bake stands on: every node of the wave heard from throughout it, on the
+  // candidate, in the run it had when the wave started. A node that went silent, restarted or
+  // left the candidate fails the wave; missing evidence is never taken for health. Returns the
+  // first such node's signal and reason; `sampled` says whether every node was heard from on
+  // the candidate since `applied`.
+  struct evidence {
+    std::string node, signal, reason;
+    bool sampled = true;
+  };
+  evidence check_evidence(const std::vector<node_state>& all, system_clock::time_point applied,
+                          system_clock::time_point now) const {
+    const auto& plan = *report_.desired.waves;
+    evidence e;
+    for (const auto& canary : report_.desired.canaries) {
+      const auto it = std::find_if(all.begin(), all.end(),
+                                   [&](const node_state& n) { return n.node == canary; });
+      const node_state* n = it == all.end() ? nullptr : &*it;
+      const auto interval = n && n->beat ? n->beat->interval : std::chrono::milliseconds(5000);
+      const auto allowed = plan.max_missed_heartbeats * interval + std::chrono::seconds(1);
+      const auto heard = n && n->beat ? std::max(n->received, applied) : applied;
+      const auto fail = [&](std::string signal, std::string reason) {
+        if (!e.signal.empty()) return;
+        e.node = canary;
+        e.signal = std::move(signal);
+        e.reason = "canary " + canary + " " + std::move(reason);
+      };
+      if (const auto mark = runs_at_start_.find(canary);
+          n && n->beat && mark != runs_at_start_.end() &&
+          (n->restarts > mark->second.restarts ||
+           (!mark->second.boot.empty() && n->beat->boot != mark->second.boot)))
+        fail("canary_restarted", "restarted during the wave (run " + mark->second.boot + " became " +
+                                     n->beat->boot + "): a version that kills its process fails");
+      if (now - heard > allowed)
+        fail("canary_lost",
+             "sent no heartbeat for " +
+                 seconds_text(std::chrono::duration_cast<std::chrono::milliseconds>(now - heard)) +
+                 " (the server's receive times; " + std::to_string(plan.max_missed_heartbeats) +
+                 " interval(s) of " + seconds_text(interval) +
+                 " and a second allowed): a canary that stops reporting is not healthy");
+      const bool fresh = n && n->beat && n->received > applied;
+      if (!fresh) {
+        e.sampled = false;
+        continue;
+      }
+      const auto h = n->beat->versions.find(report_.desired.module);
+      const auto serving = h == n->beat->versions.end() ? 0 : h->second;
+      if (serving != plan.candidate.version)
+        fail("canary_left", "left the candidate v" + std::to_string(plan.candidate.version) +
+                                ": it serves v" + std::to_string(serving));
+    }
+    return e;
+  }
+
   // The bake: the wave's nodes stay healthy against the baseline for the bake time after they
-  // all applied; false when the rollout halted.
+  // all applied, each heard from throughout; false when the rollout halted.
   bool bake(std::size_t wave) {
     const auto& plan = *report_.desired.waves;
     const auto limits = limits_of(plan);
@@ -187,11 +253,18 @@ class wave_run {
     std::map<std::string, counter_mark, std::less<>> start;
     bool first = true;
     for (;;) {
-      const auto samples = sample_wave(report_.desired, control_.nodes(), applied);
+      const auto all = control_.nodes();
+      const auto now = system_clock::now();
+      const auto samples = sample_wave(report_.desired, all, applied);
       if (first) {  // the baseline's window starts with the bake
         for (const auto& b : samples.baseline)
           start[b.node] = {b.health.launches, b.health.launch_failures};
         first = false;
+      }
+      const auto proof = check_evidence(all, applied, now);
+      if (!proof.signal.empty()) {
+        halt_at(wave, proof.signal, proof.node, proof.reason);
+        return false;
       }
       report_.last_verdict = analyse_wave(samples.canaries, samples.baseline, start, limits);
       if (report_.last_verdict.failed) {
@@ -199,16 +272,17 @@ class wave_run {
         halt_at(wave, verdict.signal, verdict.node, verdict.reason);
         return false;
       }
-      const auto now = system_clock::now();
-      if (now >= done) return true;
+      // Passed only on evidence: the bake is over and every node was heard from since.
+      if (now >= done && proof.sampled) return true;
       if (now >= deadline_) {
         halt_at(wave, "deadline", "",
                 "the wave did not finish its bake before its deadline (" +
                     seconds_text(std::chrono::milliseconds(plan.deadline_ms)) + ")");
         return false;
       }
+      const auto next = now >= done ? now + timing_.poll : std::min(done, deadline_);
       std::this_thread::sleep_for(
-          std::min<system_clock::duration>(timing_.poll, std::min(done, deadline_) - now));
+          std::min<system_clock::duration>(timing_.poll, std::min(next, deadline_) - now));
     }
   }
 
@@ -222,6 +296,7 @@ class wave_run {
   result_watch watch_;
   wave_policy_timing timing_;
   system_clock::time_point deadline_;
+  std::map<std::string, run_mark, std::less<>> runs_at_start_;
 };
 
 // The plan of `policy` for `p` over the nodes that qualify now, starting at wave 0.
@@ -245,6 +320,8 @@ wave_plan plan_for(const prepared_bundle& p, const wave_policy& policy,
   plan.deadline_ms = static_cast<std::uint64_t>(policy.deadline.count());
   plan.max_failure_rate = policy.limits.max_failure_rate;
   plan.max_metrics = policy.limits.max_metrics;
+  plan.baseline_breach_halts = policy.limits.baseline_breach_halts;
+  plan.max_missed_heartbeats = policy.max_missed_heartbeats;
   return plan;
 }
 
@@ -255,15 +332,14 @@ wave_samples sample_wave(const desired_state& state, const std::vector<node_stat
   wave_samples out;
   if (!state.waves) return out;
   const auto stable = state.stable ? state.stable->version : 0;
-  const auto after = std::chrono::floor<std::chrono::seconds>(since);
   for (const auto& node : nodes) {
     if (!node.live || !node.beat) continue;
     const auto h = node.beat->health.find(state.module);
     if (h == node.beat->health.end()) continue;
     const bool canary = std::binary_search(state.canaries.begin(), state.canaries.end(), node.node);
-    // A canary's heartbeat from before the wave applied may speak of an earlier run of the same
-    // version; a baseline node's last one speaks of the stable version whenever it was made.
-    if (canary && node.beat->time <= after) continue;
+    // A canary's heartbeat received before the wave applied may speak of an earlier run of the
+    // same version; a baseline node's last one speaks of the stable version whenever it was made.
+    if (canary && node.received <= since) continue;
     if (canary && h->second.version == state.waves->candidate.version)
       out.canaries.push_back({node.node, h->second});
     else if (!canary && stable != 0 && h->second.version == stable)
@@ -329,6 +405,10 @@ rollout_report controller::rollout_waves(std::span<const std::byte> bytes,
       "interval must be positive");
   CUBRIDGE_EXPECTS(policy.limits.max_failure_rate <= 1,
                    "wave policy: the failure rate limit is a fraction, at most 1");
+  CUBRIDGE_EXPECTS(policy.max_missed_heartbeats >= 1 &&
+                       policy.max_missed_heartbeats <= max_missed_heartbeats_limit,
+                   "wave policy: max_missed_heartbeats is 1 to " +
+                       std::to_string(max_missed_heartbeats_limit));
   const auto keys = d.keys_with(operator_key);
   const auto p = prepare(bytes, keys);
   const auto& module = p.module();

@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <future>
 #include <memory>
 #include <string>
 #include <vector>
@@ -215,6 +216,113 @@ TEST_F(FleetProcesses, AReimagedNodeAndALateJoinerConverge) {
   node.start(server.url(), key_file, module);
   const auto took = time_to_serve(1, 30s);
   EXPECT_LT(took, 5s) << "the reimaged node converged after " << took.count() << " ms";
+}
+
+// --- a wave passes only on evidence -------------------------------------------------------
+
+class FleetDeadCanaries : public FleetProcesses {
+ protected:
+  // Three nodes on v1, each seen live by the controller; then a wave rollout of v2 with its
+  // first wave of one node (n01) and a bake of `bake`, run on a thread of its own.
+  std::future<rollout_report> start_waves(std::chrono::milliseconds bake) {
+    start_nodes(3);
+    EXPECT_TRUE(all_applied(roll_out(1), 3));
+    EXPECT_TRUE(eventually([&] {
+      const auto seen = control->nodes();
+      return seen.size() == 3 && std::all_of(seen.begin(), seen.end(), [](const auto& s) {
+               return s.live && s.beat && s.beat->versions.count("filters") &&
+                      s.beat->versions.at("filters") == 1;
+             });
+    }));
+    cubridge::fleet::wave_policy policy;  // default analysis settings: 3 missed intervals
+    policy.waves = {"1", "100%"};
+    policy.bake = bake;
+    return std::async(std::launch::async, [this, policy] {
+      return control->rollout_waves(bundle(2), policy, keys.secret_key);
+    });
+  }
+  void expect_nobody_else_ran_v2() {
+    for (std::size_t i = 1; i < nodes.size(); ++i)
+      EXPECT_FALSE(nodes[i]->has_line("apply 2")) << nodes[i]->id();
+  }
+};
+
+TEST_F(FleetDeadCanaries, ACanaryKilledOnceInItsBakeFailsTheWaveAsLost) {
+  auto rollout = start_waves(30s);
+  ASSERT_TRUE(nodes[0]->wait_line("promoted 2")) << nodes[0]->exit_text();
+  nodes[0]->kill();  // and never comes back
+  const auto killed = steady::now();
+  ASSERT_EQ(rollout.wait_for(60s), std::future_status::ready);
+  const auto report = rollout.get();
+  const auto took = steady::now() - killed;
+  EXPECT_FALSE(report.completed);
+  EXPECT_EQ(report.halt_signal, "canary_lost") << report.halt_reason;
+  EXPECT_EQ(report.halt_node, "n01");
+  EXPECT_NE(report.halt_reason.find("canary n01 sent no heartbeat"), std::string::npos)
+      << report.halt_reason;
+  // 3 intervals of 1 s and a second allowed, then the next look: well inside the 30 s bake.
+  EXPECT_LT(took, 15s);
+  const auto state = control->desired(module);
+  ASSERT_TRUE(state);
+  EXPECT_EQ(state->state.phase, cubridge::fleet::rollout_phase::halted);
+  EXPECT_EQ(state->state.stable->version, 1u);
+  expect_nobody_else_ran_v2();
+}
+
+TEST_F(FleetDeadCanaries, ACanaryInACrashLoopFailsTheWaveAsRestarted) {
+  auto rollout = start_waves(30s);
+  ASSERT_TRUE(nodes[0]->wait_line("promoted 2")) << nodes[0]->exit_text();
+  // Killed and started again at once, each time it serves the candidate, until the rollout
+  // ends: every run sends a fresh "healthy" heartbeat on the candidate.
+  while (rollout.wait_for(0s) != std::future_status::ready) {
+    nodes[0]->kill();
+    nodes[0]->start(server.url(), key_file, module);
+    (void)eventually([&] {
+      return nodes[0]->has_line("promoted 2") || nodes[0]->has_line("duplicate") ||
+             rollout.wait_for(0s) == std::future_status::ready;
+    }, 20s);
+    (void)eventually([&] { return rollout.wait_for(0s) == std::future_status::ready; }, 1500ms);
+  }
+  const auto report = rollout.get();
+  EXPECT_FALSE(report.completed);
+  EXPECT_TRUE(report.halt_signal == "canary_restarted" || report.halt_signal == "canary_lost")
+      << report.halt_signal << ": " << report.halt_reason;
+  EXPECT_EQ(report.halt_node, "n01");
+  expect_nobody_else_ran_v2();
+}
+
+// --- nodes always come back -----------------------------------------------------------------
+
+TEST_F(FleetProcesses, NodesStartedAllAtOnceAllConnectAndAllComeBackAfterAServerRestart) {
+  // As many node processes as a loaded 2-core machine holds with room: all at once.
+  constexpr std::size_t storm = 40;
+  for (std::size_t i = 0; i < storm; ++i) {
+    const auto number = i + 1;
+    nodes.push_back(std::make_unique<fleet_node_process>(
+        (number < 10 ? "n0" : "n") + std::to_string(number), dir.path));
+    control->enroll(nodes.back()->id(), nodes.back()->public_key(), {}, keys.secret_key);
+  }
+  for (auto& n : nodes) n->start(server.url(), key_file, module);
+  const auto all_live = [&] {
+    const auto seen = control->nodes();
+    return std::count_if(seen.begin(), seen.end(), [](const auto& s) { return s.live; }) ==
+           static_cast<std::ptrdiff_t>(storm);
+  };
+  EXPECT_TRUE(eventually(all_live, 30s)) << "not every node of the storm connected within 30 s";
+  control.reset();
+  server.kill();
+  server.start();
+  connect();
+  const auto restarted = std::chrono::system_clock::now();
+  EXPECT_TRUE(eventually(
+      [&] {
+        const auto seen = control->nodes();
+        return std::count_if(seen.begin(), seen.end(), [&](const auto& s) {
+                 return s.live && s.received > restarted;
+               }) == static_cast<std::ptrdiff_t>(storm);
+      },
+      30s))
+      << "not every node came back within 30 s of the server's restart";
 }
 
 }  // namespace

@@ -2,7 +2,7 @@
 // real nats-server, with agents whose services report health through a probe. Waves advance
 // only after their bake; a node of a later wave never fetches the candidate early; a probe that
 // fails on one canary halts the first wave and no other node ever runs the version; a fleet-wide
-// dip does not halt; the progress deadline halts a stuck wave; resume and abort; a controller
+// dip halts for review (or bakes on when asked); the progress deadline halts a stuck wave; resume and abort; a controller
 // killed mid-rollout is carried on from the same wave; forged health is ignored and counted.
 #include "fleet/fleet_fixture.hpp"
 
@@ -144,7 +144,7 @@ TEST_F(FleetWaves, AProbeFailingOnTheCanaryHaltsTheFirstWaveAndNoOtherNodeEverRu
   EXPECT_TRUE(converge(everyone, m, 2)) << serving_text(everyone, m);
 }
 
-TEST_F(FleetWaves, AFleetWideDipDoesNotHalt) {
+TEST_F(FleetWaves, AFleetWideDipHaltsForReviewByDefaultAndBakesOnWhenAsked) {
   const auto everyone = fleet_of(3);
   probes.everywhere = true;  // the old version and the new one both report unhealthy
   // ... and the controller has seen the baseline say so before the wave starts.
@@ -156,16 +156,26 @@ TEST_F(FleetWaves, AFleetWideDipDoesNotHalt) {
         });
       },
       10s));
-  // A bake long enough for a heartbeat made after the apply (heartbeat times are whole
-  // seconds: up to 1 s and an interval later) to be judged.
+  // By default a baseline that breaches on its own halts: the canary cannot be judged.
   auto p = policy({"1"}, 2500ms);
   p.limits.max_metrics["wrong_answers"] = 1;
-  const auto report = control->rollout_waves(bundle(m, 2), p, operator_keys.secret_key);
+  const auto halted = control->rollout_waves(bundle(m, 2), p, operator_keys.secret_key);
+  EXPECT_FALSE(halted.completed);
+  EXPECT_EQ(halted.halt_signal, "baseline_unhealthy") << halted.halt_reason;
+  EXPECT_NE(halted.halt_reason.find("the baseline is unhealthy"), std::string::npos)
+      << halted.halt_reason;
+  EXPECT_TRUE(converge(everyone, m, 1)) << serving_text(everyone, m);
+  (void)control->abort(m, operator_keys.secret_key);
+  // Asked to bake on through a dip: not the candidate's fault. A bake long enough for a
+  // heartbeat made after the apply (heartbeat times are whole seconds: up to 1 s and an
+  // interval later) to be judged.
+  p.limits.baseline_breach_halts = false;
+  const auto report = control->rollout_waves(bundle(m, 3), p, operator_keys.secret_key);
   ASSERT_TRUE(report.completed) << report.halt_reason;
   EXPECT_EQ(report.last_verdict.canary.at("unhealthy"), 1.0);
   EXPECT_EQ(report.last_verdict.baseline.at("unhealthy"), 1.0);
   EXPECT_EQ(report.last_verdict.baseline.at("metric:wrong_answers"), 12.0);
-  EXPECT_TRUE(converge(everyone, m, 2)) << serving_text(everyone, m);
+  EXPECT_TRUE(converge(everyone, m, 3)) << serving_text(everyone, m);
 }
 
 TEST_F(FleetWaves, OneWaveOfEveryNodeIsAPlainPublish) {
@@ -323,7 +333,7 @@ fleet::health_sample sample(const std::string& node, std::uint64_t launches, std
   return s;
 }
 
-TEST(WaveAnalysis, ACanaryWorseThanTheBaselineFailsAndADipEverywhereDoesNot) {
+TEST(WaveAnalysis, ACanaryWorseThanTheBaselineFailsAndADipEverywhereHaltsForReview) {
   fleet::health_limits limits;
   limits.max_failure_rate = 0.01;
   const std::vector canaries{sample("c1", 1000, 50)};
@@ -336,11 +346,20 @@ TEST(WaveAnalysis, ACanaryWorseThanTheBaselineFailsAndADipEverywhereDoesNot) {
   EXPECT_EQ(v.node, "c1");
   EXPECT_DOUBLE_EQ(v.canary.at("failure_rate"), 0.05);
   EXPECT_DOUBLE_EQ(v.baseline.at("failure_rate"), 0.0);  // the window's: nothing new failed
-  // The baseline as bad over the same window: not the candidate's fault.
+  // The baseline as bad over the same window: not the candidate's fault, but nothing to judge it
+  // against either: halted for review by default, baked on when the limits say so.
   const std::vector bad_baseline{sample("b1", 2000, 61), sample("b2", 2000, 40)};
   v = fleet::analyse_wave(canaries, bad_baseline, start, limits);
+  EXPECT_TRUE(v.failed);
+  EXPECT_EQ(v.signal, "baseline_unhealthy");
+  EXPECT_NE(v.reason.find("the baseline is unhealthy"), std::string::npos) << v.reason;
+  EXPECT_NE(v.reason.find("b1, b2"), std::string::npos) << v.reason;
+  EXPECT_DOUBLE_EQ(v.baseline.at("failure_rate"), 0.05);  // the median of 0.06 and 0.04
+  auto bake_on = limits;
+  bake_on.baseline_breach_halts = false;
+  v = fleet::analyse_wave(canaries, bad_baseline, start, bake_on);
   EXPECT_FALSE(v.failed) << v.reason;
-  EXPECT_DOUBLE_EQ(v.baseline.at("failure_rate"), 0.05);
+  EXPECT_EQ(v.baseline_breaching, (std::vector<std::string>{"b1", "b2"}));
   // A baseline node that restarted (counters went down) counts from zero.
   const std::vector restarted{sample("b1", 10, 0), sample("b2", 2000, 0)};
   v = fleet::analyse_wave(canaries, restarted, start, limits);
@@ -371,6 +390,67 @@ TEST(WaveAnalysis, StickyErrorsAndProbesCountAlwaysAndMetricsOnAverage) {
   fast.health.values["p99_us"] = 100;
   v = fleet::analyse_wave(std::vector{slow, fast}, {}, {}, limits);
   EXPECT_FALSE(v.failed) << v.reason;  // 500: at the limit
+}
+
+// One baseline node that lies (a stolen key, or broken) cannot mask a failing canary: its
+// figure is one of the median's, or trimmed from a share.
+TEST(WaveAnalysis, OneLyingBaselineNodeDoesNotMaskAFailingCanary) {
+  fleet::health_limits limits;
+  limits.max_metrics["wrong_answers"] = 0;
+  limits.max_failure_rate = 0.01;
+  auto bad_canary = sample("c1", 1000, 100, false);
+  bad_canary.health.values["wrong_answers"] = 7;
+  bad_canary.health.detail = "7 wrong answers";
+  const auto honest = [](const std::string& node) {
+    auto b = sample(node, 1000, 0);
+    b.health.values["wrong_answers"] = 0;
+    return b;
+  };
+  // A metric of 1e9 and a failure rate of 1 from one of three baseline nodes.
+  auto liar = sample("b3", 1000, 1000);
+  liar.health.values["wrong_answers"] = 1e9;
+  std::vector baseline{honest("b1"), honest("b2"), liar};
+  auto v = fleet::analyse_wave(std::vector{bad_canary}, baseline, {}, limits);
+  EXPECT_TRUE(v.failed);
+  EXPECT_EQ(v.signal, "probe") << v.reason;
+  EXPECT_EQ(v.node, "c1");
+  EXPECT_DOUBLE_EQ(v.baseline.at("metric:wrong_answers"), 0.0);
+  EXPECT_DOUBLE_EQ(v.baseline.at("failure_rate"), 0.0);
+  EXPECT_EQ(v.baseline_breaching, (std::vector<std::string>{}));  // the median node breaches not
+  // Without the probe's verdict, the metric and the failure rate still fail the canary.
+  bad_canary.health.healthy = true;
+  v = fleet::analyse_wave(std::vector{bad_canary}, baseline, {}, limits);
+  EXPECT_TRUE(v.failed);
+  EXPECT_EQ(v.signal, "failure_rate") << v.reason;
+  limits.max_failure_rate = -1;
+  v = fleet::analyse_wave(std::vector{bad_canary}, baseline, {}, limits);
+  EXPECT_TRUE(v.failed);
+  EXPECT_EQ(v.signal, "metric:wrong_answers") << v.reason;
+  // "Unhealthy" always from one baseline node of three, with a sticky error besides.
+  bad_canary.health.healthy = false;
+  baseline[2] = honest("b3");
+  baseline[2].health.healthy = false;
+  baseline[2].health.sticky_error = "CUDA_ERROR_ILLEGAL_ADDRESS";
+  v = fleet::analyse_wave(std::vector{bad_canary}, baseline, {}, limits);
+  EXPECT_TRUE(v.failed);
+  EXPECT_EQ(v.signal, "probe") << v.reason;
+  EXPECT_DOUBLE_EQ(v.baseline.at("unhealthy"), 0.0);  // b3 trimmed
+  // A healthy canary against the same lying node passes: the liar halts nothing either.
+  v = fleet::analyse_wave(std::vector{honest("c1")}, baseline, {}, limits);
+  EXPECT_FALSE(v.failed) << v.reason;
+  // A baseline of that one node alone is the baseline breaching on its own: halted for review,
+  // never a pass for the bad canary.
+  v = fleet::analyse_wave(std::vector{bad_canary}, std::vector{baseline[2]}, {}, limits);
+  EXPECT_TRUE(v.failed);
+  EXPECT_EQ(v.signal, "baseline_unhealthy") << v.reason;
+  EXPECT_EQ(v.node, "b3");
+}
+
+TEST(WaveAnalysis, TheTrimIsATenthOfTheBaselineAndAtLeastOneNode) {
+  EXPECT_EQ(fleet::baseline_trim(1), 1u);
+  EXPECT_EQ(fleet::baseline_trim(19), 1u);
+  EXPECT_EQ(fleet::baseline_trim(20), 2u);
+  EXPECT_EQ(fleet::baseline_trim(1000), 100u);
 }
 
 TEST(WaveSizes, AreCheckedCumulativeAndEndWithEveryNode) {

@@ -173,6 +173,18 @@ void fleet_commands::add_publish() {
                    "NAME<=X: the most the health probe's value NAME may be on a wave's "
                    "nodes on average (repeatable)")
       ->needs(waves);
+  publish_
+      ->add_option("--baseline-breach", p.baseline_breach,
+                   "What a baseline that breaches a limit on its own does: halt (for review, "
+                   "the default) or bake-on (taken for a fleet-wide dip)")
+      ->check(CLI::IsMember({"halt", "bake-on"}))
+      ->needs(waves);
+  publish_
+      ->add_option("--max-missed-heartbeats", p.max_missed_heartbeats,
+                   "Heartbeat intervals a wave's node may stay silent in its bake before it "
+                   "counts as lost (default 3)")
+      ->check(CLI::Range(1, 100))
+      ->needs(waves);
   publish_->add_flag("--wait", p.wait, "Wait for every live node's result");
   publish_->add_flag("--allow-readable-key", p.allow_readable_key, readable_key_help);
 }
@@ -313,6 +325,8 @@ int fleet_commands::publish() const {
     policy.limits.max_failure_rate = a.max_failure_rate;
     for (const auto& limit : a.max_metrics)
       policy.limits.max_metrics.insert(parse_metric_limit(limit));
+    policy.limits.baseline_breach_halts = a.baseline_breach != "bake-on";
+    policy.max_missed_heartbeats = a.max_missed_heartbeats;
     return wave_outcome(control.rollout_waves(bundle, policy, key.key));
   }
   if (a.canary) {

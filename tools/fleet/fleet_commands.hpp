@@ -61,6 +61,8 @@ class fleet_commands {
     double window_s = 60, publish_timeout_s = 0;
     std::vector<std::string> waves, max_metrics;
     double bake_s = 30, wave_deadline_s = 600, max_failure_rate = -1;
+    std::string baseline_breach = "halt";
+    std::uint32_t max_missed_heartbeats = 3;
     bool wait = false;
     bool allow_readable_key = false;
   } publish_args_;

@@ -66,7 +66,8 @@ json analysis_json(const fleet::desired_state& s, const std::vector<fleet::node_
   const auto samples = fleet::sample_wave(
       s, nodes, started ? system_clock::time_point(*started) : system_clock::now());
   const auto v = fleet::analyse_wave(samples.canaries, samples.baseline, {},
-                                     {s.waves->max_failure_rate, s.waves->max_metrics});
+                                     {s.waves->max_failure_rate, s.waves->max_metrics,
+                                      s.waves->baseline_breach_halts});
   return {{"canary", v.canary},
           {"baseline", v.baseline},
           {"canaries", samples.canaries.size()},

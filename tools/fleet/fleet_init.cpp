@@ -40,11 +40,14 @@ namespace {
 namespace fs = std::filesystem;
 using detail::printable;
 
-/// The most nodes one init writes (each costs a bcrypt hash, ~50 ms).
+/// The most nodes one init writes (each costs a bcrypt hash, well under a millisecond at cost 4).
 constexpr std::size_t max_nodes = 1000;
-/// bcrypt's cost: the passwords are 256 random bits, so the cost only slows a connection down
-/// (each is checked once per connect); 10 is ~50 ms on one core.
-constexpr int bcrypt_cost = 10;
+/// bcrypt's cost: the passwords are 256 random bits, so no cost makes guessing one any harder
+/// and the cost only slows every connect down, on the server (it checks the hash once per
+/// connect). At 10 it was ~50 ms of server CPU per connection: 100 nodes booting together
+/// timed out their handshakes on 2 cores and were closed for good. 4 is bcrypt's least
+/// (docs/fleet.md, "A connect storm", has the measured cost per connect).
+constexpr int bcrypt_cost = 4;
 /// Certificates live 10 years (a new init makes new ones).
 constexpr long validity_days = 3652;
 /// Where the servers of a cluster reach one another.

@@ -71,6 +71,12 @@ struct fleet_agent_options {
   /// `retry_longest`.
   std::chrono::milliseconds retry_first{100};
   std::chrono::milliseconds retry_longest{2000};
+  /// The first connection is made after a random delay up to this, so that nodes booting
+  /// together (a rack powered on) do not all knock at once. A connection the client library
+  /// closes for good (repeated authentication timeouts on a server swamped by a connect storm)
+  /// is replaced by a new one, with jittered exponential backoff (250 ms doubling to 2 s),
+  /// forever; the last problem is logged, in metrics_text() and in the heartbeat.
+  std::chrono::milliseconds connect_jitter{1000};
   /// The service's own health check (its error counter, an output check on sampled requests, a
   /// latency figure); none: every module reads healthy, with the launch counters only.
   health_probe_fn health_probe;
@@ -87,6 +93,7 @@ struct fleet_agent_stats {
   std::uint64_t heartbeats = 0;        ///< heartbeats published
   std::uint64_t connects = 0;          ///< set-ups: the first and one after each lost connection
   std::uint64_t desired_refused = 0;   ///< desired records that did not verify, parse, or went back
+  std::uint64_t links_replaced = 0;    ///< connections the client library closed, made anew
 };
 
 /// The agent. Not copyable or movable (its threads point into it).

@@ -10,6 +10,7 @@
 #include <cubridge/fleet/connection.hpp>
 #include <cubridge/fleet/desired_state.hpp>
 #include <cubridge/fleet/error.hpp>
+#include <cubridge/fleet/heartbeat_ledger.hpp>
 #include <cubridge/fleet/records.hpp>
 #include <cubridge/fleet/registry.hpp>
 #include <cubridge/fleet/wave_analysis.hpp>
@@ -45,16 +46,29 @@ struct controller_options {
   std::chrono::milliseconds read_deadline{10000};
 };
 
-/// A node as the registry and its last verified heartbeat show it.
+/// A node as the registry and its heartbeats show it (heartbeat_ledger.hpp: every heartbeat
+/// of the stream, verified with the node's key, in the server's order; one that goes back is
+/// refused).
 struct node_state {
   std::string node;
   std::map<std::string, std::string, std::less<>> labels;
-  /// The last heartbeat that verified with the node's key; nullopt when none did.
+  /// The newest heartbeat that verified with the node's key and did not go back; nullopt when
+  /// none did.
   std::optional<heartbeat> beat;
-  /// Now minus the heartbeat's time (0 for a heartbeat from the future).
+  /// When the server received it (the stream's timestamp, the server's clock).
+  std::chrono::system_clock::time_point received{};
+  /// Now minus `received` (0 when the server's clock is ahead of this one).
   std::chrono::seconds age{0};
-  /// A verified heartbeat younger than 3 of the node's intervals.
+  /// Heard from within 3 of the node's intervals and a second, by the server's receive time:
+  /// the node's own clock plays no part.
   bool live = false;
+  /// The node's clock minus the server's, whole seconds (its heartbeat's time against the
+  /// receive time); beyond clock_skew_warning the status warns.
+  std::chrono::seconds clock_skew{0};
+  /// Restarts this controller has seen (a new run's heartbeat), and heartbeats refused as going
+  /// back (an older one written again).
+  std::uint64_t restarts = 0;
+  std::uint64_t replayed = 0;
   /// Why no heartbeat counts (none, refused and why, not read before the deadline).
   std::string problem;
 };
@@ -110,6 +124,9 @@ struct wave_policy {
   health_limits limits;
   /// How often the nodes' heartbeats are read during a bake.
   std::chrono::milliseconds poll{std::chrono::milliseconds(500)};
+  /// The most heartbeat intervals a node of the wave may stay silent during the bake before it
+  /// counts as lost (`canary_lost`), 1 to 100.
+  std::uint32_t max_missed_heartbeats = 3;
 };
 
 /// One step of a rollout as it happened, for its timeline.
@@ -129,10 +146,11 @@ struct rollout_event {
 
 /// A wave's health figures from the nodes' last heartbeats: the canaries (the record's canaries,
 /// on its candidate) and the baseline (the other live nodes that follow the module, on its
-/// stable version). A canary's heartbeat counts only when made after `since` (its time is whole
-/// seconds: a later second), so that one from before the wave applied is not taken for the
-/// wave's; a baseline node's last heartbeat counts whenever it was made (it runs the stable
-/// version throughout), so that the baseline is there from the first look.
+/// stable version). A canary's heartbeat counts only when the server received it after `since`,
+/// so that one from before the wave applied is not taken for the wave's; a baseline node's last
+/// heartbeat counts whenever it was made (it runs the stable version throughout), so that the
+/// baseline is there from the first look. The wave itself passes only on evidence (every node of
+/// it heard from throughout the bake, in one run, on the candidate: rollout_waves).
 struct wave_samples {
   std::vector<health_sample> canaries;
   std::vector<health_sample> baseline;
@@ -264,8 +282,10 @@ class controller {
 
   // --- what the nodes report ---
 
-  /// Every enrolled node with its last verified heartbeat and its age at `now`, by node id;
-  /// heartbeats that do not verify are refused and counted in `report`.
+  /// Every enrolled node with its newest verified heartbeat and its age at `now`, by node id;
+  /// heartbeats that do not verify or go back are refused and counted in `report`. Reads the
+  /// heartbeat stream from where the last call stopped (the first call: all it keeps, 8 per
+  /// node), up to what it held when called.
   [[nodiscard]] std::vector<node_state> nodes(
       std::chrono::system_clock::time_point now = std::chrono::system_clock::now(),
       read_report* report = nullptr) const;

@@ -49,6 +49,8 @@ inline constexpr std::size_t max_desired_canaries = 10000;
 
 /// Most waves a plan holds.
 inline constexpr std::size_t max_waves = 16;
+/// The most heartbeat intervals a plan lets a canary stay silent: 1 to this.
+inline constexpr std::uint32_t max_missed_heartbeats_limit = 100;
 
 /// A wave rollout (`fleet publish --waves`), kept in the desired state so that a controller
 /// started again carries on from where the last one was: which nodes each wave adds, which wave
@@ -74,6 +76,13 @@ struct wave_plan {
   double max_failure_rate = -1;
   /// Per probe value, the most a wave's nodes may report on average.
   std::map<std::string, double, std::less<>> max_metrics;
+  /// A baseline that breaches a limit on its own halts the rollout for review (true) or is taken
+  /// for a fleet-wide dip, and the wave bakes on (false). Missing in a record: true.
+  bool baseline_breach_halts = true;
+  /// The most heartbeat intervals a node of the wave may stay silent during its bake (its
+  /// heartbeats as the server received them); a canary silent longer is lost and fails the
+  /// wave. Missing in a record: default_missed_heartbeats.
+  std::uint32_t max_missed_heartbeats = 3;
   /// True once the rollout halted (the candidate is gone; `fleet resume` runs the wave again).
   bool halted = false;
 

@@ -102,7 +102,21 @@ struct heartbeat {
   std::map<std::string, std::uint64_t, std::less<>> revisions;
   bool connected = true;
   std::optional<result_record> last_result;
+  /// Which run of the node sent it: 16 lower-case hex digits drawn at random when the agent
+  /// starts, and the heartbeat's number within that run (1, 2, ...), so that a reader refuses a
+  /// heartbeat that goes back (an older one written again) and sees a restart. Empty and 0 from
+  /// a node that predates them.
+  std::string boot;
+  std::uint64_t sequence = 0;
+  /// When that run started (the node's clock): of two runs, the later one is the newer.
+  std::chrono::sys_seconds started{};
+  /// The agent's last problem (a refused desired state, a connection it could not make), in
+  /// words; empty when none.
+  std::string problem;
 };
+
+/// Whether `boot` is what a heartbeat's boot id must be: 16 lower-case hex digits.
+[[nodiscard]] bool is_boot_id(std::string_view boot) noexcept;
 
 /// "cubridge <version>": what heartbeats and desired states say wrote them (cubridge::version(),
 /// the library linked), so that an operator sees which nodes run which release.

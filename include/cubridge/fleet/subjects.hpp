@@ -71,10 +71,14 @@ inline constexpr std::string_view result_stream = "CUBRIDGE_RESULTS";
   return "cubridge.result." + std::string(module) + "." + std::string(node);
 }
 
-/// Heartbeats, one subject per node (the last kept).
+/// Heartbeats, one subject per node (the last heartbeats_kept of each).
 inline constexpr std::string_view heartbeat_stream = "CUBRIDGE_HEARTBEATS";
+inline constexpr std::string_view heartbeat_subject_prefix = "cubridge.heartbeat.";
+/// Heartbeats the stream keeps per node: a few, so that one forged or replayed message never
+/// hides the node's own newest one from a reader that starts now.
+inline constexpr int heartbeats_kept = 8;
 [[nodiscard]] inline std::string heartbeat_subject(std::string_view node) {
-  return "cubridge.heartbeat." + std::string(node);
+  return std::string(heartbeat_subject_prefix) + std::string(node);
 }
 
 }  // namespace cubridge::fleet
