@@ -291,8 +291,38 @@ void fleet_agent::impl::take(module_follow& f, std::string_view value) {
 }
 
 void fleet_agent::impl::read_desired(module_follow& f) {
-  if (const auto value = nats::kv_get(bucket.get(), fleet::desired_key(f.module)))
-    take(f, value->value);
+  const auto key = fleet::desired_key(f.module);
+  const auto value = nats::kv_get(bucket.get(), key);
+  if (value && f.desired && value->value == f.desired_value) return;  // nothing new
+  // Anything else (a node that took nothing yet, a junk value, a deleted key, an older record
+  // written back, a newer one): the newest record of the key's history that verifies, so that
+  // the last value written is never believed for being last.
+  kvWatchOptions o;
+  kvWatchOptions_Init(&o);
+  o.Timeout = api_wait.count();
+  kvEntryList list{};
+  const auto listed = kvStore_History(&list, bucket.get(), key.c_str(), &o);
+  if (listed == NATS_NOT_FOUND) return;  // nothing desired yet
+  nats::check(listed, "kvStore_History",
+              "key " + key + " of bucket " + std::string(fleet::control_bucket));
+  std::string newest;
+  std::uint64_t newest_revision = 0;
+  for (int i = 0; i < list.Count; ++i) {
+    kvEntry* e = list.Entries[i];
+    if (kvEntry_Operation(e) != kvOp_Put) continue;
+    const auto* data = static_cast<const char*>(kvEntry_Value(e));
+    const std::string_view text(data ? data : "", static_cast<std::size_t>(kvEntry_ValueLen(e)));
+    const auto opened =
+        fleet::open_record(text, fleet::record_kind::desired_state, gate->options().keys);
+    const auto state = opened ? fleet::parse_desired_state(opened->body) : std::nullopt;
+    if (state && state->module == f.module && state->revision > newest_revision) {
+      newest_revision = state->revision;
+      newest = text;
+    }
+  }
+  kvEntryList_Destroy(&list);
+  if (!newest.empty()) take(f, newest);
+  if (value && value->value != newest) take(f, value->value);  // refused and counted, or newer
 }
 
 void fleet_agent::impl::open_link() {

@@ -247,7 +247,12 @@ std::vector<desired_state> controller::desired_history(std::string_view module) 
 }
 
 bool controller::impl::read_heartbeats(const node_registry& registry,
-                                       steady_clock_deadline deadline, read_report* report) {
+                                       steady_clock_deadline deadline) {
+  const auto refuse = [this](std::string_view node, const std::string& reason) {
+    if (heartbeats_refused.size() < 64 || heartbeats_refused.contains(reason))
+      ++heartbeats_refused[reason];
+    last_refusal.insert_or_assign(std::string(node), reason);
+  };
   const std::string stream(heartbeat_stream);
   jsStreamInfo* raw_info = nullptr;
   jsErrCode js_code = static_cast<jsErrCode>(0);
@@ -295,7 +300,7 @@ bool controller::impl::read_heartbeats(const node_registry& registry,
     std::optional<heartbeat> beat;
     if (opened) beat = parse_heartbeat(opened->body);
     if (!beat || beat->node != node) {
-      count_refusal(report, opened ? "malformed heartbeat" : "heartbeat not signed by its node");
+      refuse(node, opened ? "malformed heartbeat" : "heartbeat not signed by its node");
       continue;  // a forged heartbeat changes nothing
     }
     const auto received =
@@ -304,7 +309,7 @@ bool controller::impl::read_heartbeats(const node_registry& registry,
             std::chrono::nanoseconds(meta->Timestamp)));
     const auto verdict = ledger.take(*beat, received);
     if (verdict == heartbeat_verdict::replayed || verdict == heartbeat_verdict::earlier_run)
-      count_refusal(report, "heartbeat going back (" + std::string(to_string(verdict)) + ")");
+      refuse(node, "heartbeat going back (" + std::string(to_string(verdict)) + ")");
   }
   return true;
 }
@@ -313,8 +318,11 @@ std::vector<node_state> controller::nodes(std::chrono::system_clock::time_point 
                                           read_report* report) const {
   const auto deadline = steady::now() + impl_->options.read_deadline;
   const auto registry = this->registry();
-  const bool complete = impl_->read_heartbeats(registry, deadline, report);
-  if (!complete && report) report->complete = false;
+  const bool complete = impl_->read_heartbeats(registry, deadline);
+  if (report) {
+    if (!complete) report->complete = false;
+    for (const auto& [reason, count] : impl_->heartbeats_refused) report->refused[reason] += count;
+  }
   std::vector<node_state> out;
   for (const auto& [id, entry] : registry.nodes) {
     node_state state;
@@ -322,7 +330,10 @@ std::vector<node_state> controller::nodes(std::chrono::system_clock::time_point 
     state.labels = entry.labels;
     const auto* seen = impl_->ledger.find(id);
     if (!seen) {
-      state.problem = complete ? "no heartbeat" : "not read within the read deadline";
+      const auto refused = impl_->last_refusal.find(id);
+      state.problem = refused != impl_->last_refusal.end() ? "heartbeat refused: " + refused->second
+                      : complete                           ? "no heartbeat"
+                                                           : "not read within the read deadline";
       out.push_back(std::move(state));
       continue;
     }

@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -29,12 +30,14 @@ struct controller::impl {
   detail::subscription_ptr heartbeats;
   std::uint64_t heartbeats_read_to = 0;  // the stream sequence of the last message taken
   heartbeat_ledger ledger;
+  /// Heartbeats refused since the first read, by reason, and each node's last refusal.
+  std::map<std::string, std::uint64_t, std::less<>> heartbeats_refused;
+  std::map<std::string, std::string, std::less<>> last_refusal;
 
   /// Takes the heartbeats the stream received since the last call, up to what it holds now,
   /// into `ledger`, each verified with the key `registry` holds for the node its subject names;
-  /// refusals counted in `report`. False when the deadline came first.
-  bool read_heartbeats(const node_registry& registry, steady_clock_deadline deadline,
-                       read_report* report);
+  /// refusals counted in heartbeats_refused. False when the deadline came first.
+  bool read_heartbeats(const node_registry& registry, steady_clock_deadline deadline);
 
   /// Throws errc::precondition unless `name` is a fleet name.
   static void require_name(std::string_view name, std::string_view what);

@@ -582,6 +582,19 @@ TEST_F(FleetControlPlane, AnOldSignedDesiredStateWrittenBackIsIgnored) {
     EXPECT_EQ(n->sink->served(m), (versions{1, 2})) << n->id;
     EXPECT_TRUE(n->agent->converged()) << n->id << " keeps its last good record";
   }
+  // A node that joins now (or one reimaged) takes the newest verified revision of the key's
+  // history, not the last value written: it runs v2, never the v1 written back.
+  auto& late = add_node({"n3", {m}});
+  EXPECT_TRUE(converge({&late}, m, 2)) << serving_text({&late}, m);
+  EXPECT_EQ(late.sink->served(m), (versions{2}));
+  // Junk, then the key deleted: every node, the late one too, stays on the last good state.
+  attacker.put(fleet::desired_key(m), "junk");
+  auto& later = add_node({"n4", {m}});
+  EXPECT_TRUE(converge({&later}, m, 2)) << serving_text({&later}, m);
+  for (const auto* n : all_nodes()) {
+    EXPECT_EQ(n->sink->current_version(m), 2u) << n->id;
+    EXPECT_FALSE(n->sink->served(m).empty() || n->sink->served(m).back() != 2u) << n->id;
+  }
 }
 
 // (d, continued) After an old record was written back, the operator's next publish reaches the

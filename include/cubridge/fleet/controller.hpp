@@ -83,7 +83,8 @@ struct desired_entry {
 struct read_report {
   /// Streams or buckets configured otherwise than docs/fleet.md's (used as they are).
   std::vector<std::string> warnings;
-  /// Heartbeats and desired-state records refused (not signed by the enrolled or operator key,
+  /// Heartbeats (since this controller first read them) and desired-state records refused (not
+  /// signed by the enrolled or operator key, going back,
   /// malformed, naming another node), with a count per reason. Subjects of nodes not enrolled
   /// are never read, so nothing of theirs is counted here.
   std::map<std::string, std::uint64_t, std::less<>> refused;
