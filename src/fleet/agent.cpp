@@ -161,9 +161,7 @@ struct fleet_agent::impl {
   // Whether the client library gave the connection up for good (it closes one after the same
   // authentication error twice, e.g. handshakes timing out on a server busy with a connect
   // storm): only a new connection helps then.
-  bool link_closed() const {
-    return !connection || natsConnection_IsClosed(connection.get());
-  }
+  bool link_closed() const { return !connection || natsConnection_IsClosed(connection.get()); }
   std::chrono::system_clock::time_point now() const {
     const auto& clock = gate->options().clock;
     return clock ? clock() : std::chrono::system_clock::now();
@@ -332,7 +330,8 @@ void fleet_agent::impl::open_link() {
     if (connection) {
       const char* text = nullptr;
       const auto status = natsConnection_GetLastError(connection.get(), &text);
-      why = std::string(natsStatus_GetText(status)) + (text && *text ? std::string(": ") + text : "");
+      why =
+          std::string(natsStatus_GetText(status)) + (text && *text ? std::string(": ") + text : "");
     }
   }
   // Out of the lock: a first attempt may take the connect timeout.
@@ -751,9 +750,8 @@ std::string fleet_agent::last_problem() const {
 
 fleet_agent_stats fleet_agent::stats() const noexcept {
   const auto& d = *impl_;
-  return {d.applied,          d.duplicates, d.refused,         d.retries,
-          d.records_published, d.publish_failures, d.heartbeats, d.connects,
-          d.desired_refused,  d.links_replaced};
+  return {d.applied,          d.duplicates, d.refused,  d.retries,         d.records_published,
+          d.publish_failures, d.heartbeats, d.connects, d.desired_refused, d.links_replaced};
 }
 
 bool fleet_agent::converged() const {

@@ -303,9 +303,8 @@ bool controller::impl::read_heartbeats(const node_registry& registry,
       refuse(node, opened ? "malformed heartbeat" : "heartbeat not signed by its node");
       continue;  // a forged heartbeat changes nothing
     }
-    const auto received =
-        std::chrono::system_clock::time_point(std::chrono::duration_cast<
-                                              std::chrono::system_clock::duration>(
+    const auto received = std::chrono::system_clock::time_point(
+        std::chrono::duration_cast<std::chrono::system_clock::duration>(
             std::chrono::nanoseconds(meta->Timestamp)));
     const auto verdict = ledger.take(*beat, received);
     if (verdict == heartbeat_verdict::replayed || verdict == heartbeat_verdict::earlier_run)

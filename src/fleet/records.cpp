@@ -291,8 +291,7 @@ std::optional<heartbeat> parse_heartbeat(std::string_view text) {
     const auto boot = text_field(*j, "boot", 16);
     const auto sequence = count_field(*j, "sequence");
     const auto started = time_field(*j, "started");
-    if (!boot || !is_boot_id(*boot) || !sequence || *sequence == 0 || !started)
-      return std::nullopt;
+    if (!boot || !is_boot_id(*boot) || !sequence || *sequence == 0 || !started) return std::nullopt;
     h.boot = *boot;
     h.sequence = *sequence;
     h.started = *started;

@@ -158,42 +158,42 @@ void judge_share(const judging& j, const std::string& figure, Has has,
 
 // A context poisoned on a canary: its service can no longer use the GPU.
 void judge_sticky(const judging& j) {
-  judge_share(j, "sticky", [](const module_health& h) { return !h.sticky_error.empty(); },
-              "sticky_error", [&j](const share& c, double canary, double base) {
-                return "canary " + c.first + " has a sticky CUDA error (" +
-                       find(j.canaries, c.first)->health.sticky_error + "): " +
-                       number(canary * 100) + "% of canaries" +
-                       j.baseline_text(number(base * 100) + "%");
-              });
+  judge_share(
+      j, "sticky", [](const module_health& h) { return !h.sticky_error.empty(); }, "sticky_error",
+      [&j](const share& c, double canary, double base) {
+        return "canary " + c.first + " has a sticky CUDA error (" +
+               find(j.canaries, c.first)->health.sticky_error + "): " + number(canary * 100) +
+               "% of canaries" + j.baseline_text(number(base * 100) + "%");
+      });
 }
 
 // The service's own probe.
 void judge_probe(const judging& j) {
-  judge_share(j, "unhealthy", [](const module_health& h) { return !h.healthy; }, "probe",
-              [&j](const share& c, double canary, double base) {
-                const auto& h = find(j.canaries, c.first)->health;
-                std::string values;
-                for (const auto& [name, value] : h.values) {
-                  if (!values.empty()) values += ", ";
-                  values += name;
-                  values += '=';
-                  values += number(value);
-                }
-                return "canary " + c.first + "'s health probe says unhealthy" +
-                       (h.detail.empty() ? "" : " (" + h.detail + ")") +
-                       (values.empty() ? "" : " [" + values + "]") + ": " +
-                       number(canary * 100) + "% of canaries unhealthy" +
-                       j.baseline_text(number(base * 100) + "%");
-              });
+  judge_share(
+      j, "unhealthy", [](const module_health& h) { return !h.healthy; }, "probe",
+      [&j](const share& c, double canary, double base) {
+        const auto& h = find(j.canaries, c.first)->health;
+        std::string values;
+        for (const auto& [name, value] : h.values) {
+          if (!values.empty()) values += ", ";
+          values += name;
+          values += '=';
+          values += number(value);
+        }
+        return "canary " + c.first + "'s health probe says unhealthy" +
+               (h.detail.empty() ? "" : " (" + h.detail + ")") +
+               (values.empty() ? "" : " [" + values + "]") + ": " + number(canary * 100) +
+               "% of canaries unhealthy" + j.baseline_text(number(base * 100) + "%");
+      });
 }
 
 // A baseline node's launches and failures over the window.
 counter_mark window_of(const health_sample& b,
                        const std::map<std::string, counter_mark, std::less<>>& baseline_start) {
   counter_mark start;
-  if (const auto it = baseline_start.find(b.node);
-      it != baseline_start.end() && it->second.launches <= b.health.launches &&
-      it->second.failures <= b.health.launch_failures)
+  if (const auto it = baseline_start.find(b.node); it != baseline_start.end() &&
+                                                   it->second.launches <= b.health.launches &&
+                                                   it->second.failures <= b.health.launch_failures)
     start = it->second;
   return {b.health.launches - start.launches, b.health.launch_failures - start.failures};
 }
@@ -228,8 +228,7 @@ void judge_failure_rate(const judging& j,
   if (limit < 0) return;
   const bool baseline_breaches = base_rate && *base_rate > limit;
   if (baseline_breaches)
-    j.baseline_breached("failure_rate",
-                        breaching(j.baseline, node_rate, limit),
+    j.baseline_breached("failure_rate", breaching(j.baseline, node_rate, limit),
                         "median node " + number(*base_rate) + " over " + number(limit));
   if (canary_rate && *canary_rate > limit && !baseline_breaches)
     j.fail(worst_node, "failure_rate",

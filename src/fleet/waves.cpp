@@ -220,8 +220,9 @@ class wave_run {
           n && n->beat && mark != runs_at_start_.end() &&
           (n->restarts > mark->second.restarts ||
            (!mark->second.boot.empty() && n->beat->boot != mark->second.boot)))
-        fail("canary_restarted", "restarted during the wave (run " + mark->second.boot + " became " +
-                                     n->beat->boot + "): a version that kills its process fails");
+        fail("canary_restarted", "restarted during the wave (run " + mark->second.boot +
+                                     " became " + n->beat->boot +
+                                     "): a version that kills its process fails");
       if (now - heard > allowed)
         fail("canary_lost",
              "sent no heartbeat for " +
@@ -405,10 +406,10 @@ rollout_report controller::rollout_waves(std::span<const std::byte> bytes,
       "interval must be positive");
   CUBRIDGE_EXPECTS(policy.limits.max_failure_rate <= 1,
                    "wave policy: the failure rate limit is a fraction, at most 1");
-  CUBRIDGE_EXPECTS(policy.max_missed_heartbeats >= 1 &&
-                       policy.max_missed_heartbeats <= max_missed_heartbeats_limit,
-                   "wave policy: max_missed_heartbeats is 1 to " +
-                       std::to_string(max_missed_heartbeats_limit));
+  CUBRIDGE_EXPECTS(
+      policy.max_missed_heartbeats >= 1 &&
+          policy.max_missed_heartbeats <= max_missed_heartbeats_limit,
+      "wave policy: max_missed_heartbeats is 1 to " + std::to_string(max_missed_heartbeats_limit));
   const auto keys = d.keys_with(operator_key);
   const auto p = prepare(bytes, keys);
   const auto& module = p.module();

@@ -277,10 +277,12 @@ TEST_F(FleetDeadCanaries, ACanaryInACrashLoopFailsTheWaveAsRestarted) {
   while (rollout.wait_for(0s) != std::future_status::ready) {
     nodes[0]->kill();
     nodes[0]->start(server.url(), key_file, module);
-    (void)eventually([&] {
-      return nodes[0]->has_line("promoted 2") || nodes[0]->has_line("duplicate") ||
-             rollout.wait_for(0s) == std::future_status::ready;
-    }, 20s);
+    (void)eventually(
+        [&] {
+          return nodes[0]->has_line("promoted 2") || nodes[0]->has_line("duplicate") ||
+                 rollout.wait_for(0s) == std::future_status::ready;
+        },
+        20s);
     (void)eventually([&] { return rollout.wait_for(0s) == std::future_status::ready; }, 1500ms);
   }
   const auto report = rollout.get();

@@ -2,8 +2,9 @@
 // real nats-server, with agents whose services report health through a probe. Waves advance
 // only after their bake; a node of a later wave never fetches the candidate early; a probe that
 // fails on one canary halts the first wave and no other node ever runs the version; a fleet-wide
-// dip halts for review (or bakes on when asked); the progress deadline halts a stuck wave; resume and abort; a controller
-// killed mid-rollout is carried on from the same wave; forged health is ignored and counted.
+// dip halts for review (or bakes on when asked); the progress deadline halts a stuck wave; resume
+// and abort; a controller killed mid-rollout is carried on from the same wave; forged health is
+// ignored and counted.
 #include "fleet/fleet_fixture.hpp"
 
 #include <cubridge/fleet/wave_analysis.hpp>

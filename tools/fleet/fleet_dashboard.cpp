@@ -65,9 +65,9 @@ json analysis_json(const fleet::desired_state& s, const std::vector<fleet::node_
   const auto started = cubridge::detail::parse_time(s.waves->started);
   const auto samples = fleet::sample_wave(
       s, nodes, started ? system_clock::time_point(*started) : system_clock::now());
-  const auto v = fleet::analyse_wave(samples.canaries, samples.baseline, {},
-                                     {s.waves->max_failure_rate, s.waves->max_metrics,
-                                      s.waves->baseline_breach_halts});
+  const auto v = fleet::analyse_wave(
+      samples.canaries, samples.baseline, {},
+      {s.waves->max_failure_rate, s.waves->max_metrics, s.waves->baseline_breach_halts});
   return {{"canary", v.canary},
           {"baseline", v.baseline},
           {"canaries", samples.canaries.size()},

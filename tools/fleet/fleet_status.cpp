@@ -95,6 +95,11 @@ json fleet_status_json(const fleet_reading& reading) {
          {"versions", b ? json(b->versions) : json::object()},
          {"lag", lags(n, reading.modules)},
          {"last_result", b && b->last_result ? result_json(*b->last_result) : json()},
+         {"run", b ? json(b->boot) : json()},
+         {"restarts", n.restarts},
+         {"replayed", n.replayed},
+         {"clock_skew_s", n.clock_skew.count()},
+         {"node_problem", b ? json(b->problem) : json()},
          {"problem", n.problem}});
   }
   for (const auto& m : reading.modules) {
@@ -136,6 +141,16 @@ std::string render_fleet_status(const fleet_reading& reading) {
         << "\n";
   }
   if (reading.nodes.empty()) out << "(no node is enrolled: cubridge fleet enroll)\n";
+  for (const auto& n : reading.nodes) {
+    if (n.beat && std::chrono::abs(n.clock_skew) > fleet::clock_skew_warning)
+      out << "warning: node " << n.node << "'s clock is " << n.clock_skew.count()
+          << " s off the server's (liveness uses the server's receive time)\n";
+    if (n.replayed > 0)
+      out << "warning: node " << n.node << ": " << n.replayed
+          << " heartbeat(s) going back were refused (an older one written again?)\n";
+    if (n.beat && !n.beat->problem.empty())
+      out << "node " << n.node << "'s last problem: " << n.beat->problem << "\n";
+  }
   for (const auto& m : reading.modules) {
     const auto& s = m.state;
     out << "module " << s.module << ": " << to_string(s.phase) << ", stable "

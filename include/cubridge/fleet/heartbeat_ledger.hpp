@@ -27,10 +27,10 @@ namespace cubridge::fleet {
 
 /// What the ledger made of one heartbeat.
 enum class heartbeat_verdict {
-  taken,             ///< the newest of its run
-  restarted,         ///< the first of a new run: the node restarted (taken)
-  replayed,          ///< its run's sequence went back or stood still (refused)
-  earlier_run,       ///< of a run a later one replaced, or started before the current one (refused)
+  taken,        ///< the newest of its run
+  restarted,    ///< the first of a new run: the node restarted (taken)
+  replayed,     ///< its run's sequence went back or stood still (refused)
+  earlier_run,  ///< of a run a later one replaced, or started before the current one (refused)
 };
 /// "taken", "restarted", "replayed", "earlier_run".
 [[nodiscard]] std::string_view to_string(heartbeat_verdict verdict) noexcept;
@@ -47,7 +47,7 @@ class heartbeat_ledger {
 
   /// A node as its heartbeats taken show it.
   struct entry {
-    heartbeat beat;      ///< the last one taken
+    heartbeat beat;       ///< the last one taken
     time_point received;  ///< when the server received it
     /// Restarts seen since the ledger first heard of the node.
     std::uint64_t restarts = 0;
