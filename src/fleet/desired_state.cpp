@@ -109,6 +109,25 @@ json plan_json(const wave_plan& p) {
           {"halted", p.halted}};
 }
 
+// The plan's settings for the baseline and the canaries' evidence; both optional: a record of
+// 0.1.0 has neither.
+void read_evidence_settings(const json& w, reader& r, wave_plan& p) {
+  if (const auto breach = w.find("baseline_breach"); breach != w.end()) {
+    if (!breach->is_string() || (*breach != "halt" && *breach != "bake_on"))
+      r.fail("'waves.baseline_breach' is neither \"halt\" nor \"bake_on\"");
+    else
+      p.baseline_breach_halts = *breach == "halt";
+  }
+  if (const auto missed = w.find("max_missed_heartbeats"); missed != w.end()) {
+    if (!missed->is_number_unsigned() || missed->get<std::uint64_t>() == 0 ||
+        missed->get<std::uint64_t>() > max_missed_heartbeats_limit)
+      r.fail("'waves.max_missed_heartbeats' is not a whole number from 1 to " +
+             std::to_string(max_missed_heartbeats_limit));
+    else
+      p.max_missed_heartbeats = static_cast<std::uint32_t>(missed->get<std::uint64_t>());
+  }
+}
+
 std::optional<wave_plan> read_plan(const json& j, reader& r) {
   const auto it = j.find("waves");
   if (it == j.end() || it->is_null()) return std::nullopt;  // optional: no wave rollout
@@ -173,21 +192,7 @@ std::optional<wave_plan> read_plan(const json& j, reader& r) {
       p.max_metrics[name] = limit.get<double>();
     }
   }
-  // Both optional: a record of 0.1.0 has neither.
-  if (const auto breach = w.find("baseline_breach"); breach != w.end()) {
-    if (!breach->is_string() || (*breach != "halt" && *breach != "bake_on"))
-      r.fail("'waves.baseline_breach' is neither \"halt\" nor \"bake_on\"");
-    else
-      p.baseline_breach_halts = *breach == "halt";
-  }
-  if (const auto missed = w.find("max_missed_heartbeats"); missed != w.end()) {
-    if (!missed->is_number_unsigned() || missed->get<std::uint64_t>() == 0 ||
-        missed->get<std::uint64_t>() > max_missed_heartbeats_limit)
-      r.fail("'waves.max_missed_heartbeats' is not a whole number from 1 to " +
-             std::to_string(max_missed_heartbeats_limit));
-    else
-      p.max_missed_heartbeats = static_cast<std::uint32_t>(missed->get<std::uint64_t>());
-  }
+  read_evidence_settings(w, r, p);
   const auto halted = w.find("halted");
   if (halted == w.end() || !halted->is_boolean())
     r.fail("'waves.halted' is not true or false");
