@@ -231,6 +231,7 @@ nb::dict stats_of(const fleet_agent& a) {
   d["heartbeats"] = s.heartbeats;
   d["connects"] = s.connects;
   d["desired_refused"] = s.desired_refused;
+  d["links_replaced"] = s.links_replaced;
   return d;
 }
 
@@ -264,7 +265,7 @@ void bind_agent_state(nb::class_<py_fleet_agent>& c) {
       .def_prop_ro(
           "stats", [](const py_fleet_agent& a) { return stats_of(a.get()); },
           "{'applied', 'duplicates', 'refused', 'retries', 'records_published', "
-          "'publish_failures', 'heartbeats', 'connects', 'desired_refused'}.")
+          "'publish_failures', 'heartbeats', 'connects', 'desired_refused', 'links_replaced'}.")
       .def(
           "metrics_text", [](const py_fleet_agent& a) { return a.get().metrics_text(); },
           "The agent's Prometheus text: versions per module, promotions, refusals, connection.")

@@ -102,6 +102,8 @@ nb::dict node_dict(const fleet::node_state& n) {
   d["heartbeat"] = n.beat ? from_json(fleet::to_json(*n.beat)) : nb::none();
   d["age_s"] = n.age.count();
   d["live"] = n.live;
+  d["restarts"] = n.restarts;
+  d["clock_skew_s"] = n.clock_skew.count();
   d["problem"] = n.problem;
   return d;
 }
