@@ -4,6 +4,7 @@
 #include <cubridge/core/error.hpp>
 #include <cubridge/fleet/connection.hpp>
 
+#include <algorithm>
 #include <charconv>
 
 namespace cubridge::fleet {
@@ -129,16 +130,13 @@ std::string redact_server_list(std::string_view servers) {
   }
 }
 
-bus_credentials read_credentials_file(const std::filesystem::path& path, bool allow_readable) {
-  cubridge::detail::regular_file file(path, max_credentials_bytes, "credentials file");
-  if (!allow_readable && (file.status().st_mode & 077) != 0)
-    cubridge::detail::throw_errc(
-        errc::io, "read credentials file",
-        "'" + path.string() + "' may be read by group or others (chmod 600 it)");
-  std::vector<std::byte> bytes;
-  file.read_rest(bytes);
-  const std::string_view text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
-  bus_credentials out;
+namespace {
+
+// Calls `take(number, field, value)` for each "field value" line of `text` (value printable, no
+// spaces), skipping comments and blank lines; `where(number)` names a line in errors.
+template <class Take>
+void for_each_field(std::string_view text, const std::string& file, std::string_view what,
+                    Take take) {
   std::size_t start = 0, number = 0;
   while (start < text.size()) {
     auto end = text.find('\n', start);
@@ -153,27 +151,55 @@ bus_credentials read_credentials_file(const std::filesystem::path& path, bool al
         space == std::string_view::npos ? std::string_view{} : trim(line.substr(space));
     bool printable = !value.empty();
     for (const char c : value) printable = printable && c > ' ' && c < 0x7f;
-    const auto where = "'" + path.string() + "' line " + std::to_string(number);
     if (!printable)
-      cubridge::detail::throw_errc(errc::precondition, "read credentials file",
-                                   where + ": a value of printable characters, no spaces");
-    if (field == "user")
-      out.user = value;
-    else if (field == "password")
-      out.password = value;
-    else if (field == "api_prefix" && is_subject_prefix(value))
-      out.api_prefix = value;
-    else if (field == "api_prefix")
-      cubridge::detail::throw_errc(errc::precondition, "read credentials file",
-                                   where +
-                                       ": api_prefix is dot-separated tokens of letters, "
-                                       "digits, '_' and '-'");
-    else
-      cubridge::detail::throw_errc(errc::precondition, "read credentials file",
-                                   where + ": unknown field '" +
-                                       cubridge::detail::printable(field, {.quoted = false}) +
-                                       "' (user, password, api_prefix)");
+      cubridge::detail::throw_errc(errc::precondition, std::string("read ") + std::string(what),
+                                   "'" + file + "' line " + std::to_string(number) +
+                                       ": a value of printable characters, no spaces");
+    take(number, field, value);
   }
+}
+
+std::string read_small_file(const std::filesystem::path& path, std::size_t limit,
+                            const char* what) {
+  cubridge::detail::regular_file file(path, limit, what);
+  std::vector<std::byte> bytes;
+  file.read_rest(bytes);
+  return {reinterpret_cast<const char*>(bytes.data()), bytes.size()};
+}
+
+}  // namespace
+
+bus_credentials read_credentials_file(const std::filesystem::path& path, bool allow_readable) {
+  cubridge::detail::regular_file file(path, max_credentials_bytes, "credentials file");
+  if (!allow_readable && (file.status().st_mode & 077) != 0)
+    cubridge::detail::throw_errc(
+        errc::io, "read credentials file",
+        "'" + path.string() + "' may be read by group or others (chmod 600 it)");
+  std::vector<std::byte> bytes;
+  file.read_rest(bytes);
+  const std::string_view text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  bus_credentials out;
+  for_each_field(text, path.string(), "credentials file",
+                 [&](std::size_t number, std::string_view field, std::string_view value) {
+                   const auto where = "'" + path.string() + "' line " + std::to_string(number);
+                   if (field == "user")
+                     out.user = value;
+                   else if (field == "password")
+                     out.password = value;
+                   else if (field == "api_prefix" && is_subject_prefix(value))
+                     out.api_prefix = value;
+                   else if (field == "api_prefix")
+                     cubridge::detail::throw_errc(errc::precondition, "read credentials file",
+                                                  where +
+                                                      ": api_prefix is dot-separated tokens of "
+                                                      "letters, digits, '_' and '-'");
+                   else
+                     cubridge::detail::throw_errc(
+                         errc::precondition, "read credentials file",
+                         where + ": unknown field '" +
+                             cubridge::detail::printable(field, {.quoted = false}) +
+                             "' (user, password, api_prefix)");
+                 });
   if (out.user.empty() || out.password.empty())
     cubridge::detail::throw_errc(errc::precondition, "read credentials file",
                                  "'" + path.string() + "' needs a user and a password line");
@@ -188,6 +214,61 @@ void write_credentials_file(const std::filesystem::path& path, const bus_credent
   if (!credentials.api_prefix.empty()) text += "api_prefix " + credentials.api_prefix + "\n";
   cubridge::detail::write_file_atomically(path, std::as_bytes(std::span(text.data(), text.size())),
                                           0600, false, "credentials file");
+}
+
+bus_options read_bus_profile(const std::filesystem::path& path) {
+  const auto text = read_small_file(path, max_profile_bytes, "fleet profile");
+  bus_options out;
+  std::vector<std::string> seen;
+  const auto folder = path.parent_path();
+  const auto relative = [&](std::string_view value) {
+    const std::filesystem::path p(value);
+    return p.is_absolute() || folder.empty() ? p : folder / p;
+  };
+  for_each_field(text, path.string(), "fleet profile",
+                 [&](std::size_t number, std::string_view field, std::string_view value) {
+                   const auto where = "'" + path.string() + "' line " + std::to_string(number);
+                   const auto wrong = [&](const std::string& why) {
+                     cubridge::detail::throw_errc(errc::precondition, "read fleet profile",
+                                                  where + ": " + why);
+                   };
+                   if (std::find(seen.begin(), seen.end(), field) != seen.end())
+                     wrong("'" + std::string(field) + "' given twice");
+                   seen.emplace_back(field);
+                   if (field == "server") {
+                     try {
+                       (void)parse_server_list(value);
+                     } catch (const error& e) {
+                       wrong(e.what());
+                     }
+                     out.servers = value;
+                   } else if (field == "credentials") {
+                     out.credentials = relative(value);
+                   } else if (field == "ca") {
+                     out.ca_file = relative(value);
+                   } else if (field == "replicas") {
+                     if (value.size() != 1 || value[0] < '1' || value[0] > '5')
+                       wrong("replicas is 1 to 5");
+                     out.replicas = value[0] - '0';
+                   } else {
+                     wrong("unknown field '" +
+                           cubridge::detail::printable(field, {.quoted = false}) +
+                           "' (server, credentials, ca, replicas)");
+                   }
+                 });
+  return out;
+}
+
+void write_bus_profile(const std::filesystem::path& path, const bus_options& bus,
+                       std::string_view comment) {
+  std::string text;
+  if (!comment.empty()) text += "# " + std::string(comment) + "\n";
+  text += "server " + bus.servers + "\n";
+  if (!bus.credentials.empty()) text += "credentials " + bus.credentials.string() + "\n";
+  if (!bus.ca_file.empty()) text += "ca " + bus.ca_file.string() + "\n";
+  if (bus.replicas != 1) text += "replicas " + std::to_string(bus.replicas) + "\n";
+  cubridge::detail::write_file_atomically(path, std::as_bytes(std::span(text.data(), text.size())),
+                                          0644, false, "fleet profile");
 }
 
 std::string api_prefix_of(const bus_options& bus) {

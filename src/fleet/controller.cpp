@@ -142,14 +142,32 @@ controller::controller(controller_options options) : impl_(std::make_unique<impl
   connect.reconnect = false;  // a lost server is an error, never a wait
   connect.retry_on_failed_connect = false;
   connect.connect_timeout = d.options.connect_timeout;
+  // A node's credentials reach JetStream only through their prefix, and the control side's
+  // first JetStream call would wait out its timeout: said at once instead.
+  if (!d.options.bus.credentials.empty() &&
+      !read_credentials_file(d.options.bus.credentials).api_prefix.empty())
+    detail::fail(fleet_errc::refused,
+                 "credentials file '" + d.options.bus.credentials.string() +
+                     "' is a node's (it names a JetStream API prefix): the control side needs "
+                     "the operator's (`cubridge fleet init` wrote operator.creds)",
+                 "fleet controller", "connecting to " + redact_server_list(d.options.bus.servers));
   d.connection = detail::connect(connect);
   d.open =
       d.options.bus.credentials.empty() && d.options.bus.servers.find('@') == std::string::npos;
   d.js = detail::jetstream(d.connection.get(), d.options.request_timeout);
   const int replicas = d.options.bus.replicas;
-  for (auto w : {detail::ensure_result_stream(d.js.get(), replicas),
-                 detail::ensure_heartbeat_stream(d.js.get(), replicas)})
-    if (!w.empty()) d.warnings.push_back(std::move(w));
+  try {
+    for (auto w : {detail::ensure_result_stream(d.js.get(), replicas),
+                   detail::ensure_heartbeat_stream(d.js.get(), replicas)})
+      if (!w.empty()) d.warnings.push_back(std::move(w));
+  } catch (const error& e) {
+    if (std::string_view(e.what()).find("Timeout") == std::string_view::npos) throw;
+    detail::fail(fleet_errc::nats_failed,
+                 "JetStream did not answer within " +
+                     std::to_string(d.options.request_timeout.count()) +
+                     " ms: the server runs without JetStream, or this identity may not use it",
+                 "fleet controller", "the server at " + connected_server());
+  }
   std::string mismatch;
   d.bucket = detail::ensure_control_bucket(d.js.get(), replicas, &mismatch);
   if (!mismatch.empty()) d.warnings.push_back(std::move(mismatch));

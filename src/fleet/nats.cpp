@@ -1,10 +1,15 @@
 #include "fleet/nats.hpp"
 
+#include <cubridge/core/error.hpp>
 #include <cubridge/fleet/signed_record.hpp>
 #include <cubridge/fleet/subjects.hpp>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <climits>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -204,6 +209,10 @@ options_ptr make_options(const connect_options& options) {
   }
   if (tls) {
     check(natsOptions_SetSecure(raw, true), "natsOptions_SetSecure", involved);
+    if (!options.bus.ca_file.empty() && ::access(options.bus.ca_file.c_str(), R_OK) != 0)
+      cubridge::detail::throw_errc(errc::io, "read CA file",
+                                   "'" + options.bus.ca_file.string() +
+                                       "' cannot be read: " + std::strerror(errno));
     if (!options.bus.ca_file.empty())
       check(natsOptions_LoadCATrustedCertificates(raw, options.bus.ca_file.c_str()),
             "natsOptions_LoadCATrustedCertificates", "CA file " + options.bus.ca_file.string());
@@ -243,7 +252,35 @@ connection_ptr connect(natsOptions* options, std::string_view servers) {
 
 connection_ptr connect(const connect_options& options) {
   const auto native = make_options(options);
-  return connect(native.get(), options.bus.servers);
+  try {
+    return connect(native.get(), options.bus.servers);
+  } catch (const error& e) {
+    // The causes a new user meets, in one line instead of OpenSSL's or the server's words.
+    const std::string text = e.what();
+    const auto involved = "connecting to " + redact_server_list(options.bus.servers);
+    if (e.is(fleet_errc::refused) && (text.find("certificate") != std::string::npos ||
+                                      text.find("SSL handshake") != std::string::npos))
+      fail(fleet_errc::refused,
+           options.bus.ca_file.empty()
+               ? "the server's TLS certificate does not verify against this machine's CAs: give "
+                 "the fleet's CA (--ca, `cubridge fleet init` wrote ca.pem)"
+               : "the server's TLS certificate does not verify against CA file '" +
+                     options.bus.ca_file.string() + "': is it this fleet's ca.pem?",
+           "natsConnection_Connect", involved);
+    if (e.is(fleet_errc::refused) && text.find("Authorization") != std::string::npos)
+      fail(fleet_errc::refused,
+           options.bus.credentials.empty()
+               ? "the server asks for credentials: give the operator's (--credentials, "
+                 "`cubridge fleet init` wrote operator.creds)"
+               : "the server refused the credentials in '" + options.bus.credentials.string() +
+                     "' (a wrong or old password, or another fleet's file)",
+           "natsConnection_Connect", involved);
+    if (e.is(fleet_errc::refused) && text.find("Secure Connection") != std::string::npos)
+      fail(fleet_errc::refused,
+           "the server requires TLS: give tls:// URLs and the fleet's CA (--ca)",
+           "natsConnection_Connect", involved);
+    throw;
+  }
 }
 
 std::string connected_url(natsConnection* connection) {

@@ -109,11 +109,21 @@ fleet_commands::fleet_commands(CLI::App& app) {
 void fleet_commands::bus_options(CLI::App* command) {
   command
       ->add_option("--server", bus_.server,
-                   "The NATS server(s), comma-separated: nats://HOST:PORT or tls://HOST:PORT")
-      ->capture_default_str();
-  command->add_option("--credentials", bus_.credentials,
-                      "The operator's credentials file (cubridge fleet init writes it)");
-  command->add_option("--ca", bus_.ca, "The CA certificate the servers' certificates verify with");
+                   "The NATS server(s), comma-separated: nats://HOST:PORT or tls://HOST:PORT "
+                   "(default nats://127.0.0.1:4222)")
+      ->envname("CUBRIDGE_FLEET_SERVER");
+  command
+      ->add_option("--credentials", bus_.credentials,
+                   "The operator's credentials file (cubridge fleet init writes it)")
+      ->envname("CUBRIDGE_FLEET_CREDENTIALS");
+  command
+      ->add_option("--ca", bus_.ca, "The CA certificate the servers' certificates verify with")
+      ->envname("CUBRIDGE_FLEET_CA");
+  command
+      ->add_option("--profile", bus_.profile,
+                   "A profile naming the server, credentials, CA and replicas (cubridge fleet "
+                   "init writes operator.profile); the options above override it")
+      ->envname("CUBRIDGE_FLEET_PROFILE");
   command->add_option("--replicas", bus_.replicas, "Replicas of what this command creates")
       ->check(CLI::Range(1, 5));
   command->add_option("--trusted-key", bus_.trusted_keys,
@@ -126,7 +136,7 @@ void fleet_commands::add_publish() {
   bus_options(publish_);
   publish_->add_option("file", p.file, "A .bundle (sent as is), or a .cu, cubin or fatbin")
       ->required();
-  publish_->add_option("--key", p.key, "The operator's secret key: signs the desired state")
+  publish_->add_option("--key", p.key, "The operator's secret key: signs the desired state")->envname("CUBRIDGE_FLEET_KEY")
       ->required();
   publish_->add_option("--name", p.name, "Module name (default: the file's stem)");
   publish_->add_option("--version", p.version, "Module version when signing")
@@ -194,7 +204,7 @@ void fleet_commands::add_state_commands() {
   rollback_ = fleet_->add_subcommand("rollback", "Make an earlier version desired again (signed)");
   bus_options(rollback_);
   rollback_->add_option("module", rollback_args_.module, "The module")->required();
-  rollback_->add_option("--key", rollback_args_.key, "The operator's secret key")->required();
+  rollback_->add_option("--key", rollback_args_.key, "The operator's secret key")->envname("CUBRIDGE_FLEET_KEY")->required();
   rollback_
       ->add_option("--to-version", rollback_args_.to_version,
                    "The version to go back to (default: the stable one before the current)")
@@ -204,13 +214,13 @@ void fleet_commands::add_state_commands() {
   resume_ = fleet_->add_subcommand("resume", "Carry on a halted or interrupted wave rollout");
   bus_options(resume_);
   resume_->add_option("module", rollback_args_.module, "The module")->required();
-  resume_->add_option("--key", rollback_args_.key, "The operator's secret key")->required();
+  resume_->add_option("--key", rollback_args_.key, "The operator's secret key")->envname("CUBRIDGE_FLEET_KEY")->required();
   resume_->add_flag("--allow-readable-key", rollback_args_.allow_readable_key, readable_key_help);
   abort_ =
       fleet_->add_subcommand("abort", "End a wave rollout: every node back on the stable version");
   bus_options(abort_);
   abort_->add_option("module", rollback_args_.module, "The module")->required();
-  abort_->add_option("--key", rollback_args_.key, "The operator's secret key")->required();
+  abort_->add_option("--key", rollback_args_.key, "The operator's secret key")->envname("CUBRIDGE_FLEET_KEY")->required();
   abort_->add_flag("--allow-readable-key", rollback_args_.allow_readable_key, readable_key_help);
 }
 
@@ -220,13 +230,13 @@ void fleet_commands::add_views() {
   bus_options(status_);
   status_->add_flag("--json", status_json_, "Print the status as JSON");
   status_->add_option("--key", status_key_,
-                      "The operator's secret key (its public half is trusted)");
+                      "The operator's secret key (its public half is trusted)")->envname("CUBRIDGE_FLEET_KEY");
 
   watch_ = fleet_->add_subcommand("watch", "A live table of the nodes, until interrupted");
   bus_options(watch_);
   watch_->add_flag("--once", watch_once_, "Print the table once and exit");
   watch_->add_option("--key", status_key_,
-                     "The operator's secret key (its public half is trusted)");
+                     "The operator's secret key (its public half is trusted)")->envname("CUBRIDGE_FLEET_KEY");
 
   dashboard_ = fleet_->add_subcommand(
       "dashboard", "A live page of the fleet: nodes x modules, waves, health, halts, timeline");
@@ -235,7 +245,7 @@ void fleet_commands::add_views() {
                          "HOST:PORT to serve the page on (default 127.0.0.1:8090: this machine "
                          "only; the page is read-only)");
   dashboard_->add_option("--key", status_key_,
-                         "The operator's secret key (its public half is trusted)");
+                         "The operator's secret key (its public half is trusted)")->envname("CUBRIDGE_FLEET_KEY");
 }
 
 void fleet_commands::add_enroll() {
@@ -244,7 +254,7 @@ void fleet_commands::add_enroll() {
   bus_options(enroll_);
   enroll_->add_option("node", e.node, "The node's id")->required();
   enroll_->add_option("--node-key", e.node_key, "The node's public key file")->required();
-  enroll_->add_option("--key", e.key, "The operator's secret key: signs the registry")->required();
+  enroll_->add_option("--key", e.key, "The operator's secret key: signs the registry")->envname("CUBRIDGE_FLEET_KEY")->required();
   enroll_->add_option("--label", e.labels, "A label NAME=VALUE (repeatable), e.g. cohort=a");
   enroll_->add_flag("--allow-readable-key", e.allow_readable_key, readable_key_help);
 }
@@ -255,17 +265,19 @@ bool fleet_commands::parsed() const {
 
 fleet::controller_options fleet_commands::options(const std::string& signing_key,
                                                   bool allow_readable_key) const {
+  fleet::controller_options o;
+  // The profile first, then what the command line or the environment gave over it.
+  if (!bus_.profile.empty()) o.bus = fleet::read_bus_profile(bus_.profile);
+  if (!bus_.server.empty()) o.bus.servers = bus_.server;
+  if (!bus_.credentials.empty()) o.bus.credentials = bus_.credentials;
+  if (!bus_.ca.empty()) o.bus.ca_file = bus_.ca;
+  if (bus_.replicas != 0) o.bus.replicas = bus_.replicas;
+  for (const auto& file : bus_.trusted_keys) o.operator_keys.add(read_public_key_file(file));
   try {
-    (void)fleet::parse_server_list(bus_.server);
+    (void)fleet::parse_server_list(o.bus.servers);
   } catch (const error& e) {
     throw usage_error(std::string("--server: ") + e.what());
   }
-  fleet::controller_options o;
-  o.bus.servers = bus_.server;
-  o.bus.credentials = bus_.credentials;
-  o.bus.ca_file = bus_.ca;
-  o.bus.replicas = bus_.replicas;
-  for (const auto& file : bus_.trusted_keys) o.operator_keys.add(read_public_key_file(file));
   if (!signing_key.empty())
     o.operator_keys.add(read_signing_key(signing_key, allow_readable_key).key.public_key());
   return o;

@@ -48,10 +48,11 @@ class fleet_commands {
   CLI::App* enroll_ = nullptr;
   CLI::App* init_ = nullptr;
   fleet_init_options init_options_;
+  // What the command line or the environment gave (empty or 0: not given); a profile fills
+  // the rest, then the defaults (fleet::bus_options).
   struct {
-    std::string server = "nats://127.0.0.1:4222";
-    std::string credentials, ca;
-    int replicas = 1;
+    std::string server, credentials, ca, profile;
+    int replicas = 0;
     std::vector<std::string> trusted_keys;
   } bus_;
   struct {

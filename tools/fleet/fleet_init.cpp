@@ -521,12 +521,17 @@ std::string server_config(const checked_options& c, int server, const user_entry
   return out.str();
 }
 
-std::string readme(const checked_options& c) {
-  const std::string d = c.dir.string();
-  const std::string first_url = "tls://" + c.hosts.front() + ":" + std::to_string(c.port);
-  std::string urls = first_url;
+// The servers' client URLs, comma-separated.
+std::string server_urls(const checked_options& c) {
+  std::string urls = "tls://" + c.hosts.front() + ":" + std::to_string(c.port);
   for (int i = 2; i <= c.servers; ++i)
     urls += ",tls://" + c.hosts.front() + ":" + std::to_string(c.port + i - 1);
+  return urls;
+}
+
+std::string readme(const checked_options& c) {
+  const std::string d = c.dir.string();
+  const std::string urls = server_urls(c);
   const std::string& node = c.nodes.front();
   std::ostringstream out;
   out << "A cubridge fleet's bus, written by `cubridge fleet init` (docs/fleet-security.md).\n\n"
@@ -534,8 +539,10 @@ std::string readme(const checked_options& c) {
   for (int i = 1; i <= c.servers; ++i)
     out << "  nats-server -c " << d << "/server" << file_suffix(c, i) << ".conf\n";
   out << "\nThe operator (cubridge fleet publish | status | rollback | watch | enroll):\n"
-      << "  --server " << urls << " --credentials " << d << "/operator.creds --ca " << d
-      << "/ca.pem";
+      << "  --profile " << d << "/operator.profile   (or export CUBRIDGE_FLEET_PROFILE=" << d
+      << "/operator.profile)\n"
+      << "  which names --server " << urls << " --credentials " << d << "/operator.creds --ca "
+      << d << "/ca.pem";
   if (c.servers > 1) out << " --replicas 3";
   out << "\n  signing with --key " << c.operator_secret
       << (c.operator_public ? " (the key given to --operator-key; operator.pub is its public half)"
@@ -556,6 +563,7 @@ std::string readme(const checked_options& c) {
       << "  server" << (c.servers == 1 ? "" : "-N") << ".pem/.key, server"
       << (c.servers == 1 ? "" : "-N") << ".conf  each server's certificate and configuration\n"
       << "  operator.creds, operator.key/.pub   the operator's bus identity and signing key\n"
+      << "  operator.profile          the operator's server, credentials and CA, for --profile\n"
       << "  nodes/<node>.creds, nodes/<node>.key/.pub   each node's bus identity and key\n"
       << "The configuration holds bcrypt hashes of the passwords, never the passwords.\n";
   return out.str();
@@ -672,6 +680,16 @@ void write_fleet_init(const fleet_init_options& options) {
   for (int server = 1; server <= c.servers; ++server)
     write_new_file(c.dir / ("server" + file_suffix(c, server) + ".conf"),
                    server_config(c, server, op, nodes), 0600);
+  // The operator's profile: the commands take the server, credentials and CA from it
+  // (--profile, CUBRIDGE_FLEET_PROFILE), paths relative to this directory.
+  fleet::bus_options profile;
+  profile.servers = server_urls(c);
+  profile.credentials = "operator.creds";
+  profile.ca_file = "ca.pem";
+  profile.replicas = c.servers > 1 ? 3 : 1;
+  fleet::write_bus_profile(c.dir / "operator.profile", profile,
+                           "the operator's bus (cubridge fleet init): --profile " +
+                               (c.dir / "operator.profile").string());
   write_new_file(c.dir / "README.txt", readme(c), 0644);
   undo.keep();
 }

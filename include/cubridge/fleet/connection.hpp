@@ -70,4 +70,20 @@ void write_credentials_file(const std::filesystem::path& path, const bus_credent
 /// the credentials file's, else empty ("$JS.API"). Throws as read_credentials_file.
 [[nodiscard]] std::string api_prefix_of(const bus_options& bus);
 
+/// Largest profile read, in bytes.
+inline constexpr std::size_t max_profile_bytes = 4096;
+
+/// A profile: a bus_options in a file, so that the server, credentials and CA need not be
+/// repeated on every command (`cubridge fleet init` writes `operator.profile`; `--profile FILE`
+/// or CUBRIDGE_FLEET_PROFILE names one). Lines "server URLS", "credentials FILE", "ca FILE",
+/// "replicas N" (1 to 5), each at most once; '#' comments and blank lines. A relative path is
+/// relative to the profile's own folder. Fields it does not name keep bus_options' defaults.
+/// Throws cubridge::error (errc::io) when unreadable or too large; (errc::precondition) when
+/// malformed, naming the file and line.
+[[nodiscard]] bus_options read_bus_profile(const std::filesystem::path& path);
+/// Writes one (mode 0644: paths, no secret; a new file: an existing one is refused), naming
+/// each field of `bus` that differs from the default. Throws cubridge::error (errc::io).
+void write_bus_profile(const std::filesystem::path& path, const bus_options& bus,
+                       std::string_view comment = {});
+
 }  // namespace cubridge::fleet
