@@ -26,6 +26,13 @@ rollout_report controller::publish(std::span<const std::byte> bytes,
   const auto& module = p.module();
   rollout_report report;
   report.version = p.ref.version;
+  // The same payload signed again: nothing stored, nothing written.
+  if (const auto current = d.read_desired(module, keys))
+    if (same_payload_desired(d.js.get(), current->state, p, keys)) {
+      report.already_desired = report.completed = true;
+      report.desired = current->state;
+      return report;
+    }
   d.store_bundle(module, p.ref, bytes);
   d.compare_and_set(desired_key(module), [&](const auto& current) {
     auto s = parse_current(current, module, keys);

@@ -60,6 +60,35 @@ bool desired_everywhere(const desired_state& s, const bundle_ref& ref) {
   return s.stable == ref && s.phase != rollout_phase::canary;
 }
 
+std::optional<bundle_ref> same_payload_desired(jsCtx* js, const desired_state& s,
+                                               const prepared_bundle& p,
+                                               const trusted_keys& keys) {
+  if (!s.stable || s.phase == rollout_phase::canary || s.stable->version != p.ref.version ||
+      s.stable->target != p.ref.target || s.stable->digest == p.ref.digest)
+    return std::nullopt;
+  try {
+    const auto stored = detail::last_message(
+        js, bundle_stream(s.module), bundle_subject(s.module, s.stable->version, s.stable->digest));
+    if (!stored) return std::nullopt;
+    const auto bytes = detail::message_bytes(stored.get());
+    if (cubridge::detail::sha256_hex(bytes) != s.stable->digest) return std::nullopt;
+    verify_limits limits;
+    limits.max_bundle_bytes = std::max<std::size_t>(bytes.size(), 1);
+    const auto desired = verify_bundle(bytes, keys, limits);
+    // Everything signed but the time of signing: an expiry, a kind or a key of its own makes
+    // it another bundle.
+    const auto& a = desired.manifest;
+    const auto& b = p.bundle.manifest;
+    if (a.payload_sha256 != b.payload_sha256 || a.name != b.name || a.kind != b.kind ||
+        a.payload_size != b.payload_size || a.expires != b.expires || a.key_id != b.key_id)
+      return std::nullopt;
+  } catch (const error& e) {
+    if (e.is(fleet_errc::unreachable)) throw;
+    return std::nullopt;  // not readable or not verifiable: judged as another bundle
+  }
+  return s.stable;
+}
+
 // Refuses a version that would take the desired state down (or the same version with another
 // bundle): only rollback() goes down.
 void require_newer(const desired_state& s, const bundle_ref& ref) {

@@ -43,6 +43,12 @@ struct prepared_bundle {
 [[nodiscard]] std::uint64_t highest_desired(const desired_state& s);
 /// Whether `s` already asks every node to run `ref` (a retried publish: nothing to write).
 [[nodiscard]] bool desired_everywhere(const desired_state& s, const bundle_ref& ref);
+/// The bundle `s` asks every node to run when it is `p` signed again: the same module, version,
+/// target, payload, expiry and key, another signing time (a `fleet publish x.cubin --version N` run twice signs
+/// twice). Its ref; nullopt for anything else, or when the stored bundle cannot be read.
+[[nodiscard]] std::optional<bundle_ref> same_payload_desired(jsCtx* js, const desired_state& s,
+                                                             const prepared_bundle& p,
+                                                             const trusted_keys& keys);
 /// Refuses a version that would take the desired state down (or the same version with another
 /// bundle): only rollback() goes down. @throws fleet_errc::older_version.
 void require_newer(const desired_state& s, const bundle_ref& ref);

@@ -188,6 +188,11 @@ TEST(fleet_init, writes_the_ca_certificates_configuration_credentials_and_keys) 
   EXPECT_EQ(fleet::read_credentials_file(d / "nodes/node-1.creds").user, "node-1");
   EXPECT_EQ(fleet::read_credentials_file(d / "operator.creds").user, "operator");
   EXPECT_NE(config.find("password: \"$2b$04$"), std::string::npos);
+  // The operator's profile: the commands need no --server, --credentials or --ca with it.
+  const auto profile = fleet::read_bus_profile(d / "operator.profile");
+  EXPECT_EQ(profile.servers.rfind("tls://", 0), 0u) << profile.servers;
+  EXPECT_EQ(profile.credentials, d / "operator.creds");
+  EXPECT_EQ(profile.ca_file, d / "ca.pem");
   EXPECT_NE(config.find("max_payload: 16MB"), std::string::npos);
   EXPECT_NE(config.find("verify: false"), std::string::npos);
   EXPECT_EQ(config.find("cluster {"), std::string::npos);

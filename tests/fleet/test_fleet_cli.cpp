@@ -18,6 +18,7 @@
 
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 namespace {
 
@@ -40,14 +41,15 @@ std::string read_text(const std::filesystem::path& file) {
 }
 
 // `cubridge ARGS...` in `dir`, killed after 60 s (a hang is a failure, not a wait).
-run_result run_tool(const std::vector<std::string>& args, const temp_dir& dir) {
+run_result run_tool(const std::vector<std::string>& args, const temp_dir& dir,
+                    const std::vector<std::string>& environment = {}) {
   const auto out_path = dir.path / "out.txt", err_path = dir.path / "err.txt";
   const int out = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   const int err = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   cubridge::detail::child_spec spec;
   spec.program = CUBRIDGE_TOOL_PATH;
   spec.args = args;
-  spec.environment = cubridge::detail::current_environment();
+  spec.environment = cubridge::detail::environment_with(environment);
   spec.fds = {{1, out}, {2, err}};
   spec.working_directory = dir.path;
   auto child = cubridge::detail::child_process::spawn(spec);
@@ -287,6 +289,68 @@ TEST_F(FleetCli, AServerListWithOneHealthyUrlConnects) {
   const auto r = run_tool(
       {"fleet", "status", "--server", dead + "," + server.url() + "," + server.url()}, dir);
   EXPECT_EQ(r.exit_code, 0) << r.err;
+}
+
+// The server, credentials and CA from the environment or a profile (`fleet init` writes one),
+// the command line over both.
+TEST_F(FleetCli, TheBusComesFromTheEnvironmentOrAProfile) {
+  const auto by_env =
+      run_tool({"fleet", "status"}, dir, {"CUBRIDGE_FLEET_SERVER=" + server.url()});
+  EXPECT_EQ(by_env.exit_code, 0) << by_env.err;
+  {
+    std::ofstream profile(dir.path / "fleet.profile");
+    profile << "# a test's profile\nserver " << server.url() << "\n";
+  }
+  const auto by_profile = run_tool({"fleet", "status", "--profile", "fleet.profile"}, dir);
+  EXPECT_EQ(by_profile.exit_code, 0) << by_profile.err;
+  const auto by_env_profile =
+      run_tool({"fleet", "status"}, dir,
+               {"CUBRIDGE_FLEET_PROFILE=" + (dir.path / "fleet.profile").string()});
+  EXPECT_EQ(by_env_profile.exit_code, 0) << by_env_profile.err;
+  // The command line over the profile: a dead server named there is the one tried.
+  const auto overridden =
+      run_tool({"fleet", "status", "--profile", "fleet.profile", "--server", "nats://127.0.0.1:1"},
+               dir);
+  EXPECT_EQ(overridden.exit_code, 75) << overridden.err;
+  // A profile that does not parse is named with its line.
+  { std::ofstream(dir.path / "bad.profile") << "server " << server.url() << "\nport 4222\n"; }
+  const auto bad = run_tool({"fleet", "status", "--profile", "bad.profile"}, dir);
+  EXPECT_EQ(bad.exit_code, 1) << bad.err;
+  EXPECT_NE(bad.err.find("bad.profile' line 2: unknown field 'port'"), std::string::npos)
+      << bad.err;
+  // A CA file that is not there: one line that says so, before any connection.
+  const auto no_ca = run_tool(tool({"fleet", "status", "--ca", "missing.pem"}), dir);
+  EXPECT_EQ(no_ca.exit_code, 1) << no_ca.err;
+  EXPECT_NE(no_ca.err.find("'missing.pem' cannot be read: No such file"), std::string::npos)
+      << no_ca.err;
+  EXPECT_EQ(std::count(no_ca.err.begin(), no_ca.err.end(), '\n'), 1) << no_ca.err;
+}
+
+// `fleet publish x.cubin --version N` run twice signs twice: the same payload, another bundle.
+// The second run writes nothing (no new revision, nothing stored) and says so.
+TEST_F(FleetCli, PublishingTheSamePayloadTwiceWritesNothingTheSecondTime) {
+  const std::vector<std::string> publish = {"fleet", "publish", "filters.cubin", "--key",
+                                            "k.key", "--version", "4"};
+  const auto first = run_tool(tool(publish), dir);
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  const auto desired = control->desired("filters");
+  ASSERT_TRUE(desired);
+  std::this_thread::sleep_for(1100ms);  // another signing second: another bundle
+  const auto second = run_tool(tool(publish), dir);
+  EXPECT_EQ(second.exit_code, 0) << second.err;
+  EXPECT_NE(second.out.find("(already)"), std::string::npos) << second.out;
+  const auto after = control->desired("filters");
+  ASSERT_TRUE(after);
+  EXPECT_EQ(after->bucket_revision, desired->bucket_revision);
+  EXPECT_EQ(after->state.revision, desired->state.revision);
+  EXPECT_EQ(detail::stream_subjects(js.get(), bundle_stream("filters"), "cubridge.bundle.>").size(),
+            1u);
+  // Another payload under the same version is still refused.
+  std::filesystem::copy_file(CUBRIDGE_TEST_CUBIN_OTHER, dir.path / "filters.cubin",
+                             std::filesystem::copy_options::overwrite_existing);
+  const auto other = run_tool(tool(publish), dir);
+  EXPECT_EQ(other.exit_code, 1) << other.out;
+  EXPECT_NE(other.err.find("desired already with another bundle"), std::string::npos) << other.err;
 }
 
 }  // namespace
