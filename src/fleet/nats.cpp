@@ -210,9 +210,9 @@ options_ptr make_options(const connect_options& options) {
   if (tls) {
     check(natsOptions_SetSecure(raw, true), "natsOptions_SetSecure", involved);
     if (!options.bus.ca_file.empty() && ::access(options.bus.ca_file.c_str(), R_OK) != 0)
-      cubridge::detail::throw_errc(errc::io, "read CA file",
-                                   "'" + options.bus.ca_file.string() +
-                                       "' cannot be read: " + std::strerror(errno));
+      cubridge::detail::throw_errc(
+          errc::io, "read CA file",
+          "'" + options.bus.ca_file.string() + "' cannot be read: " + std::strerror(errno));
     if (!options.bus.ca_file.empty())
       check(natsOptions_LoadCATrustedCertificates(raw, options.bus.ca_file.c_str()),
             "natsOptions_LoadCATrustedCertificates", "CA file " + options.bus.ca_file.string());

@@ -61,8 +61,7 @@ bool desired_everywhere(const desired_state& s, const bundle_ref& ref) {
 }
 
 std::optional<bundle_ref> same_payload_desired(jsCtx* js, const desired_state& s,
-                                               const prepared_bundle& p,
-                                               const trusted_keys& keys) {
+                                               const prepared_bundle& p, const trusted_keys& keys) {
   if (!s.stable || s.phase == rollout_phase::canary || s.stable->version != p.ref.version ||
       s.stable->target != p.ref.target || s.stable->digest == p.ref.digest)
     return std::nullopt;

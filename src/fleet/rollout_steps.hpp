@@ -44,8 +44,9 @@ struct prepared_bundle {
 /// Whether `s` already asks every node to run `ref` (a retried publish: nothing to write).
 [[nodiscard]] bool desired_everywhere(const desired_state& s, const bundle_ref& ref);
 /// The bundle `s` asks every node to run when it is `p` signed again: the same module, version,
-/// target, payload, expiry and key, another signing time (a `fleet publish x.cubin --version N` run twice signs
-/// twice). Its ref; nullopt for anything else, or when the stored bundle cannot be read.
+/// target, payload, expiry and key, another signing time (a `fleet publish x.cubin --version N` run
+/// twice signs twice). Its ref; nullopt for anything else, or when the stored bundle cannot be
+/// read.
 [[nodiscard]] std::optional<bundle_ref> same_payload_desired(jsCtx* js, const desired_state& s,
                                                              const prepared_bundle& p,
                                                              const trusted_keys& keys);

@@ -1,6 +1,7 @@
 // `cubridge fleet publish | status | rollback | watch | enroll`, the real binary run as a child
 // against a real nats-server (tests/nats_server.hpp); the test plays the nodes' heartbeats,
 // signed with their enrolled keys.
+#include "eventually.hpp"
 #include "fleet/nats.hpp"
 #include "nats_server.hpp"
 
@@ -13,7 +14,11 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <fstream>
@@ -294,8 +299,7 @@ TEST_F(FleetCli, AServerListWithOneHealthyUrlConnects) {
 // The server, credentials and CA from the environment or a profile (`fleet init` writes one),
 // the command line over both.
 TEST_F(FleetCli, TheBusComesFromTheEnvironmentOrAProfile) {
-  const auto by_env =
-      run_tool({"fleet", "status"}, dir, {"CUBRIDGE_FLEET_SERVER=" + server.url()});
+  const auto by_env = run_tool({"fleet", "status"}, dir, {"CUBRIDGE_FLEET_SERVER=" + server.url()});
   EXPECT_EQ(by_env.exit_code, 0) << by_env.err;
   {
     std::ofstream profile(dir.path / "fleet.profile");
@@ -308,9 +312,8 @@ TEST_F(FleetCli, TheBusComesFromTheEnvironmentOrAProfile) {
                {"CUBRIDGE_FLEET_PROFILE=" + (dir.path / "fleet.profile").string()});
   EXPECT_EQ(by_env_profile.exit_code, 0) << by_env_profile.err;
   // The command line over the profile: a dead server named there is the one tried.
-  const auto overridden =
-      run_tool({"fleet", "status", "--profile", "fleet.profile", "--server", "nats://127.0.0.1:1"},
-               dir);
+  const auto overridden = run_tool(
+      {"fleet", "status", "--profile", "fleet.profile", "--server", "nats://127.0.0.1:1"}, dir);
   EXPECT_EQ(overridden.exit_code, 75) << overridden.err;
   // A profile that does not parse is named with its line.
   { std::ofstream(dir.path / "bad.profile") << "server " << server.url() << "\nport 4222\n"; }
@@ -329,8 +332,8 @@ TEST_F(FleetCli, TheBusComesFromTheEnvironmentOrAProfile) {
 // `fleet publish x.cubin --version N` run twice signs twice: the same payload, another bundle.
 // The second run writes nothing (no new revision, nothing stored) and says so.
 TEST_F(FleetCli, PublishingTheSamePayloadTwiceWritesNothingTheSecondTime) {
-  const std::vector<std::string> publish = {"fleet", "publish", "filters.cubin", "--key",
-                                            "k.key", "--version", "4"};
+  const std::vector<std::string> publish = {
+      "fleet", "publish", "filters.cubin", "--key", "k.key", "--version", "4"};
   const auto first = run_tool(tool(publish), dir);
   ASSERT_EQ(first.exit_code, 0) << first.err;
   const auto desired = control->desired("filters");
@@ -351,6 +354,139 @@ TEST_F(FleetCli, PublishingTheSamePayloadTwiceWritesNothingTheSecondTime) {
   const auto other = run_tool(tool(publish), dir);
   EXPECT_EQ(other.exit_code, 1) << other.out;
   EXPECT_NE(other.err.find("desired already with another bundle"), std::string::npos) << other.err;
+}
+
+// --- the dashboard and watch as long-running children -----------------------------------------
+
+// A TCP connection to 127.0.0.1:`port` whose reads give up after `timeout`; -1 when refused.
+int connect_to(int port, std::chrono::milliseconds timeout = 5s) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<std::uint16_t>(port));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof address) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  timeval tv{};
+  tv.tv_sec = static_cast<time_t>(timeout.count() / 1000);
+  tv.tv_usec = static_cast<suseconds_t>((timeout.count() % 1000) * 1000);
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  return fd;
+}
+
+// Sends a GET of `path` on `fd` and reads until `until` appears, the peer closes, or a read
+// times out; what was read.
+std::string get(int fd, const std::string& path, const std::string& until = "") {
+  const std::string request =
+      "GET " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+  if (::send(fd, request.data(), request.size(), MSG_NOSIGNAL) < 0) return {};
+  std::string text;
+  char buffer[4096];
+  for (;;) {
+    const auto n = ::recv(fd, buffer, sizeof buffer, 0);
+    if (n <= 0) break;
+    text.append(buffer, static_cast<std::size_t>(n));
+    if (!until.empty() && text.find(until) != std::string::npos) break;
+  }
+  return text;
+}
+
+// A `cubridge ARGS...` child left running, its output in files; SIGTERM when it goes.
+struct running_tool {
+  std::filesystem::path out, err;
+  cubridge::detail::child_process child;
+  running_tool(const std::vector<std::string>& args, const temp_dir& dir, const std::string& name)
+      : out(dir.path / (name + ".out")), err(dir.path / (name + ".err")) {
+    const int o = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    const int e = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    cubridge::detail::child_spec spec;
+    spec.program = CUBRIDGE_TOOL_PATH;
+    spec.args = args;
+    spec.environment = cubridge::detail::current_environment();
+    spec.fds = {{1, o}, {2, e}};
+    spec.working_directory = dir.path;
+    child = cubridge::detail::child_process::spawn(spec);
+    ::close(o);
+    ::close(e);
+  }
+  ~running_tool() {
+    if (child.running()) {
+      ::kill(child.pid(), SIGTERM);
+      if (!child.wait_for(10s)) (void)child.kill();
+    }
+  }
+  [[nodiscard]] bool says(const std::string& what, std::chrono::milliseconds deadline = 30s) const {
+    return cubridge::testing::eventually(
+        [&] { return (read_text(out) + read_text(err)).find(what) != std::string::npos; },
+        deadline);
+  }
+};
+
+TEST_F(FleetCli, TheDashboardBoundsItsListenersAndIdleConnectionsAndSaysWhenItsPortIsTaken) {
+  const int port = cubridge::testing::free_ports(1).front();
+  const auto listen = "127.0.0.1:" + std::to_string(port);
+  running_tool dashboard(tool({"fleet", "dashboard", "--listen", listen}), dir, "dashboard");
+  ASSERT_TRUE(dashboard.says("dashboard at http://")) << read_text(dashboard.err);
+  // A second one on the same port fails with the reason, at once (no SO_REUSEPORT).
+  const auto second = run_tool(tool({"fleet", "dashboard", "--listen", listen}), dir);
+  EXPECT_EQ(second.exit_code, 1) << second.err;
+  EXPECT_NE(second.err.find("the port is in use"), std::string::npos) << second.err;
+  // 40 connections that send nothing: /state answers at once all the same.
+  std::vector<int> idle;
+  for (int i = 0; i < 40; ++i) idle.push_back(connect_to(port));
+  const auto asked = std::chrono::steady_clock::now();
+  const int fd = connect_to(port);
+  const auto state = get(fd, "/state");
+  const auto waited = std::chrono::steady_clock::now() - asked;
+  ::close(fd);
+  EXPECT_NE(state.find("200 OK"), std::string::npos) << state;
+  EXPECT_LT(waited, 1500ms) << "/state waited behind idle connections";
+  // Idle ones are closed after the read timeout (2 s): a read sees the end.
+  char byte = 0;
+  EXPECT_EQ(::recv(idle.front(), &byte, 1, 0), 0) << "an idle connection was kept";
+  for (const int f : idle) ::close(f);
+  // Two pages listening from one address; the third is refused with why.
+  std::vector<int> pages;
+  for (int i = 0; i < 2; ++i) {
+    pages.push_back(connect_to(port));
+    EXPECT_NE(get(pages.back(), "/events", "data:").find("200 OK"), std::string::npos);
+  }
+  const int third = connect_to(port);
+  const auto refused = get(third, "/events", "per address");
+  EXPECT_NE(refused.find("503"), std::string::npos) << refused;
+  ::close(third);
+  for (const int f : pages) ::close(f);
+}
+
+TEST_F(FleetCli, TheDashboardAndWatchKeepRunningAcrossAServerRestart) {
+  const int port = cubridge::testing::free_ports(1).front();
+  running_tool dashboard(
+      tool({"fleet", "dashboard", "--listen", "127.0.0.1:" + std::to_string(port)}), dir,
+      "dashboard");
+  running_tool watch(tool({"fleet", "watch"}), dir, "watch");
+  ASSERT_TRUE(dashboard.says("dashboard at http://")) << read_text(dashboard.err);
+  ASSERT_TRUE(watch.says("NODE")) << read_text(watch.err);
+  control.reset();
+  connection.reset();
+  server.kill();
+  EXPECT_TRUE(dashboard.says("lost the server")) << read_text(dashboard.err);
+  EXPECT_TRUE(watch.says("lost the server")) << read_text(watch.err);
+  EXPECT_TRUE(cubridge::testing::eventually(
+      [&] {
+        const int fd = connect_to(port);
+        const bool said = get(fd, "/state").find("\"disconnected\"") != std::string::npos;
+        ::close(fd);
+        return said;
+      },
+      30s))
+      << "the page never said the server was lost";
+  server.start();
+  EXPECT_TRUE(dashboard.says("connected again")) << read_text(dashboard.err);
+  EXPECT_TRUE(watch.says("connected again")) << read_text(watch.err);
+  EXPECT_FALSE(dashboard.child.try_wait()) << "the dashboard ended";
+  EXPECT_FALSE(watch.child.try_wait()) << "watch ended";
 }
 
 }  // namespace

@@ -116,8 +116,7 @@ void fleet_commands::bus_options(CLI::App* command) {
       ->add_option("--credentials", bus_.credentials,
                    "The operator's credentials file (cubridge fleet init writes it)")
       ->envname("CUBRIDGE_FLEET_CREDENTIALS");
-  command
-      ->add_option("--ca", bus_.ca, "The CA certificate the servers' certificates verify with")
+  command->add_option("--ca", bus_.ca, "The CA certificate the servers' certificates verify with")
       ->envname("CUBRIDGE_FLEET_CA");
   command
       ->add_option("--profile", bus_.profile,
@@ -136,7 +135,8 @@ void fleet_commands::add_publish() {
   bus_options(publish_);
   publish_->add_option("file", p.file, "A .bundle (sent as is), or a .cu, cubin or fatbin")
       ->required();
-  publish_->add_option("--key", p.key, "The operator's secret key: signs the desired state")->envname("CUBRIDGE_FLEET_KEY")
+  publish_->add_option("--key", p.key, "The operator's secret key: signs the desired state")
+      ->envname("CUBRIDGE_FLEET_KEY")
       ->required();
   publish_->add_option("--name", p.name, "Module name (default: the file's stem)");
   publish_->add_option("--version", p.version, "Module version when signing")
@@ -204,7 +204,9 @@ void fleet_commands::add_state_commands() {
   rollback_ = fleet_->add_subcommand("rollback", "Make an earlier version desired again (signed)");
   bus_options(rollback_);
   rollback_->add_option("module", rollback_args_.module, "The module")->required();
-  rollback_->add_option("--key", rollback_args_.key, "The operator's secret key")->envname("CUBRIDGE_FLEET_KEY")->required();
+  rollback_->add_option("--key", rollback_args_.key, "The operator's secret key")
+      ->envname("CUBRIDGE_FLEET_KEY")
+      ->required();
   rollback_
       ->add_option("--to-version", rollback_args_.to_version,
                    "The version to go back to (default: the stable one before the current)")
@@ -214,13 +216,17 @@ void fleet_commands::add_state_commands() {
   resume_ = fleet_->add_subcommand("resume", "Carry on a halted or interrupted wave rollout");
   bus_options(resume_);
   resume_->add_option("module", rollback_args_.module, "The module")->required();
-  resume_->add_option("--key", rollback_args_.key, "The operator's secret key")->envname("CUBRIDGE_FLEET_KEY")->required();
+  resume_->add_option("--key", rollback_args_.key, "The operator's secret key")
+      ->envname("CUBRIDGE_FLEET_KEY")
+      ->required();
   resume_->add_flag("--allow-readable-key", rollback_args_.allow_readable_key, readable_key_help);
   abort_ =
       fleet_->add_subcommand("abort", "End a wave rollout: every node back on the stable version");
   bus_options(abort_);
   abort_->add_option("module", rollback_args_.module, "The module")->required();
-  abort_->add_option("--key", rollback_args_.key, "The operator's secret key")->envname("CUBRIDGE_FLEET_KEY")->required();
+  abort_->add_option("--key", rollback_args_.key, "The operator's secret key")
+      ->envname("CUBRIDGE_FLEET_KEY")
+      ->required();
   abort_->add_flag("--allow-readable-key", rollback_args_.allow_readable_key, readable_key_help);
 }
 
@@ -229,14 +235,15 @@ void fleet_commands::add_views() {
   status_ = fleet_->add_subcommand("status", "Which node runs what, and each module's rollout");
   bus_options(status_);
   status_->add_flag("--json", status_json_, "Print the status as JSON");
-  status_->add_option("--key", status_key_,
-                      "The operator's secret key (its public half is trusted)")->envname("CUBRIDGE_FLEET_KEY");
+  status_
+      ->add_option("--key", status_key_, "The operator's secret key (its public half is trusted)")
+      ->envname("CUBRIDGE_FLEET_KEY");
 
   watch_ = fleet_->add_subcommand("watch", "A live table of the nodes, until interrupted");
   bus_options(watch_);
   watch_->add_flag("--once", watch_once_, "Print the table once and exit");
-  watch_->add_option("--key", status_key_,
-                     "The operator's secret key (its public half is trusted)")->envname("CUBRIDGE_FLEET_KEY");
+  watch_->add_option("--key", status_key_, "The operator's secret key (its public half is trusted)")
+      ->envname("CUBRIDGE_FLEET_KEY");
 
   dashboard_ = fleet_->add_subcommand(
       "dashboard", "A live page of the fleet: nodes x modules, waves, health, halts, timeline");
@@ -244,8 +251,9 @@ void fleet_commands::add_views() {
   dashboard_->add_option("--listen", dashboard_listen_,
                          "HOST:PORT to serve the page on (default 127.0.0.1:8090: this machine "
                          "only; the page is read-only)");
-  dashboard_->add_option("--key", status_key_,
-                         "The operator's secret key (its public half is trusted)")->envname("CUBRIDGE_FLEET_KEY");
+  dashboard_
+      ->add_option("--key", status_key_, "The operator's secret key (its public half is trusted)")
+      ->envname("CUBRIDGE_FLEET_KEY");
 }
 
 void fleet_commands::add_enroll() {
@@ -254,7 +262,9 @@ void fleet_commands::add_enroll() {
   bus_options(enroll_);
   enroll_->add_option("node", e.node, "The node's id")->required();
   enroll_->add_option("--node-key", e.node_key, "The node's public key file")->required();
-  enroll_->add_option("--key", e.key, "The operator's secret key: signs the registry")->envname("CUBRIDGE_FLEET_KEY")->required();
+  enroll_->add_option("--key", e.key, "The operator's secret key: signs the registry")
+      ->envname("CUBRIDGE_FLEET_KEY")
+      ->required();
   enroll_->add_option("--label", e.labels, "A label NAME=VALUE (repeatable), e.g. cohort=a");
   enroll_->add_flag("--allow-readable-key", e.allow_readable_key, readable_key_help);
 }
@@ -459,8 +469,8 @@ int fleet_commands::dashboard() const {
   if (d.host.size() > 2 && d.host.front() == '[' && d.host.back() == ']')
     d.host = d.host.substr(1, d.host.size() - 2);
   d.port = value;
-  controller control(options(status_key_, true));
-  return serve_dashboard(control, d);
+  const auto o = options(status_key_, true);
+  return serve_dashboard([&o] { return std::make_unique<controller>(o); }, d);
 }
 
 int fleet_commands::enroll() const {

@@ -10,9 +10,14 @@
 #include <httplib.h>
 #include <signal.h>
 
+#include <sys/socket.h>
+
 #include <atomic>
+#include <cerrno>
 #include <condition_variable>
+#include <cstring>
 #include <iostream>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -133,15 +138,131 @@ json dashboard_state(const fleet::controller& control) {
   return state;
 }
 
-int serve_dashboard(fleet::controller& control, const dashboard_options& options) {
+namespace {
+
+// A thread per connection, at most `cap` at once (over it the acceptor serves the connection
+// itself). A connection that sends nothing holds only its own thread, until the read timeout:
+// /state never waits behind idle connections, as it would behind a fixed pool they fill.
+class connection_threads : public httplib::TaskQueue {
+ public:
+  explicit connection_threads(std::size_t cap) : cap_(cap) {}
+  void enqueue(std::function<void()> serve) override {
+    {
+      std::lock_guard lock(mutex_);
+      if (running_ < cap_) {
+        ++running_;
+        std::thread([this, serve = std::move(serve)] {
+          serve();
+          std::lock_guard done(mutex_);
+          if (--running_ == 0) idle_.notify_all();
+        }).detach();
+        return;
+      }
+    }
+    serve();
+  }
+  void shutdown() override {
+    std::unique_lock lock(mutex_);
+    idle_.wait(lock, [&] { return running_ == 0; });
+  }
+
+ private:
+  std::size_t cap_;
+  std::mutex mutex_;
+  std::condition_variable idle_;
+  std::size_t running_ = 0;
+};
+
+// The pages listening, in all and per client address.
+class listener_slots {
+ public:
+  listener_slots(int total, int per_address) : total_(total), per_address_(per_address) {}
+  /// Takes a slot for `address`; false when it has its share or all are taken.
+  bool take(const std::string& address) {
+    std::lock_guard lock(mutex_);
+    auto& mine = by_address_[address];
+    if (count_ >= total_ || mine >= per_address_) {
+      if (mine == 0) by_address_.erase(address);
+      return false;
+    }
+    ++mine;
+    ++count_;
+    return true;
+  }
+  void give_back(const std::string& address) {
+    std::lock_guard lock(mutex_);
+    --count_;
+    if (--by_address_[address] <= 0) by_address_.erase(address);
+  }
+
+ private:
+  int total_, per_address_;
+  std::mutex mutex_;
+  int count_ = 0;
+  std::map<std::string, int> by_address_;
+};
+
+// Reads the fleet into the board; on a lost server, says so on the board (the page shows it)
+// and on stderr, and connects again until it answers.
+class fleet_reader {
+ public:
+  fleet_reader(const controller_factory& connect, std::unique_ptr<fleet::controller> control,
+               snapshot_board& board)
+      : connect_(connect), control_(std::move(control)), board_(board) {}
+  [[nodiscard]] std::string server() const {
+    return control_ ? control_->connected_server() : std::string("(not connected)");
+  }
+  void refresh() {
+    try {
+      if (!control_) {
+        control_ = connect_();
+        std::cerr << "cubridge: fleet dashboard: connected again to "
+                  << control_->connected_server() << "\n";
+      }
+      last_ = dashboard_state(*control_);
+      board_.put(last_.dump(-1, ' ', false, json::error_handler_t::replace));
+    } catch (const std::exception& e) {
+      const auto* x = dynamic_cast<const error*>(&e);
+      if (!x || !x->is(fleet_errc::unreachable)) {
+        std::cerr << "cubridge: fleet dashboard: reading the fleet: " << e.what() << "\n";
+        return;
+      }
+      if (control_)
+        std::cerr << "cubridge: fleet dashboard: lost the server (" << e.what()
+                  << "): connecting again\n";
+      control_.reset();
+      if (!last_.is_object()) last_ = json::object();
+      last_["disconnected"] = std::string("lost the server: connecting again (") + e.what() + ")";
+      board_.put(last_.dump(-1, ' ', false, json::error_handler_t::replace));
+    }
+  }
+
+ private:
+  const controller_factory& connect_;
+  std::unique_ptr<fleet::controller> control_;
+  snapshot_board& board_;
+  json last_;
+};
+
+}  // namespace
+
+int serve_dashboard(const controller_factory& connect, const dashboard_options& options) {
   snapshot_board board;
-  board.put(dashboard_state(control).dump(-1, ' ', false, json::error_handler_t::replace));
-  std::atomic<int> listening{0};
+  fleet_reader reader(connect, connect(), board);
+  reader.refresh();
+  listener_slots slots(options.max_listeners, options.max_listeners_per_address);
 
   httplib::Server server;
-  const auto threads = static_cast<std::size_t>(options.max_listeners) + 4;  // pages + requests
-  server.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-  server.set_read_timeout(5, 0);
+  server.new_task_queue = [] { return new connection_threads(256); };
+  // Only SO_REUSEADDR: with httplib's default SO_REUSEPORT a second dashboard on the same port
+  // would bind too and share its connections.
+  server.set_socket_options([](socket_t sock) {
+    int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+  });
+  // A connection that sends no request within 2 s, or idles 2 s between requests, is closed.
+  server.set_read_timeout(2, 0);
+  server.set_keep_alive_timeout(2);
   server.set_write_timeout(5, 0);
   server.set_payload_max_length(1024);  // it takes no bodies
   const auto common = [](httplib::Response& res) {
@@ -159,12 +280,14 @@ int serve_dashboard(fleet::controller& control, const dashboard_options& options
     common(res);
     res.set_content(board.after(0, std::chrono::milliseconds(0)).first, "application/json");
   });
-  server.Get("/events", [&](const httplib::Request&, httplib::Response& res) {
+  server.Get("/events", [&](const httplib::Request& req, httplib::Response& res) {
     common(res);
-    if (listening.fetch_add(1) >= options.max_listeners) {
-      listening.fetch_sub(1);
+    if (!slots.take(req.remote_addr)) {
       res.status = 503;
-      res.set_content("too many pages listening\n", "text/plain");
+      res.set_content("too many pages listening (at most " +
+                          std::to_string(options.max_listeners_per_address) + " per address, " +
+                          std::to_string(options.max_listeners) + " in all)\n",
+                      "text/plain");
       return;
     }
     auto seen = std::make_shared<std::uint64_t>(0);
@@ -178,37 +301,31 @@ int serve_dashboard(fleet::controller& control, const dashboard_options& options
           *seen = number;
           return sink.write(event.data(), event.size());
         },
-        [&listening](bool) { listening.fetch_sub(1); });
+        [&slots, address = req.remote_addr](bool) { slots.give_back(address); });
   });
 
   if (!server.bind_to_port(options.host, options.port)) {
+    const int why = errno;
     std::cerr << "cubridge: fleet dashboard cannot listen on " << options.host << ":"
-              << options.port << "\n";
+              << options.port << ": "
+              << (why == EADDRINUSE ? std::string("the port is in use (another dashboard?)")
+                                    : std::string(std::strerror(why)))
+              << "\n";
     return 1;
   }
   ::signal(SIGINT, on_stop);
   ::signal(SIGTERM, on_stop);
   std::thread http([&] { server.listen_after_bind(); });
   std::cout << "dashboard at http://" << options.host << ":" << options.port << "/ (reading "
-            << control.connected_server() << ")" << std::endl;
-  int status = 0;
+            << reader.server() << ")" << std::endl;
   while (!stopping) {
     std::this_thread::sleep_for(options.refresh);
-    try {
-      board.put(dashboard_state(control).dump(-1, ' ', false, json::error_handler_t::replace));
-    } catch (const std::exception& e) {
-      std::cerr << "cubridge: fleet dashboard: reading the fleet: " << e.what() << "\n";
-      if (const auto* x = dynamic_cast<const error*>(&e); x && x->is(fleet_errc::unreachable)) {
-        status = 1;
-        break;
-      }
-    }
+    reader.refresh();
   }
-  stopping = true;
   board.wake();
   server.stop();
   http.join();
-  return status;
+  return 0;
 }
 
 }  // namespace cubridge::tool

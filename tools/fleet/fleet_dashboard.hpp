@@ -9,6 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 
@@ -26,12 +28,20 @@ struct dashboard_options {
   int port = 8090;
   /// How often the fleet is read (and a change pushed).
   std::chrono::milliseconds refresh{1000};
-  /// Most pages listening at once; more are answered 503.
+  /// Most pages listening at once, in all and from one client address; more are answered 503.
   int max_listeners = 8;
+  int max_listeners_per_address = 2;
 };
 
-/// Serves until SIGINT or SIGTERM; prints "dashboard at http://HOST:PORT/" once listening.
-/// Returns the exit status.
-int serve_dashboard(fleet::controller& control, const dashboard_options& options);
+/// Makes the controller the dashboard reads through (again, after the server was lost).
+using controller_factory = std::function<std::unique_ptr<fleet::controller>()>;
+
+/// Serves until SIGINT or SIGTERM; prints "dashboard at http://HOST:PORT/" once listening. A
+/// connection that sends no request within 2 s is closed, and each holds a thread of its own
+/// (at most 256): /state never waits behind idle ones. A lost server is said on the page and
+/// on stderr, and the dashboard connects again until it answers. Returns the exit status: 1
+/// when it cannot listen (the port in use: no SO_REUSEPORT).
+/// @throws as controller's constructor for the first connection.
+int serve_dashboard(const controller_factory& connect, const dashboard_options& options);
 
 }  // namespace cubridge::tool

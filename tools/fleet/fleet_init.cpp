@@ -541,8 +541,8 @@ std::string readme(const checked_options& c) {
   out << "\nThe operator (cubridge fleet publish | status | rollback | watch | enroll):\n"
       << "  --profile " << d << "/operator.profile   (or export CUBRIDGE_FLEET_PROFILE=" << d
       << "/operator.profile)\n"
-      << "  which names --server " << urls << " --credentials " << d << "/operator.creds --ca "
-      << d << "/ca.pem";
+      << "  which names --server " << urls << " --credentials " << d << "/operator.creds --ca " << d
+      << "/ca.pem";
   if (c.servers > 1) out << " --replicas 3";
   out << "\n  signing with --key " << c.operator_secret
       << (c.operator_public ? " (the key given to --operator-key; operator.pub is its public half)"

@@ -181,17 +181,36 @@ int fleet_commands::status() const {
 }
 
 int fleet_commands::watch() const {
-  fleet::controller control(options(status_key_, true));
+  const auto o = options(status_key_, true);
+  auto control = std::make_unique<fleet::controller>(o);
   if (watch_once_) {
-    std::cout << render_fleet_status(read_fleet(control));
+    std::cout << render_fleet_status(read_fleet(*control));
     return exit_ok;
   }
   std::signal(SIGINT, on_interrupt);
   std::signal(SIGTERM, on_interrupt);
   const bool terminal = ::isatty(STDOUT_FILENO) == 1;
+  std::string last;  // the last table shown, kept on screen while the server is away
   while (!interrupted) {
+    std::string table;
+    try {
+      if (!control) {
+        control = std::make_unique<fleet::controller>(o);
+        std::cerr << "cubridge: fleet watch: connected again to " << control->connected_server()
+                  << "\n";
+      }
+      table = last = render_fleet_status(read_fleet(*control));
+    } catch (const error& e) {
+      if (!e.is(fleet_errc::unreachable)) throw;
+      // A server restart: say so, keep the last table, and connect again.
+      if (control)
+        std::cerr << "cubridge: fleet watch: lost the server (" << fleet::redact_url(e.what())
+                  << "): connecting again\n";
+      control.reset();
+      table = last + "(not connected to the server: connecting again)\n";
+    }
     if (terminal) std::cout << "\x1b[H\x1b[2J";  // redrawn in place
-    std::cout << render_fleet_status(read_fleet(control)) << std::flush;
+    std::cout << table << std::flush;
     if (!terminal) std::cout << "\n";
     for (int i = 0; i < 10 && !interrupted; ++i)
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
