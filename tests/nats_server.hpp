@@ -174,6 +174,10 @@ class nats_server {
 
   /// Kills the server at once (SIGKILL), as a crash would.
   void kill() { (void)process_.kill(); }
+  /// Freezes the server (SIGSTOP): its port still takes connections, which it never answers,
+  /// as a hung host does; thaw() goes on (SIGCONT).
+  void freeze() { ::kill(process_.pid(), SIGSTOP); }
+  void thaw() { ::kill(process_.pid(), SIGCONT); }
 
   /// What the server wrote so far.
   [[nodiscard]] std::string log_text() const {
@@ -363,6 +367,9 @@ class nats_cluster {
 
   /// Kills server i at once (SIGKILL), as a crash would.
   void kill(std::size_t i) { servers_.at(i)->kill(); }
+  /// Freezes server i (SIGSTOP) and thaws it (SIGCONT): a hung server.
+  void freeze(std::size_t i) { servers_.at(i)->freeze(); }
+  void thaw(std::size_t i) { servers_.at(i)->thaw(); }
   /// Stops server i as an operator does (SIGTERM).
   void stop(std::size_t i) { servers_.at(i)->stop(); }
   /// Starts server i again on its ports and store; returns once it takes connections (not

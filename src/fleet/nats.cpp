@@ -250,7 +250,30 @@ connection_ptr connect(natsOptions* options, std::string_view servers) {
   return owned;
 }
 
+namespace {
+connection_ptr connect_once(const connect_options& options);
+}  // namespace
+
 connection_ptr connect(const connect_options& options) {
+  // A hung server (its port takes the connection and never answers) costs a whole connect
+  // timeout before the next of the list is tried: the list is tried first with a short timeout
+  // per server, then again with the full one, so one hung server of several costs
+  // quick_connect_timeout, not connect_timeout.
+  if (!options.retry_on_failed_connect && options.connect_timeout > quick_connect_timeout &&
+      parse_server_list(options.bus.servers).size() > 1) {
+    auto quick = options;
+    quick.connect_timeout = quick_connect_timeout;
+    try {
+      return connect_once(quick);
+    } catch (const error& e) {
+      if (!e.is(fleet_errc::unreachable)) throw;
+    }
+  }
+  return connect_once(options);
+}
+
+namespace {
+connection_ptr connect_once(const connect_options& options) {
   const auto native = make_options(options);
   try {
     return connect(native.get(), options.bus.servers);
@@ -282,6 +305,7 @@ connection_ptr connect(const connect_options& options) {
     throw;
   }
 }
+}  // namespace
 
 std::string connected_url(natsConnection* connection) {
   char buffer[512] = {};

@@ -70,6 +70,9 @@ struct connect_options {
   std::chrono::milliseconds connect_timeout{2000};
 };
 
+/// The first try of each server of a list of several, before a try with the full timeout.
+inline constexpr std::chrono::milliseconds quick_connect_timeout{400};
+
 /// The delay before reconnect attempt `attempt` (1, 2, ...): 250 ms doubling to 2 s, each
 /// shortened by a random jitter of up to a quarter.
 [[nodiscard]] std::chrono::milliseconds reconnect_delay(int attempt) noexcept;
@@ -83,7 +86,9 @@ struct connect_options {
 [[nodiscard]] options_ptr make_options(const connect_options& options);
 
 /// Connects with `options` (from make_options). With retry_on_failed_connect a connection that
-/// is not yet connected is returned (NATS_NOT_YET_CONNECTED).
+/// is not yet connected is returned (NATS_NOT_YET_CONNECTED). The overload of connect_options
+/// tries a list of several servers first with quick_connect_timeout each (a hung server costs
+/// that), then with the full timeout, and says the common causes of a refusal in words.
 /// @throws cubridge::error (fleet_errc::unreachable) when no server answers at `servers`
 ///         (redacted in the message), fleet_errc::refused when a server refuses the identity.
 [[nodiscard]] connection_ptr connect(natsOptions* options, std::string_view servers);

@@ -280,6 +280,8 @@ TEST(fleet_cluster, the_bundle_streams_leader_killed_mid_rollout_every_node_conv
   const auto killed = std::chrono::steady_clock::now();
   EXPECT_TRUE(serve(2, 10s)) << "not converged within 10 s of the leader's death";
   const auto took = std::chrono::steady_clock::now() - killed;
+  std::printf("every node on v2 %.0f ms after the bundle stream's leader was killed\n",
+              std::chrono::duration<double, std::milli>(took).count());
   EXPECT_LT(took, 10s);
   for (const auto& s : sinks) {
     const auto applies = s->applies();
@@ -287,6 +289,59 @@ TEST(fleet_cluster, the_bundle_streams_leader_killed_mid_rollout_every_node_conv
     EXPECT_EQ(applies.at(2), 1) << "v2 applied twice";
   }
   for (auto& a : agents) a->stop();
+}
+
+}  // namespace
+
+namespace {
+
+// Failover under default settings (docs/fleet.md, "Failover"): the times are printed for the
+// record and asserted with a loaded CI machine's margin.
+TEST(fleet_cluster, a_publish_with_the_first_server_of_the_list_down) {
+  nats_cluster cluster;
+  const auto operator_keys = generate_keypair();
+  fleet::controller_options c;
+  c.bus.servers = cluster.urls();
+  c.bus.replicas = 3;
+  c.operator_keys.add(operator_keys.public_key);
+  std::unique_ptr<fleet::controller> control;
+  ASSERT_TRUE(eventually(
+      [&] {
+        try {
+          control = std::make_unique<fleet::controller>(c);
+          return true;
+        } catch (const std::exception&) {
+          return false;
+        }
+      },
+      30s));
+  (void)control->publish(cubridge::testing::source_bundle("filters", 1, operator_keys.secret_key),
+                         operator_keys.secret_key);
+  control.reset();
+  cluster.kill(0);  // the first of the list
+  // The cluster carries on with two servers (a meta leader among them) before the clock starts:
+  // what is timed is a publish while a server is down, not an election.
+  auto client = cluster_client(cluster);
+  ASSERT_TRUE(client.connected()) << client.error;
+  const auto js = jetstream(client.get(), 1000);
+  const auto killed = std::chrono::steady_clock::now();
+  for (const auto& stream :
+       {std::string(fleet::result_stream), std::string(fleet::heartbeat_stream),
+        std::string(fleet::control_bucket_stream), fleet::bundle_stream("filters")}) {
+    ASSERT_TRUE(eventually([&] { return leader_of(js.get(), stream) > 0; }, 30s)) << stream;
+    std::printf("%s has a leader %.0f ms after the kill\n", stream.c_str(),
+                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - killed)
+                    .count());
+  }
+  const auto bundle = cubridge::testing::source_bundle("filters", 2, operator_keys.secret_key);
+  const auto start = std::chrono::steady_clock::now();
+  fleet::controller again(c);
+  const auto report = again.publish(bundle, operator_keys.secret_key);
+  const auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_TRUE(report.completed);
+  std::printf("publish with the first server down: %.0f ms (connect, streams, store, write)\n",
+              std::chrono::duration<double, std::milli>(took).count());
+  EXPECT_LT(took, 3s);  // 1 s is the goal on an idle machine; CI is loaded
 }
 
 }  // namespace
