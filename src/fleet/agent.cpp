@@ -36,8 +36,12 @@ namespace {
 namespace nats = fleet::detail;
 using steady = std::chrono::steady_clock;
 
-// JetStream API calls (gets, publishing with the stream's ack).
+// Publishing with the stream's ack, and the base of a bundle fetch's wait.
 constexpr std::chrono::milliseconds api_wait{2000};
+// The control calls (binding the bucket, making a watch, reading the desired state and its
+// history): small requests, waited for briefly and tried again, so that a node follows a
+// cluster's election closely instead of waiting out long timeouts while it happens.
+constexpr std::chrono::milliseconds control_wait{500};
 // How long one pass waits on a module's watch: bounds how soon the loop sees stop() and the
 // next module.
 constexpr std::chrono::milliseconds watch_wait{50};
@@ -86,6 +90,8 @@ struct fleet_agent::impl {
     int failures = 0;  // transient, in a row
     steady::time_point next_attempt{};
     steady::time_point next_resync{};
+    int watch_failures = 0;  // in a row: the watch is made again after a backoff
+    steady::time_point next_watch{};
     std::optional<fleet::result_record> unpublished;  // a result still to go out
     int publish_failures = 0;                         // in a row, for its backoff
     steady::time_point next_publish{};
@@ -226,16 +232,20 @@ void fleet_agent::impl::choose_modules() {
 
 // --- the loop ---------------------------------------------------------------------------------
 
-// Binds the bucket (the operator makes it; a node never does) and makes a watch per module.
+// Binds the bucket (the operator makes it; a node never does). The watches are made by the
+// loop, and a node converges without them: the resync reads the desired state every
+// resync_interval, so that a watch that cannot be made (a cluster electing the bucket's leader)
+// holds nothing back.
 void fleet_agent::impl::set_up() {
-  bucket = nats::bind_control_bucket(js.get());
+  if (!bucket) bucket = nats::bind_control_bucket(js.get());
   for (auto& f : follows) {
     f.watcher.reset();
+    f.watch_failures = 0;
+    f.next_watch = {};
     f.next_resync = {};  // read at once: the watch's first value may take a moment
     // A fetch that failed with the lost connection is tried again at once on the new one.
     f.failures = 0;
     f.next_attempt = {};
-    watch(f);
   }
   ++connects;
 }
@@ -297,7 +307,7 @@ void fleet_agent::impl::read_desired(module_follow& f) {
   // the last value written is never believed for being last.
   kvWatchOptions o;
   kvWatchOptions_Init(&o);
-  o.Timeout = api_wait.count();
+  o.Timeout = control_wait.count();
   kvEntryList list{};
   const auto listed = kvStore_History(&list, bucket.get(), key.c_str(), &o);
   if (listed == NATS_NOT_FOUND) return;  // nothing desired yet
@@ -336,7 +346,7 @@ void fleet_agent::impl::open_link() {
   }
   // Out of the lock: a first attempt may take the connect timeout.
   auto fresh = nats::connect(link_options);
-  auto fresh_js = nats::jetstream(fresh.get(), api_wait, options.bus.api_prefix);
+  auto fresh_js = nats::jetstream(fresh.get(), control_wait, options.bus.api_prefix);
   std::unique_lock lock(link_mutex);
   getter.reset();
   bucket.reset();
@@ -390,7 +400,12 @@ void fleet_agent::impl::run_worker() {
         note_problem({});
       } catch (const std::exception& e) {
         note_problem(e.what());
-        if (pause_for_link(nats::reconnect_delay(++set_up_failures), set_up_failures)) return;
+        // Connected but the bucket not bound (a cluster electing its leader): tried again
+        // soon, each try being one small request; not connected: the reconnect's backoff.
+        const auto delay = link_up() ? std::min(nats::reconnect_delay(++set_up_failures),
+                                                std::chrono::milliseconds(control_wait))
+                                     : nats::reconnect_delay(++set_up_failures);
+        if (pause_for_link(delay, set_up_failures)) return;
         continue;
       }
     }
@@ -403,7 +418,20 @@ void fleet_agent::impl::run_worker() {
           read_desired(f);
           f.next_resync = now + options.resync_interval;
         }
-        if (!f.watcher) watch(f);
+        if (!f.watcher && now >= f.next_watch) {
+          try {
+            watch(f);
+            f.watch_failures = 0;
+          } catch (const std::exception& e) {
+            note_problem(e.what());
+            f.next_watch = now + backoff(++f.watch_failures);
+          }
+        }
+        if (!f.watcher) {
+          reconcile(f);
+          if (pause(watch_wait)) return;
+          continue;
+        }
         kvEntry* raw = nullptr;
         const auto status = kvWatcher_Next(&raw, f.watcher.get(), watch_wait.count());
         const nats::kv_entry_ptr entry(raw);

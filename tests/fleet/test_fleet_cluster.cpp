@@ -178,6 +178,7 @@ TEST(fleet_cluster, a_client_of_one_server_is_refused_when_it_is_gone) {
 #include "bundle/source_bundles.hpp"
 #include "temp_dir.hpp"
 
+#include <future>
 #include <map>
 #include <mutex>
 
@@ -342,6 +343,97 @@ TEST(fleet_cluster, a_publish_with_the_first_server_of_the_list_down) {
   std::printf("publish with the first server down: %.0f ms (connect, streams, store, write)\n",
               std::chrono::duration<double, std::milli>(took).count());
   EXPECT_LT(took, 3s);  // 1 s is the goal on an idle machine; CI is loaded
+}
+
+// The leader of the desired state's bucket killed mid-rollout, as the nodes (re)start: each
+// reads the desired state and fetches the bundle through the two servers left, under default
+// settings. The time from the kill to every node serving the new version is printed.
+TEST(fleet_cluster, the_buckets_leader_killed_mid_rollout_every_node_converges) {
+  nats_cluster cluster;
+  temp_dir dir;
+  const auto operator_keys = generate_keypair();
+  fleet::controller_options c;
+  c.bus.servers = cluster.urls();
+  c.bus.replicas = 3;
+  c.operator_keys.add(operator_keys.public_key);
+  std::unique_ptr<fleet::controller> control;
+  ASSERT_TRUE(eventually(
+      [&] {
+        try {
+          control = std::make_unique<fleet::controller>(c);
+          return true;
+        } catch (const std::exception&) {
+          return false;
+        }
+      },
+      30s));
+  std::vector<std::shared_ptr<counting_sink>> sinks;
+  std::vector<std::unique_ptr<fleet_agent>> agents;
+  for (const char* node : {"n1", "n2", "n3"}) {
+    const auto keys = generate_keypair();
+    const auto key_file = dir.path / (std::string(node) + ".key");
+    write_key_file(key_file, keys.secret_key);
+    control->enroll(node, keys.public_key, {}, operator_keys.secret_key);
+    sinks.push_back(std::make_shared<counting_sink>());
+    update_gate_options policy;
+    policy.keys.add(operator_keys.public_key);
+    policy.persist_state = false;
+    fleet_agent_options o;  // default settings
+    o.bus.servers = cluster.urls();
+    o.node = node;
+    o.node_key_file = key_file;
+    o.modules = {"filters"};
+    agents.push_back(std::make_unique<fleet_agent>(update_gate::create(sinks.back(), policy), o));
+    agents.back()->start();
+  }
+  const auto serve = [&](std::uint64_t v, std::chrono::milliseconds within) {
+    return eventually(
+        [&] {
+          for (const auto& s : sinks)
+            if (s->current_version({}) != v) return false;
+          return true;
+        },
+        within);
+  };
+  (void)control->publish(cubridge::testing::source_bundle("filters", 1, operator_keys.secret_key),
+                         operator_keys.secret_key);
+  ASSERT_TRUE(serve(1, 30s));
+  for (auto& a : agents) a->stop();  // the nodes go down for a moment ...
+  (void)control->publish(cubridge::testing::source_bundle("filters", 2, operator_keys.secret_key),
+                         operator_keys.secret_key);
+  auto client = cluster_client(cluster);
+  ASSERT_TRUE(client.connected()) << client.error;
+  const auto js = jetstream(client.get(), 1000);
+  const int leader = leader_of(js.get(), std::string(fleet::control_bucket_stream));
+  ASSERT_GE(leader, 0);
+  cluster.kill(static_cast<std::size_t>(leader));  // ... and the bucket's leader dies
+  const auto killed = std::chrono::steady_clock::now();
+  for (auto& a : agents) a->start();  // ... as they come back
+  // When the bucket has its new leader (the cluster's election, which no client shortens).
+  auto elected = std::async(std::launch::async, [&] {
+    const auto watcher = jetstream(client.get(), 200);
+    (void)eventually(
+        [&] {
+          const int now_leading =
+              leader_of(watcher.get(), std::string(fleet::control_bucket_stream));
+          return now_leading >= 0 && now_leading != leader;
+        },
+        30s);
+    return std::chrono::steady_clock::now() - killed;
+  });
+  EXPECT_TRUE(serve(2, 30s)) << "not converged within 30 s of the leader's death";
+  const auto took = std::chrono::steady_clock::now() - killed;
+  const auto election = elected.get();
+  std::printf(
+      "every node on v2 %.0f ms after the bucket's leader (server %d) was killed; "
+      "the new leader was elected after %.0f ms\n",
+      std::chrono::duration<double, std::milli>(took).count(), leader + 1,
+      std::chrono::duration<double, std::milli>(election).count());
+  // The goal is 5 s from the kill (docs/fleet.md, "Failover"): the election alone takes 5-6 s
+  // on nats-server 2.9.10. What the nodes add after it is what is held to a bound here, with a
+  // loaded CI machine's margin.
+  EXPECT_LT(took, election + 8s);
+  for (auto& a : agents) a->stop();
 }
 
 }  // namespace
