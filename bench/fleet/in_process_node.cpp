@@ -33,7 +33,8 @@ in_process_node::in_process_node(std::string id, const std::filesystem::path& di
                                  const std::string& module,
                                  const cubridge::public_key& operator_key,
                                  const std::string& servers,
-                                 const std::filesystem::path& credentials)
+                                 const std::filesystem::path& credentials,
+                                 const std::filesystem::path& ca_file)
     : id_(std::move(id)), module_(module), sink_(std::make_shared<memory_sink>(module)) {
   const auto keys = generate_keypair();
   public_key_ = keys.public_key;
@@ -49,6 +50,7 @@ in_process_node::in_process_node(std::string id, const std::filesystem::path& di
   fleet_agent_options options;  // the defaults: heartbeat 5 s, resync 2 s, retries 100 ms to 2 s
   options.bus.servers = servers;
   options.bus.credentials = credentials;
+  options.bus.ca_file = ca_file;
   options.node = id_;
   options.node_key_file = key_file;
   options.modules = {module};

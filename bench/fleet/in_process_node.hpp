@@ -40,10 +40,12 @@ class memory_sink final : public module_sink {
 class in_process_node {
  public:
   /// Node `id` following `module`, trusting `operator_key`, its files under `dir`, reaching
-  /// the bus at `servers` as the user of `credentials`.
+  /// the bus at `servers` as the user of `credentials`, over TLS verified with `ca_file` when
+  /// one is given.
   in_process_node(std::string id, const std::filesystem::path& dir, const std::string& module,
                   const cubridge::public_key& operator_key, const std::string& servers,
-                  const std::filesystem::path& credentials);
+                  const std::filesystem::path& credentials,
+                  const std::filesystem::path& ca_file = {});
   in_process_node(const in_process_node&) = delete;
   in_process_node& operator=(const in_process_node&) = delete;
   ~in_process_node();
