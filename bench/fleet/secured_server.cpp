@@ -110,6 +110,8 @@ std::vector<std::string> node_publish_allow(std::string_view node, std::string_v
                    "$JS.API.STREAM.INFO." + kv,
                    // kvStore_Get of desired.<m> (the bucket allows direct gets).
                    "$JS.API.DIRECT.GET." + kv + ".$KV." + bucket + "." + fleet::desired_key(m),
+                   // The desired state's history, by sequence (the key in the request's body).
+                   "$JS.API.DIRECT.GET." + kv,
                    // kvStore_Watch: an ordered consumer, found by subject.
                    "$JS.API.STREAM.NAMES",
                    "$JS.API.CONSUMER.CREATE." + kv,

@@ -41,7 +41,7 @@ constexpr std::chrono::milliseconds api_wait{2000};
 // The control calls (binding the bucket, making a watch, reading the desired state and its
 // history): small requests, waited for briefly and tried again, so that a node follows a
 // cluster's election closely instead of waiting out long timeouts while it happens.
-constexpr std::chrono::milliseconds control_wait{500};
+constexpr std::chrono::milliseconds control_wait{1000};
 // How long one pass waits on a module's watch: bounds how soon the loop sees stop() and the
 // next module.
 constexpr std::chrono::milliseconds watch_wait{50};
@@ -110,6 +110,7 @@ struct fleet_agent::impl {
   nats::jetstream_ptr js;
   nats::kv_store_ptr bucket;
   std::optional<nats::direct_getter> getter;  // the loop's only: bundle fetches
+  std::optional<nats::direct_getter> reader;  // the loop's only: the desired state
   std::vector<module_follow> follows;         // the loop's only
   std::atomic<bool> ready{false};             // bucket bound, watches made
 
@@ -298,28 +299,23 @@ void fleet_agent::impl::take(module_follow& f, std::string_view value) {
   f.next_attempt = {};
 }
 
+// Reads the desired state with direct gets (any replica answers: no leader needed, no consumer
+// made): the key's last value and, unless it is the one taken already, every revision the key's
+// history keeps, oldest first, so that the newest verified record is taken whatever was written
+// last.
 void fleet_agent::impl::read_desired(module_follow& f) {
-  const auto key = fleet::desired_key(f.module);
-  const auto value = nats::kv_get(bucket.get(), key);
-  if (value && f.desired && value->value == f.desired_value) return;  // nothing new
-  // Anything else (a node that took nothing yet, a junk value, a deleted key, an older record
-  // written back, a newer one): the newest record of the key's history that verifies, so that
-  // the last value written is never believed for being last.
-  kvWatchOptions o;
-  kvWatchOptions_Init(&o);
-  o.Timeout = control_wait.count();
-  kvEntryList list{};
-  const auto listed = kvStore_History(&list, bucket.get(), key.c_str(), &o);
-  if (listed == NATS_NOT_FOUND) return;  // nothing desired yet
-  nats::check(listed, "kvStore_History",
-              "key " + key + " of bucket " + std::string(fleet::control_bucket));
+  const std::string stream(fleet::control_bucket_stream);
+  const auto subject =
+      "$KV." + std::string(fleet::control_bucket) + "." + fleet::desired_key(f.module);
+  if (!reader) reader.emplace(connection.get());
+  const auto last = reader->last_message(options.bus.api_prefix, stream, subject, control_wait);
+  // A deleted or purged key is a marker with no value: nothing to take (the last good stays).
+  if (!last || natsMsg_GetDataLength(last.get()) == 0) return;
+  const std::string value(nats::message_text(last.get()));
+  if (f.desired && value == f.desired_value) return;  // nothing new
   std::string newest;
   std::uint64_t newest_revision = 0;
-  for (int i = 0; i < list.Count; ++i) {
-    kvEntry* e = list.Entries[i];
-    if (kvEntry_Operation(e) != kvOp_Put) continue;
-    const auto* data = static_cast<const char*>(kvEntry_Value(e));
-    const std::string_view text(data ? data : "", static_cast<std::size_t>(kvEntry_ValueLen(e)));
+  const auto consider = [&](std::string_view text) {
     const auto opened =
         fleet::open_record(text, fleet::record_kind::desired_state, gate->options().keys);
     const auto state = opened ? fleet::parse_desired_state(opened->body) : std::nullopt;
@@ -327,10 +323,29 @@ void fleet_agent::impl::read_desired(module_follow& f) {
       newest_revision = state->revision;
       newest = text;
     }
+  };
+  const auto last_sequence = nats::message_sequence(last.get());
+  try {
+    // At most the bucket's history per key (16), and the last value itself.
+    for (std::uint64_t from = 1, reads = 0; from <= last_sequence && reads <= 64; ++reads) {
+      const auto m =
+          reader->next_message(options.bus.api_prefix, stream, subject, from, control_wait);
+      const auto sequence = m ? nats::message_sequence(m.get()) : 0;
+      if (sequence == 0) break;
+      consider(nats::message_text(m.get()));
+      from = sequence + 1;
+    }
+  } catch (const error& e) {
+    if (e.is(fleet_errc::unreachable)) throw;
+    // A bus whose node permissions predate the history read (fleet init before issue 33: no
+    // DIRECT.GET of the bucket's stream): the last value alone, and said so.
+    note_problem("the history of the desired state of '" + f.module + "' could not be read (" +
+                 e.what() + "): the last value is taken alone; allow $JS.API.DIRECT.GET." + stream +
+                 " to the node (`cubridge fleet init` does)");
   }
-  kvEntryList_Destroy(&list);
+  consider(value);
   if (!newest.empty()) take(f, newest);
-  if (value && value->value != newest) take(f, value->value);  // refused and counted, or newer
+  if (value != newest) take(f, value);  // refused and counted: older, or not verified
 }
 
 void fleet_agent::impl::open_link() {
@@ -349,6 +364,7 @@ void fleet_agent::impl::open_link() {
   auto fresh_js = nats::jetstream(fresh.get(), control_wait, options.bus.api_prefix);
   std::unique_lock lock(link_mutex);
   getter.reset();
+  reader.reset();
   bucket.reset();
   for (auto& f : follows) f.watcher.reset();
   ready = false;
@@ -661,7 +677,9 @@ fleet::heartbeat fleet_agent::impl::heartbeat_now() {
 void fleet_agent::impl::run_heartbeats() {
   const auto subject = fleet::heartbeat_subject(options.node);
   do {
-    if (!ready || !link_up()) continue;
+    // Sent once connected, whether or not the bucket is bound yet: a node that is up says so
+    // even while a swamped server is slow to answer its set-up.
+    if (!link_up()) continue;
     try {
       std::shared_lock lock(link_mutex);
       if (!js) continue;
@@ -675,7 +693,7 @@ void fleet_agent::impl::run_heartbeats() {
     } catch (const std::exception&) {
       // Missed; the next interval tries again.
     }
-  } while (!pause(ready && link_up() && heartbeats > 0
+  } while (!pause(link_up() && heartbeats > 0
                       ? options.heartbeat_interval
                       : std::min(options.heartbeat_interval, std::chrono::milliseconds(100))));
 }
@@ -750,6 +768,7 @@ void fleet_agent::stop() noexcept {
   d.follows.clear();
   d.ready = false;
   d.getter.reset();
+  d.reader.reset();
   d.bucket.reset();
   std::unique_lock lock(d.link_mutex);
   d.js.reset();

@@ -290,8 +290,11 @@ bool controller::impl::read_heartbeats(const node_registry& registry,
     so.Config.DeliverPolicy = js_DeliverAll;
     natsSubscription* raw = nullptr;
     const std::string filter = std::string(heartbeat_subject_prefix) + ">";
-    detail::check(js_SubscribeSync(&raw, js.get(), filter.c_str(), nullptr, &so, &js_code),
-                  "js_SubscribeSync", "ordered consumer of stream " + stream, js_code);
+    const auto made = js_SubscribeSync(&raw, js.get(), filter.c_str(), nullptr, &so, &js_code);
+    // A server too busy to answer in time (a connect storm): nothing read this time, made on
+    // the next read.
+    if (made == NATS_TIMEOUT) return false;
+    detail::check(made, "js_SubscribeSync", "ordered consumer of stream " + stream, js_code);
     heartbeats.reset(raw);
   }
   while (heartbeats_read_to < last) {

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <climits>
 #include <cstring>
 #include <random>
@@ -451,29 +452,57 @@ std::uint64_t direct_getter::reconnects() const {
 
 message_ptr direct_getter::last_message(std::string_view api_prefix, std::string_view stream,
                                         std::string_view subject, std::chrono::milliseconds wait) {
+  const std::string api = (api_prefix.empty() ? std::string("$JS.API") : std::string(api_prefix)) +
+                          ".DIRECT.GET." + std::string(stream) + "." + std::string(subject);
+  return get(api, {}, "subject " + std::string(subject) + " of stream " + std::string(stream),
+             wait);
+}
+
+message_ptr direct_getter::next_message(std::string_view api_prefix, std::string_view stream,
+                                        std::string_view subject, std::uint64_t from,
+                                        std::chrono::milliseconds wait) {
+  const std::string api = (api_prefix.empty() ? std::string("$JS.API") : std::string(api_prefix)) +
+                          ".DIRECT.GET." + std::string(stream);
+  const std::string body = "{\"seq\":" + std::to_string(std::max<std::uint64_t>(from, 1)) +
+                           ",\"next_by_subj\":\"" + std::string(subject) + "\"}";
+  return get(api, body,
+             "subject " + std::string(subject) + " of stream " + std::string(stream) +
+                 " from sequence " + std::to_string(from),
+             wait);
+}
+
+std::uint64_t message_sequence(natsMsg* message) noexcept {
+  const char* text = nullptr;
+  if (natsMsgHeader_Get(message, JSSequence, &text) != NATS_OK || !text) return 0;
+  std::uint64_t value = 0;
+  const std::string_view view(text);
+  const auto [end, ec] = std::from_chars(view.data(), view.data() + view.size(), value);
+  return ec == std::errc{} && end == view.data() + view.size() ? value : 0;
+}
+
+message_ptr direct_getter::get(const std::string& api, const std::string& body,
+                               const std::string& involved, std::chrono::milliseconds wait) {
   using clock = std::chrono::steady_clock;
   // An answer that has not come in two of its waits is taken as lost (a replica that died
   // with the request, the connection still up) and asked for again.
   const auto longest_outstanding = 2 * wait;
-  const std::string involved =
-      "subject " + std::string(subject) + " of stream " + std::string(stream);
   const auto lost = [&] {
     pending_.reset();
     fail(fleet_errc::unreachable, "the connection was lost during the direct get", "direct get",
          involved);
   };
   if (natsConnection_Status(connection_) != NATS_CONN_STATUS_CONNECTED) lost();
-  const std::string api = (api_prefix.empty() ? std::string("$JS.API") : std::string(api_prefix)) +
-                          ".DIRECT.GET." + std::string(stream) + "." + std::string(subject);
   const auto now = clock::now();
-  if (pending_ && (pending_->api_subject != api || pending_->reconnects != reconnects() ||
-                   now - pending_->sent > longest_outstanding))
+  if (pending_ &&
+      (pending_->api_subject != api || pending_->body != body ||
+       pending_->reconnects != reconnects() || now - pending_->sent > longest_outstanding))
     pending_.reset();
   if (!pending_) {
-    outstanding request{api, inbox_ + "." + std::to_string(++serial_), reconnects(), now};
-    check(
-        natsConnection_PublishRequest(connection_, api.c_str(), request.reply.c_str(), nullptr, 0),
-        "natsConnection_PublishRequest", involved);
+    outstanding request{api, body, inbox_ + "." + std::to_string(++serial_), reconnects(), now};
+    check(natsConnection_PublishRequest(connection_, api.c_str(), request.reply.c_str(),
+                                        body.empty() ? nullptr : body.data(),
+                                        static_cast<int>(body.size())),
+          "natsConnection_PublishRequest", involved);
     pending_ = std::move(request);
   }
   // The answer in slices, so that a lost connection (the request with it) is seen at once.

@@ -150,10 +150,19 @@ class direct_getter {
   ///         refusal (its status and description).
   [[nodiscard]] message_ptr last_message(std::string_view api_prefix, std::string_view stream,
                                          std::string_view subject, std::chrono::milliseconds wait);
+  /// The first message on `subject` of `stream` at or after stream sequence `from` (1: the
+  /// first), or null when there is none; its sequence is message_sequence(). Throws as
+  /// last_message.
+  [[nodiscard]] message_ptr next_message(std::string_view api_prefix, std::string_view stream,
+                                         std::string_view subject, std::uint64_t from,
+                                         std::chrono::milliseconds wait);
 
  private:
+  [[nodiscard]] message_ptr get(const std::string& api_subject, const std::string& body,
+                                const std::string& involved, std::chrono::milliseconds wait);
   struct outstanding {
     std::string api_subject;
+    std::string body;
     std::string reply;
     std::uint64_t reconnects = 0;
     std::chrono::steady_clock::time_point sent;
@@ -167,6 +176,10 @@ class direct_getter {
   std::uint64_t serial_ = 0;
   std::optional<outstanding> pending_;
 };
+
+/// The stream sequence of a message a direct get returned (its Nats-Sequence header); 0 when it
+/// has none.
+[[nodiscard]] std::uint64_t message_sequence(natsMsg* message) noexcept;
 
 /// The subjects of `stream` that match `filter` ("cubridge.heartbeat.>"), each holding at least
 /// one message; empty when the stream does not exist.

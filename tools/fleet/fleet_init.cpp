@@ -395,7 +395,8 @@ std::vector<std::string> node_api_subjects() {
       "STREAM.NAMES",   // kvStore_Watch looks the stream of its subject up
       "DIRECT.GET.*.cubridge.bundle.>",  // js_DirectGetMsg of a bundle's subject
       "DIRECT.GET." + kv + ".$KV." + std::string(fleet::control_bucket) + ".>",  // kvStore_Get
-      "CONSUMER.CREATE." + kv,         // kvStore_Watch: its ephemeral ordered consumer
+      "DIRECT.GET." + kv,       // the desired state's history, by sequence (its body names the key)
+      "CONSUMER.CREATE." + kv,  // kvStore_Watch: its ephemeral ordered consumer
       "CONSUMER.DELETE." + kv + ".*",  // kvWatcher_Stop / _Destroy deletes it
   };
 }
