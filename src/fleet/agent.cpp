@@ -127,6 +127,7 @@ struct fleet_agent::impl {
   std::map<std::string, bool> converged_now;      // per module
   std::string problem;                            // why not ready
   std::string last_problem;                       // the last one noted, kept once solved
+  steady::time_point last_logged{};               // when a problem was last logged
 
   // This run of the agent, as its heartbeats name it (records.hpp: boot, sequence, started).
   std::string boot;
@@ -185,7 +186,13 @@ struct fleet_agent::impl {
   void note_problem(std::string text) {
     std::lock_guard lock(state_mutex);
     if (!text.empty() && text != last_problem) {
-      log::warn("fleet agent of node '" + options.node + "': " + text);
+      // A new problem is logged, at most one a second: two that alternate while a server is
+      // away do not flood the log.
+      const auto now = steady::now();
+      if (now - last_logged >= std::chrono::seconds(1)) {
+        log::warn("fleet agent of node '" + options.node + "': " + text);
+        last_logged = now;
+      }
       last_problem = text;
     }
     problem = std::move(text);
@@ -196,6 +203,9 @@ struct fleet_agent::impl {
 
   void choose_modules();
   void set_up();
+  bool link_ready(int& link_failures);
+  bool set_up_ready(int& set_up_failures);
+  bool follow_once(module_follow& f);
   void run_worker();
   void take(module_follow& f, std::string_view value);
   void read_desired(module_follow& f);
@@ -233,12 +243,11 @@ void fleet_agent::impl::choose_modules() {
 
 // --- the loop ---------------------------------------------------------------------------------
 
-// Binds the bucket (the operator makes it; a node never does). The watches are made by the
-// loop, and a node converges without them: the resync reads the desired state every
-// resync_interval, so that a watch that cannot be made (a cluster electing the bucket's leader)
-// holds nothing back.
+// Readies the modules for a new connection. The bucket is bound and the watches made by the
+// loop, when they can be, and a node converges without them: the resync reads the desired state
+// with direct gets every resync_interval, which any replica answers, so that a bucket that
+// cannot be bound now (a cluster electing its leader) holds nothing back.
 void fleet_agent::impl::set_up() {
-  if (!bucket) bucket = nats::bind_control_bucket(js.get());
   for (auto& f : follows) {
     f.watcher.reset();
     f.watch_failures = 0;
@@ -378,6 +387,85 @@ void fleet_agent::impl::open_link() {
   connection = std::move(fresh);
 }
 
+// The link made anew when the client library closed it (the first time too), with jittered
+// exponential backoff, forever. True when the loop may go on; false after a wait (the caller
+// looks at stop_requested() and comes back).
+bool fleet_agent::impl::link_ready(int& link_failures) {
+  if (!link_closed()) return true;
+  try {
+    open_link();
+    link_failures = 0;
+  } catch (const std::exception& e) {
+    note_problem(std::string("cannot connect: ") + e.what());
+  }
+  // A closed link again soon after is not retried in a tight loop.
+  if (link_closed() || link_failures > 0) {
+    (void)pause(nats::reconnect_delay(++link_failures));
+    return false;
+  }
+  return true;
+}
+
+// The bucket bound once the link is up. True when set up; false after a wait.
+bool fleet_agent::impl::set_up_ready(int& set_up_failures) {
+  if (ready) return true;
+  try {
+    if (!link_up())
+      throw std::runtime_error("not connected to " +
+                               fleet::redact_server_list(options.bus.servers));
+    set_up();
+    ready = true;
+    set_up_failures = 0;
+    note_problem({});
+    return true;
+  } catch (const std::exception& e) {
+    note_problem(e.what());
+    // Connected but the bucket not bound (a cluster electing its leader): tried again soon,
+    // each try being one small request; not connected: the reconnect's backoff.
+    const auto delay = link_up() ? std::min(nats::reconnect_delay(++set_up_failures),
+                                            std::chrono::milliseconds(control_wait))
+                                 : nats::reconnect_delay(++set_up_failures);
+    (void)pause_for_link(delay, set_up_failures);
+    return false;
+  }
+}
+
+// One pass over a followed module: its desired state read when due, its watch made when due and
+// read, and the reconcile. False when stopping.
+bool fleet_agent::impl::follow_once(module_follow& f) {
+  const auto now = steady::now();
+  if (now >= f.next_resync) {
+    read_desired(f);
+    f.next_resync = now + options.resync_interval;
+  }
+  if (!f.watcher && now >= f.next_watch) {
+    try {
+      if (!bucket) bucket = nats::bind_control_bucket(js.get());  // the operator made it
+      watch(f);
+      f.watch_failures = 0;
+    } catch (const std::exception& e) {
+      note_problem(e.what());
+      f.next_watch = now + backoff(++f.watch_failures);
+    }
+  }
+  if (!f.watcher) {  // the resync alone, until the watch can be made
+    reconcile(f);
+    return !pause(watch_wait);
+  }
+  kvEntry* raw = nullptr;
+  const auto status = kvWatcher_Next(&raw, f.watcher.get(), watch_wait.count());
+  const nats::kv_entry_ptr entry(raw);
+  if (status == NATS_OK && entry && kvEntry_Operation(entry.get()) == kvOp_Put) {
+    const auto* data = static_cast<const char*>(kvEntry_Value(entry.get()));
+    take(f, std::string_view(data ? data : "",
+                             static_cast<std::size_t>(kvEntry_ValueLen(entry.get()))));
+  } else if (status != NATS_OK && status != NATS_TIMEOUT) {
+    f.watcher.reset();  // made again next pass
+  }
+  reconcile(f);
+  return true;
+}
+
 void fleet_agent::impl::run_worker() {
   int set_up_failures = 0, link_failures = 0;
   follows.clear();
@@ -391,74 +479,12 @@ void fleet_agent::impl::run_worker() {
       return;
   }
   while (!stop_requested()) {
-    if (link_closed()) {
-      try {
-        open_link();
-        link_failures = 0;
-      } catch (const std::exception& e) {
-        note_problem(std::string("cannot connect: ") + e.what());
-      }
-      // Jittered exponential backoff before the next look, forever: a closed link again soon
-      // after is not retried in a tight loop.
-      if (link_closed() || link_failures > 0) {
-        if (pause(nats::reconnect_delay(++link_failures))) return;
-        continue;
-      }
-    }
-    if (!ready) {
-      try {
-        if (!link_up())
-          throw std::runtime_error("not connected to " +
-                                   fleet::redact_server_list(options.bus.servers));
-        set_up();
-        ready = true;
-        set_up_failures = 0;
-        note_problem({});
-      } catch (const std::exception& e) {
-        note_problem(e.what());
-        // Connected but the bucket not bound (a cluster electing its leader): tried again
-        // soon, each try being one small request; not connected: the reconnect's backoff.
-        const auto delay = link_up() ? std::min(nats::reconnect_delay(++set_up_failures),
-                                                std::chrono::milliseconds(control_wait))
-                                     : nats::reconnect_delay(++set_up_failures);
-        if (pause_for_link(delay, set_up_failures)) return;
-        continue;
-      }
-    }
+    if (!link_ready(link_failures) || !set_up_ready(set_up_failures)) continue;
     bool healthy = true;
     for (auto& f : follows) {
       if (stop_requested()) return;
       try {
-        const auto now = steady::now();
-        if (now >= f.next_resync) {
-          read_desired(f);
-          f.next_resync = now + options.resync_interval;
-        }
-        if (!f.watcher && now >= f.next_watch) {
-          try {
-            watch(f);
-            f.watch_failures = 0;
-          } catch (const std::exception& e) {
-            note_problem(e.what());
-            f.next_watch = now + backoff(++f.watch_failures);
-          }
-        }
-        if (!f.watcher) {
-          reconcile(f);
-          if (pause(watch_wait)) return;
-          continue;
-        }
-        kvEntry* raw = nullptr;
-        const auto status = kvWatcher_Next(&raw, f.watcher.get(), watch_wait.count());
-        const nats::kv_entry_ptr entry(raw);
-        if (status == NATS_OK && entry && kvEntry_Operation(entry.get()) == kvOp_Put) {
-          const auto* data = static_cast<const char*>(kvEntry_Value(entry.get()));
-          take(f, std::string_view(data ? data : "",
-                                   static_cast<std::size_t>(kvEntry_ValueLen(entry.get()))));
-        } else if (status != NATS_OK && status != NATS_TIMEOUT) {
-          f.watcher.reset();  // made again next pass
-        }
-        reconcile(f);
+        if (!follow_once(f)) return;
       } catch (const std::exception& e) {
         note_problem(e.what());
         healthy = false;

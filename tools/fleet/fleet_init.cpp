@@ -530,6 +530,19 @@ std::string server_urls(const checked_options& c) {
   return urls;
 }
 
+// The operator's profile: the commands take the server, credentials and CA from it (--profile,
+// CUBRIDGE_FLEET_PROFILE), paths relative to the directory.
+void write_operator_profile(const checked_options& c) {
+  fleet::bus_options profile;
+  profile.servers = server_urls(c);
+  profile.credentials = "operator.creds";
+  profile.ca_file = "ca.pem";
+  profile.replicas = c.servers > 1 ? 3 : 1;
+  fleet::write_bus_profile(c.dir / "operator.profile", profile,
+                           "the operator's bus (cubridge fleet init): --profile " +
+                               (c.dir / "operator.profile").string());
+}
+
 std::string readme(const checked_options& c) {
   const std::string d = c.dir.string();
   const std::string urls = server_urls(c);
@@ -681,16 +694,7 @@ void write_fleet_init(const fleet_init_options& options) {
   for (int server = 1; server <= c.servers; ++server)
     write_new_file(c.dir / ("server" + file_suffix(c, server) + ".conf"),
                    server_config(c, server, op, nodes), 0600);
-  // The operator's profile: the commands take the server, credentials and CA from it
-  // (--profile, CUBRIDGE_FLEET_PROFILE), paths relative to this directory.
-  fleet::bus_options profile;
-  profile.servers = server_urls(c);
-  profile.credentials = "operator.creds";
-  profile.ca_file = "ca.pem";
-  profile.replicas = c.servers > 1 ? 3 : 1;
-  fleet::write_bus_profile(c.dir / "operator.profile", profile,
-                           "the operator's bus (cubridge fleet init): --profile " +
-                               (c.dir / "operator.profile").string());
+  write_operator_profile(c);
   write_new_file(c.dir / "README.txt", readme(c), 0644);
   undo.keep();
 }
