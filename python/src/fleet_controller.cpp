@@ -126,6 +126,8 @@ struct wave_settings {
   std::optional<double> max_failure_rate;
   std::map<std::string, double> max_metrics;
   double poll_s = 0.5;
+  std::string baseline_breach = "halt";
+  std::uint32_t max_missed_heartbeats = 3;
 };
 
 fleet::wave_policy wave_policy_of(const wave_settings& s) {
@@ -147,6 +149,10 @@ fleet::wave_policy wave_policy_of(const wave_settings& s) {
     p.limits.max_metrics[name] = limit;
   }
   p.poll = milliseconds_of(s.poll_s, "poll_s");
+  CUBRIDGE_EXPECTS(s.baseline_breach == "halt" || s.baseline_breach == "bake_on",
+                   "baseline_breach must be 'halt' or 'bake_on'");
+  p.limits.baseline_breach_halts = s.baseline_breach == "halt";
+  p.max_missed_heartbeats = s.max_missed_heartbeats;
   return p;
 }
 
@@ -221,10 +227,11 @@ void bind_controller_calls(nb::class_<py_fleet_controller>& c) {
           [](py_fleet_controller& self, nb::handle bundle, const secret_key& key,
              std::vector<std::string> waves, double bake_s, double deadline_s, std::string cohort,
              std::optional<double> max_failure_rate, std::map<std::string, double> max_metrics,
-             double poll_s) {
+             double poll_s, std::string baseline_breach, std::uint32_t max_missed_heartbeats) {
             const auto bytes = image_bytes(bundle);
             const auto p = wave_policy_of({std::move(waves), bake_s, deadline_s, std::move(cohort),
-                                           max_failure_rate, std::move(max_metrics), poll_s});
+                                           max_failure_rate, std::move(max_metrics), poll_s,
+                                           std::move(baseline_breach), max_missed_heartbeats});
             return report_dict(
                 self.run([&](controller_ref c) { return c.rollout_waves(bytes, p, key); }));
           },
@@ -232,11 +239,15 @@ void bind_controller_calls(nb::class_<py_fleet_controller>& c) {
           nb::arg("bake_s") = 30.0, nb::arg("deadline_s") = 600.0, nb::arg("cohort") = "",
           nb::arg("max_failure_rate") = nb::none(),
           nb::arg("max_metrics") = std::map<std::string, double>{}, nb::arg("poll_s") = 0.5,
+          nb::arg("baseline_breach") = "halt", nb::arg("max_missed_heartbeats") = 3u,
           "The wave rollout of `cubridge fleet publish --waves 1,10%,50% --bake 30s`: wave after "
           "wave (sizes 'N' or 'P%', cumulative; '100%' added last), each done when its nodes "
           "applied the bundle and stayed healthy for bake_s against the nodes still on the old "
           "version (their probes, sticky errors, max_failure_rate of launches, max_metrics "
-          "{name: most}); a breach or a wave past deadline_s halts and rolls the waves back. "
+          "{name: most}); a breach or a wave past deadline_s halts and rolls the waves back. A "
+          "node of the wave that goes silent for max_missed_heartbeats intervals, restarts or "
+          "leaves the candidate halts it too; a baseline that breaches on its own halts for "
+          "review unless baseline_breach='bake_on'. "
           "Blocks until it completes or halts (the plan is desired state: a process killed "
           "meanwhile loses nothing, resume() carries on). Returns the rollout report: "
           "'completed', 'halt_signal', 'halt_node', 'halt_reason', 'last_verdict', 'timeline'.")

@@ -161,7 +161,8 @@ def test_wave_policies_that_make_no_sense_are_refused_before_anything_is_written
         with pytest.raises(cubridge.PreconditionError, match=words):
             fleet.control.rollout_waves(fleet.bundle(2), key, waves=waves, bake_s=1)
     for keyword, value in (("bake_s", 0), ("deadline_s", -1), ("poll_s", float("nan")),
-                           ("max_failure_rate", 2.0)):
+                           ("max_failure_rate", 2.0), ("baseline_breach", "sometimes"),
+                           ("max_missed_heartbeats", 0)):
         with pytest.raises(cubridge.PreconditionError, match=keyword):
             fleet.control.rollout_waves(fleet.bundle(2), key, waves=["1"], **{keyword: value})
     with pytest.raises(cubridge.PreconditionError, match="max_metrics"):
