@@ -215,18 +215,18 @@ class counting_sink final : public module_sink {
   std::map<std::uint64_t, int> applies_;
 };
 
-TEST(fleet_cluster, the_bundle_streams_leader_killed_mid_rollout_every_node_converges_once) {
-  nats_cluster cluster;
-  temp_dir dir;
-  const auto operator_keys = generate_keypair();
+// The control side of `cluster` (R3 streams and bucket), made once the cluster takes them: the
+// meta leader may answer while the peers still register for an R3 stream. Null (with why in
+// `why`) when it cannot be made within 30 s.
+std::unique_ptr<fleet::controller> cluster_controller(const nats_cluster& cluster,
+                                                      const keypair& operator_keys,
+                                                      std::string& why) {
   fleet::controller_options c;
   c.bus.servers = cluster.urls();
   c.bus.replicas = 3;
   c.operator_keys.add(operator_keys.public_key);
-  // The meta leader answered; the peers may still be registering for an R3 stream.
   std::unique_ptr<fleet::controller> control;
-  std::string why;
-  ASSERT_TRUE(eventually(
+  (void)eventually(
       [&] {
         try {
           control = std::make_unique<fleet::controller>(c);
@@ -236,28 +236,41 @@ TEST(fleet_cluster, the_bundle_streams_leader_killed_mid_rollout_every_node_conv
           return false;
         }
       },
-      30s))
-      << why;
+      30s);
+  return control;
+}
+
+// Nodes of the cluster, each an agent (default settings) over a counting sink, enrolled.
+struct cluster_nodes {
   std::vector<std::shared_ptr<counting_sink>> sinks;
   std::vector<std::unique_ptr<fleet_agent>> agents;
-  for (const char* node : {"n1", "n2"}) {
-    const auto keys = generate_keypair();
-    const auto key_file = dir.path / (std::string(node) + ".key");
-    write_key_file(key_file, keys.secret_key);
-    control->enroll(node, keys.public_key, {}, operator_keys.secret_key);
-    sinks.push_back(std::make_shared<counting_sink>());
-    update_gate_options policy;
-    policy.keys.add(operator_keys.public_key);
-    policy.persist_state = false;
-    fleet_agent_options o;
-    o.bus.servers = cluster.urls();
-    o.node = node;
-    o.node_key_file = key_file;
-    o.modules = {"filters"};
-    agents.push_back(std::make_unique<fleet_agent>(update_gate::create(sinks.back(), policy), o));
-    agents.back()->start();
+
+  cluster_nodes(const nats_cluster& cluster, fleet::controller& control,
+                const keypair& operator_keys, const temp_dir& dir,
+                std::initializer_list<const char*> ids) {
+    for (const char* node : ids) {
+      const auto keys = generate_keypair();
+      const auto key_file = dir.path / (std::string(node) + ".key");
+      write_key_file(key_file, keys.secret_key);
+      control.enroll(node, keys.public_key, {}, operator_keys.secret_key);
+      sinks.push_back(std::make_shared<counting_sink>());
+      update_gate_options policy;
+      policy.keys.add(operator_keys.public_key);
+      policy.persist_state = false;
+      fleet_agent_options o;
+      o.bus.servers = cluster.urls();
+      o.node = node;
+      o.node_key_file = key_file;
+      o.modules = {"filters"};
+      agents.push_back(std::make_unique<fleet_agent>(update_gate::create(sinks.back(), policy), o));
+      agents.back()->start();
+    }
   }
-  const auto serve = [&](std::uint64_t v, std::chrono::milliseconds within) {
+  ~cluster_nodes() {
+    for (auto& a : agents) a->stop();
+  }
+  // Whether every node serves `v` within `within`.
+  [[nodiscard]] bool serve(std::uint64_t v, std::chrono::milliseconds within) const {
     return eventually(
         [&] {
           for (const auto& s : sinks)
@@ -265,6 +278,20 @@ TEST(fleet_cluster, the_bundle_streams_leader_killed_mid_rollout_every_node_conv
           return true;
         },
         within);
+  }
+};
+
+TEST(fleet_cluster, the_bundle_streams_leader_killed_mid_rollout_every_node_converges_once) {
+  nats_cluster cluster;
+  temp_dir dir;
+  const auto operator_keys = generate_keypair();
+  std::string why;
+  const auto control = cluster_controller(cluster, operator_keys, why);
+  ASSERT_TRUE(control) << why;
+  cluster_nodes nodes(cluster, *control, operator_keys, dir, {"n1", "n2"});
+  auto& sinks = nodes.sinks;
+  const auto serve = [&](std::uint64_t v, std::chrono::milliseconds within) {
+    return nodes.serve(v, within);
   };
   (void)control->publish(cubridge::testing::source_bundle("filters", 1, operator_keys.secret_key),
                          operator_keys.secret_key);
@@ -289,7 +316,6 @@ TEST(fleet_cluster, the_bundle_streams_leader_killed_mid_rollout_every_node_conv
     EXPECT_EQ(applies.at(1), 1);
     EXPECT_EQ(applies.at(2), 1) << "v2 applied twice";
   }
-  for (auto& a : agents) a->stop();
 }
 
 }  // namespace
@@ -301,21 +327,9 @@ namespace {
 TEST(fleet_cluster, a_publish_with_the_first_server_of_the_list_down) {
   nats_cluster cluster;
   const auto operator_keys = generate_keypair();
-  fleet::controller_options c;
-  c.bus.servers = cluster.urls();
-  c.bus.replicas = 3;
-  c.operator_keys.add(operator_keys.public_key);
-  std::unique_ptr<fleet::controller> control;
-  ASSERT_TRUE(eventually(
-      [&] {
-        try {
-          control = std::make_unique<fleet::controller>(c);
-          return true;
-        } catch (const std::exception&) {
-          return false;
-        }
-      },
-      30s));
+  std::string why;
+  auto control = cluster_controller(cluster, operator_keys, why);
+  ASSERT_TRUE(control) << why;
   (void)control->publish(cubridge::testing::source_bundle("filters", 1, operator_keys.secret_key),
                          operator_keys.secret_key);
   control.reset();
@@ -337,6 +351,10 @@ TEST(fleet_cluster, a_publish_with_the_first_server_of_the_list_down) {
   }
   const auto bundle = cubridge::testing::source_bundle("filters", 2, operator_keys.secret_key);
   const auto start = std::chrono::steady_clock::now();
+  fleet::controller_options c;
+  c.bus.servers = cluster.urls();
+  c.bus.replicas = 3;
+  c.operator_keys.add(operator_keys.public_key);
   fleet::controller again(c);
   const auto report = again.publish(bundle, operator_keys.secret_key);
   const auto took = std::chrono::steady_clock::now() - start;
@@ -357,48 +375,13 @@ TEST(fleet_cluster, the_buckets_leader_killed_mid_rollout_every_node_converges) 
   nats_cluster cluster;
   temp_dir dir;
   const auto operator_keys = generate_keypair();
-  fleet::controller_options c;
-  c.bus.servers = cluster.urls();
-  c.bus.replicas = 3;
-  c.operator_keys.add(operator_keys.public_key);
-  std::unique_ptr<fleet::controller> control;
-  ASSERT_TRUE(eventually(
-      [&] {
-        try {
-          control = std::make_unique<fleet::controller>(c);
-          return true;
-        } catch (const std::exception&) {
-          return false;
-        }
-      },
-      30s));
-  std::vector<std::shared_ptr<counting_sink>> sinks;
-  std::vector<std::unique_ptr<fleet_agent>> agents;
-  for (const char* node : {"n1", "n2", "n3"}) {
-    const auto keys = generate_keypair();
-    const auto key_file = dir.path / (std::string(node) + ".key");
-    write_key_file(key_file, keys.secret_key);
-    control->enroll(node, keys.public_key, {}, operator_keys.secret_key);
-    sinks.push_back(std::make_shared<counting_sink>());
-    update_gate_options policy;
-    policy.keys.add(operator_keys.public_key);
-    policy.persist_state = false;
-    fleet_agent_options o;  // default settings
-    o.bus.servers = cluster.urls();
-    o.node = node;
-    o.node_key_file = key_file;
-    o.modules = {"filters"};
-    agents.push_back(std::make_unique<fleet_agent>(update_gate::create(sinks.back(), policy), o));
-    agents.back()->start();
-  }
+  std::string why;
+  const auto control = cluster_controller(cluster, operator_keys, why);
+  ASSERT_TRUE(control) << why;
+  cluster_nodes nodes(cluster, *control, operator_keys, dir, {"n1", "n2", "n3"});
+  auto& agents = nodes.agents;
   const auto serve = [&](std::uint64_t v, std::chrono::milliseconds within) {
-    return eventually(
-        [&] {
-          for (const auto& s : sinks)
-            if (s->current_version({}) != v) return false;
-          return true;
-        },
-        within);
+    return nodes.serve(v, within);
   };
   (void)control->publish(cubridge::testing::source_bundle("filters", 1, operator_keys.secret_key),
                          operator_keys.secret_key);
@@ -439,7 +422,6 @@ TEST(fleet_cluster, the_buckets_leader_killed_mid_rollout_every_node_converges) 
   // 2.9.10 ends: ~2 s here. A loaded CI machine's margin on top.
   EXPECT_LT(took, 10s);
   (void)election;
-  for (auto& a : agents) a->stop();
 }
 
 }  // namespace
