@@ -63,6 +63,44 @@ std::uint64_t controller::impl::compare_and_set(
                "compare-and-set", involved);
 }
 
+std::uint64_t controller::impl::write_desired(
+    std::string_view module,
+    const std::function<std::string(const std::optional<detail::kv_value>&)>& make) {
+  ensure_results_of(module);
+  const auto written = compare_and_set(desired_key(module), make);
+  ensure_results_of(module);
+  return written;
+}
+
+std::vector<std::string> controller::impl::desired_modules() const {
+  kvKeysList keys{};
+  kvWatchOptions o;
+  kvWatchOptions_Init(&o);
+  o.Timeout = options.request_timeout.count();
+  const auto status = kvStore_Keys(&keys, bucket.get(), &o);
+  if (status == NATS_NOT_FOUND) return {};  // an empty bucket
+  detail::check(status, "kvStore_Keys", "bucket " + std::string(control_bucket));
+  std::vector<std::string> names;
+  const auto prefix = desired_key("");
+  for (int i = 0; i < keys.Count; ++i) {
+    const std::string_view key = keys.Keys[i];
+    if (key.starts_with(prefix) && check_fleet_name(key.substr(prefix.size()), "m").empty())
+      names.emplace_back(key.substr(prefix.size()));
+  }
+  kvKeysList_Destroy(&keys);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+void controller::impl::ensure_results_of(std::string_view module) {
+  auto names = desired_modules();
+  if (!module.empty() && !std::binary_search(names.begin(), names.end(), module))
+    names.emplace_back(module);
+  auto w = detail::ensure_result_stream(js.get(), options.bus.replicas, names);
+  if (!w.empty() && std::find(warnings.begin(), warnings.end(), w) == warnings.end())
+    warnings.push_back(std::move(w));
+}
+
 void controller::impl::store_bundle(std::string_view module, const bundle_ref& ref,
                                     std::span<const std::byte> bundle) {
   const std::int64_t limit = natsConnection_GetMaxPayload(connection.get());
@@ -157,9 +195,8 @@ controller::controller(controller_options options) : impl_(std::make_unique<impl
   d.js = detail::jetstream(d.connection.get(), d.options.request_timeout);
   const int replicas = d.options.bus.replicas;
   try {
-    for (auto w : {detail::ensure_result_stream(d.js.get(), replicas),
-                   detail::ensure_heartbeat_stream(d.js.get(), replicas)})
-      if (!w.empty()) d.warnings.push_back(std::move(w));
+    if (auto w = detail::ensure_heartbeat_stream(d.js.get(), replicas); !w.empty())
+      d.warnings.push_back(std::move(w));
   } catch (const error& e) {
     if (std::string_view(e.what()).find("Timeout") == std::string_view::npos) throw;
     detail::fail(fleet_errc::nats_failed,
@@ -171,6 +208,7 @@ controller::controller(controller_options options) : impl_(std::make_unique<impl
   std::string mismatch;
   d.bucket = detail::ensure_control_bucket(d.js.get(), replicas, &mismatch);
   if (!mismatch.empty()) d.warnings.push_back(std::move(mismatch));
+  d.ensure_results_of({});
 }
 
 controller::~controller() = default;
@@ -373,21 +411,7 @@ std::vector<node_state> controller::nodes(std::chrono::system_clock::time_point 
 
 std::vector<desired_entry> controller::modules(read_report* report) const {
   const auto deadline = steady::now() + impl_->options.read_deadline;
-  kvKeysList keys{};
-  kvWatchOptions o;
-  kvWatchOptions_Init(&o);
-  o.Timeout = impl_->options.request_timeout.count();
-  const auto status = kvStore_Keys(&keys, impl_->bucket.get(), &o);
-  if (status == NATS_NOT_FOUND) return {};  // an empty bucket
-  detail::check(status, "kvStore_Keys", "bucket " + std::string(control_bucket));
-  std::vector<std::string> names;
-  for (int i = 0; i < keys.Count; ++i) {
-    const std::string_view key = keys.Keys[i];
-    if (key.starts_with("desired.") && check_fleet_name(key.substr(8), "m").empty())
-      names.emplace_back(key.substr(8));
-  }
-  kvKeysList_Destroy(&keys);
-  std::sort(names.begin(), names.end());
+  const auto names = impl_->desired_modules();
   std::vector<desired_entry> out;
   for (const auto& name : names) {
     if (steady::now() > deadline) {

@@ -52,6 +52,18 @@ struct controller::impl {
       const std::string& key,
       const std::function<std::string(const std::optional<detail::kv_value>&)>& make);
 
+  /// Writes module's desired state as compare_and_set does, with the results stream storing
+  /// the module's results before and after (ensure_result_stream: a writer of another module
+  /// in between may have left this one out, and is repaired here).
+  std::uint64_t write_desired(
+      std::string_view module,
+      const std::function<std::string(const std::optional<detail::kv_value>&)>& make);
+  /// The names of the modules with a desired-state key, sorted.
+  [[nodiscard]] std::vector<std::string> desired_modules() const;
+  /// Makes the results stream store the results of every module with a desired state and of
+  /// `module` (empty: none more); mismatches go to warnings.
+  void ensure_results_of(std::string_view module);
+
   /// Stores `bundle` of `module` (its ref) under its subject, idempotently.
   void store_bundle(std::string_view module, const bundle_ref& ref,
                     std::span<const std::byte> bundle);

@@ -160,6 +160,10 @@ constexpr int control_history = 16;
 constexpr int64_t day_ns = int64_t{86400} * 1000 * 1000 * 1000;
 // The largest record or heartbeat a node publishes (records.hpp: 64 KiB of body, signed).
 constexpr int32_t max_record_message = 256 << 10;
+// Results kept per module and node: only the newest is read; a few more for an operator's look.
+constexpr int64_t results_kept = 4;
+// What results streams of cubridge 0.1.0 stored: every module token, one limit for all nodes.
+constexpr std::string_view legacy_result_subjects = "cubridge.result.>";
 // Versions of a module kept for refetching (rollback targets and the history).
 constexpr int64_t bundles_kept = 32;
 
@@ -336,12 +340,51 @@ std::string ensure_bundle_stream(jsCtx* js, std::string_view module, int replica
   return ensure_stream(js, spec);
 }
 
-std::string ensure_result_stream(jsCtx* js, int replicas) {
-  stream_spec spec{std::string(result_stream), {"cubridge.result.>"}, 16, 7 * day_ns};
+std::string ensure_result_stream(jsCtx* js, int replicas, std::span<const std::string> modules) {
+  // One subject per module with a desired state, none wider: a node's result for any other
+  // module token is stored nowhere, so what one node can make the stream hold is bounded by
+  // (modules) x results_kept x max_record_message whatever it publishes, and no discard-old
+  // limit on the whole stream lets it evict another node's results (docs/fleet-security.md).
+  stream_spec spec{std::string(result_stream), {}, results_kept, 7 * day_ns};
   spec.max_msg_size = max_record_message;
-  spec.max_bytes = int64_t{256} << 20;
   spec.replicas = replicas;
-  return ensure_stream(js, spec);
+  auto info = find_stream(js, spec.name);
+  if (info) {
+    const auto& have = *info->Config;
+    for (int i = 0; i < have.SubjectsLen; ++i)
+      if (std::string_view(have.Subjects[i]) != legacy_result_subjects)
+        spec.subjects.emplace_back(have.Subjects[i]);
+  }
+  bool missing = false;
+  for (const auto& module : modules) {
+    auto subject = result_subjects(module);
+    if (std::find(spec.subjects.begin(), spec.subjects.end(), subject) != spec.subjects.end())
+      continue;
+    spec.subjects.push_back(std::move(subject));
+    missing = true;
+  }
+  if (!info) return spec.subjects.empty() ? std::string() : ensure_stream(js, spec);
+  std::sort(spec.subjects.begin(), spec.subjects.end());
+  // A stream an older cubridge made stores cubridge.result.> with stream-wide limits: narrowed
+  // to the modules and given the per-subject bound on the first write of a desired state.
+  const bool outdated = info->Config->MaxBytes != spec.max_bytes ||
+                      info->Config->MaxMsgsPerSubject != spec.max_msgs_per_subject ||
+                      spec.subjects.size() != static_cast<std::size_t>(info->Config->SubjectsLen);
+  if ((!missing && !outdated) || spec.subjects.empty()) return mismatch_of(spec, *info);
+  std::vector<const char*> subjects;
+  for (const auto& s : spec.subjects) subjects.push_back(s.c_str());
+  jsStreamConfig config = *info->Config;  // the rest as the stream has it
+  config.Subjects = subjects.data();
+  config.SubjectsLen = static_cast<int>(subjects.size());
+  config.MaxMsgsPerSubject = spec.max_msgs_per_subject;
+  config.MaxMsgs = spec.max_msgs;
+  config.MaxBytes = spec.max_bytes;
+  jsStreamInfo* updated = nullptr;
+  jsErrCode js_code = static_cast<jsErrCode>(0);
+  const auto status = js_UpdateStream(&updated, js, &config, nullptr, &js_code);
+  stream_info_ptr owned(updated);
+  check(status, "js_UpdateStream", "stream " + spec.name, js_code);
+  return mismatch_of(spec, *owned);
 }
 
 std::string ensure_heartbeat_stream(jsCtx* js, int replicas) {

@@ -109,7 +109,11 @@ inline constexpr std::chrono::milliseconds quick_connect_timeout{400};
 /// differs and both values (empty when it matches), for the caller to report.
 [[nodiscard]] std::string ensure_bundle_stream(jsCtx* js, std::string_view module, int replicas,
                                                std::int64_t max_payload);
-[[nodiscard]] std::string ensure_result_stream(jsCtx* js, int replicas);
+/// The results stream stores cubridge.result.<m>.* for each of `modules` and nothing wider: the
+/// subjects are added to (never removed from) the stream, which is made when missing and at
+/// least one module is named, and one of an older cubridge (cubridge.result.>) is narrowed.
+[[nodiscard]] std::string ensure_result_stream(jsCtx* js, int replicas,
+                                               std::span<const std::string> modules);
 [[nodiscard]] std::string ensure_heartbeat_stream(jsCtx* js, int replicas);
 /// The control bucket, made when missing (the control side).
 [[nodiscard]] kv_store_ptr ensure_control_bucket(jsCtx* js, int replicas, std::string* mismatch);

@@ -34,7 +34,7 @@ rollout_report controller::publish(std::span<const std::byte> bytes,
       return report;
     }
   d.store_bundle(module, p.ref, bytes);
-  d.compare_and_set(desired_key(module), [&](const auto& current) {
+  d.write_desired(module, [&](const auto& current) {
     auto s = parse_current(current, module, keys);
     report.already_desired = desired_everywhere(s, p.ref);
     if (report.already_desired) {
@@ -69,7 +69,7 @@ rollout_report controller::rollout(std::span<const std::byte> bytes, const canar
 
   result_watch watch(d.connection.get(), module, registry);  // first: no result is missed
   d.store_bundle(module, p.ref, bytes);
-  d.compare_and_set(desired_key(module), [&](const auto& current) {
+  d.write_desired(module, [&](const auto& current) {
     auto s = parse_current(current, module, keys);
     if (s.phase == rollout_phase::canary && s.candidate == p.ref) {  // resumed
       report.canaries = s.canaries;
@@ -110,7 +110,7 @@ rollout_report controller::rollout(std::span<const std::byte> bytes, const canar
   // Promoted or halted, only if the state is still this rollout's (another writer may have
   // gone further meanwhile: then that writer's word stands).
   const auto revision = report.desired.revision;
-  d.compare_and_set(desired_key(module), [&](const auto& current) {
+  d.write_desired(module, [&](const auto& current) {
     auto s = parse_current(current, module, keys);
     if (s.revision != revision)
       detail::fail(fleet_errc::conflict,
@@ -136,7 +136,7 @@ desired_state controller::rollback(std::string_view module, std::uint64_t to_ver
   impl::require_name(module, "module name");
   const auto keys = d.keys_with(operator_key);
   desired_state written;
-  d.compare_and_set(desired_key(module), [&](const auto& current) {
+  d.write_desired(module, [&](const auto& current) {
     auto s = parse_current(current, module, keys);
     const auto from = highest_desired(s);
     auto target = s.history.end();

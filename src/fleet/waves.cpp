@@ -74,7 +74,7 @@ class wave_run {
   template <class Change>
   void write(Change change) {
     const auto revision = report_.desired.revision;
-    d_.compare_and_set(desired_key(module_), [&](const auto& current) {
+    d_.write_desired(module_, [&](const auto& current) {
       auto s = parse_current(current, module_, keys_);
       if (s.revision != revision)
         detail::fail(fleet_errc::conflict,
@@ -154,12 +154,25 @@ class wave_run {
     report_.results.clear();
     canary_tally tally{report_, report_.desired.waves->candidate.digest};
     const auto until = steady_deadline();
+    const auto asked = system_clock::now();
     take_stored_results(d_.js.get(), module_, report_.canaries, registry_, until, tally);
-    while (tally.applied.size() < report_.canaries.size() && report_.halt_reason.empty())
-      if (auto record = watch_.next(until))
+    // A canary that dies before its result is as lost as one that dies in the bake: its
+    // heartbeats are looked at between results, never only the deadline awaited.
+    auto look = steady::now() + timing_.poll;
+    while (tally.applied.size() < report_.canaries.size() && report_.halt_reason.empty()) {
+      if (auto record = watch_.next(std::min(until, look))) {
         tally(std::move(*record));
-      else
-        break;
+        continue;
+      }
+      if (steady::now() >= until) break;
+      look = steady::now() + timing_.poll;
+      if (const auto proof = check_evidence(control_.nodes(), asked, system_clock::now(),
+                                            evidence_of::liveness);
+          !proof.signal.empty()) {
+        halt_at(wave, proof.signal, proof.node, proof.reason + " (before its result came)");
+        return false;
+      }
+    }
     if (!report_.halt_reason.empty()) {
       const auto reason = report_.halt_reason;
       std::string node = tally.failed.empty() ? std::string() : *tally.failed.begin();
@@ -199,8 +212,12 @@ class wave_run {
     std::string node, signal, reason;
     bool sampled = true;
   };
+  // What check_evidence looks at: while the wave applies, only that each node lives in its
+  // run (it may still serve the old version); in the bake, that it serves the candidate too.
+  enum class evidence_of { liveness, liveness_and_candidate };
   evidence check_evidence(const std::vector<node_state>& all, system_clock::time_point applied,
-                          system_clock::time_point now) const {
+                          system_clock::time_point now,
+                          evidence_of what = evidence_of::liveness_and_candidate) const {
     const auto& plan = *report_.desired.waves;
     evidence e;
     for (const auto& canary : report_.desired.canaries) {
@@ -231,6 +248,7 @@ class wave_run {
                  " interval(s) of " + seconds_text(interval) +
                  " and a second allowed): a canary that stops reporting is not healthy");
       const bool fresh = n && n->beat && n->received > applied;
+      if (what == evidence_of::liveness) continue;
       if (!fresh) {
         e.sampled = false;
         continue;
@@ -418,7 +436,7 @@ rollout_report controller::rollout_waves(std::span<const std::byte> bytes,
   wave_run run(*this, d, keys, operator_key, module, report);  // its watch first: no result missed
   d.store_bundle(module, p.ref, bytes);
   const auto qualifying = eligible_canaries(nodes(), p, policy.cohort);
-  d.compare_and_set(desired_key(module), [&](const auto& current) {
+  d.write_desired(module, [&](const auto& current) {
     auto s = parse_current(current, module, keys);
     if (s.phase == rollout_phase::canary && s.waves && !s.waves->halted &&
         s.waves->candidate == p.ref) {  // under way: carried on from its wave
@@ -464,7 +482,7 @@ rollout_report controller::resume(std::string_view module, const secret_key& ope
   const auto keys = d.keys_with(operator_key);
   rollout_report report;
   wave_run run(*this, d, keys, operator_key, std::string(module), report);
-  d.compare_and_set(desired_key(module), [&](const auto& current) {
+  d.write_desired(module, [&](const auto& current) {
     auto s = parse_current(current, module, keys);
     if (!s.waves)
       detail::fail(fleet_errc::invalid_state, "has no wave rollout to resume", "resume",
@@ -494,7 +512,7 @@ desired_state controller::abort(std::string_view module, const secret_key& opera
   impl::require_name(module, "module name");
   const auto keys = d.keys_with(operator_key);
   desired_state written;
-  d.compare_and_set(desired_key(module), [&](const auto& current) {
+  d.write_desired(module, [&](const auto& current) {
     auto s = parse_current(current, module, keys);
     if (!s.waves)
       detail::fail(fleet_errc::invalid_state, "has no wave rollout to abort", "abort",

@@ -681,6 +681,73 @@ TEST_P(bus, an_agent_given_only_its_credentials_file_applies_a_publish) {
   EXPECT_EQ(violations(), 0u) << server_->log_text();
 }
 
+// Issue 33: one node's key cannot make the results stream evict another node's results. The
+// stream stores only modules with a desired state, so a node's share is results_kept per module.
+TEST_P(bus, a_node_cannot_evict_another_nodes_results) {
+  const std::string m(test_module);
+  fleet::controller_options co;
+  co.bus.servers = server_->tls_url();
+  co.bus.credentials = d_ / "operator.creds";
+  co.bus.ca_file = d_ / "ca.pem";
+  co.operator_keys.add(read_public_key_file(d_ / "operator.pub"));
+  fleet::controller control(co);
+  const auto operator_key = read_secret_key_file(d_ / "operator.key");
+  (void)control.publish(source_bundle(m, 1, operator_key), operator_key);
+  auto op = connect_to(as(operator_));
+  ASSERT_TRUE(op.connected()) << op.error;
+  const auto op_js = jetstream(op.get());
+
+  // node-2's result, then node-1 (compromised) floods: 200 module tokens, 64 results each of the
+  // largest size on the module that exists.
+  auto node2 = connect_to(as(node2_));
+  ASSERT_TRUE(node2.connected()) << node2.error;
+  const auto js2 = jetstream(node2.get(), 5000, node_prefix());
+  const auto honest = fleet::result_subject(m, "node-2");
+  jsPubAck* ack = nullptr;
+  jsErrCode code = static_cast<jsErrCode>(0);
+  ASSERT_EQ(js_Publish(&ack, js2.get(), honest.c_str(), "node-2 result", 13, nullptr, &code),
+            NATS_OK)
+      << "JetStream error " << code;
+  jsPubAck_Destroy(ack);
+
+  auto node1 = connect_to(as(node1_));
+  ASSERT_TRUE(node1.connected()) << node1.error;
+  const auto js1 = jetstream(node1.get(), 500, node_prefix());
+  const char one_byte[] = "x";
+  // Plain publishes (no ack to wait for: 2.9's service imports carry no "no responders").
+  for (int token = 0; token < 200; ++token) {
+    const auto subject = fleet::result_subject("forged-" + std::to_string(token), "node-1");
+    ASSERT_EQ(natsConnection_Publish(node1.get(), subject.c_str(), one_byte, 1), NATS_OK);
+  }
+  ASSERT_EQ(natsConnection_FlushTimeout(node1.get(), 5000), NATS_OK);
+  ack = nullptr;
+  const auto forged = fleet::result_subject("forged-0", "node-1");
+  EXPECT_NE(js_Publish(&ack, js1.get(), forged.c_str(), "x", 1, nullptr, &code), NATS_OK)
+      << "a result of a module with no desired state is stored nowhere";
+  jsPubAck_Destroy(ack);
+  const std::string big(200 << 10, 'r');
+  const auto own = fleet::result_subject(m, "node-1");
+  for (int i = 0; i < 64; ++i) {
+    ack = nullptr;
+    ASSERT_EQ(js_Publish(&ack, js1.get(), own.c_str(), big.data(), static_cast<int>(big.size()),
+                         nullptr, &code),
+              NATS_OK)
+        << "JetStream error " << code;
+    jsPubAck_Destroy(ack);
+  }
+
+  jsStreamInfo* raw_info = nullptr;
+  ASSERT_EQ(js_GetStreamInfo(&raw_info, op_js.get(), std::string(fleet::result_stream).c_str(),
+                             nullptr, &code),
+            NATS_OK);
+  const nats_owned<jsStreamInfo> info(raw_info);
+  ASSERT_EQ(info->Config->SubjectsLen, 1);
+  EXPECT_EQ(std::string(info->Config->Subjects[0]), fleet::result_subjects(m));
+  EXPECT_EQ(info->State.Msgs, 5u) << "node-1 keeps its last 4, node-2 its one";
+  EXPECT_LT(info->State.Bytes, std::uint64_t{1} << 20);
+  EXPECT_EQ(last_text(op_js.get(), std::string(fleet::result_stream), honest), "node-2 result");
+}
+
 TEST_P(bus, a_node_watch_gets_its_flow_control_through) {
   // 16 revisions of 1 MiB: the ordered consumer asks for flow control on the way.
   auto op = operator_with_fleet();

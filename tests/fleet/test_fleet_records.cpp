@@ -141,6 +141,7 @@ TEST(FleetNames, Subjects) {
   EXPECT_EQ(fleet::bundle_subjects("filters"), "cubridge.bundle.filters.>");
   EXPECT_EQ(fleet::desired_key("filters"), "desired.filters");
   EXPECT_EQ(fleet::result_subject("filters", "node-1"), "cubridge.result.filters.node-1");
+  EXPECT_EQ(fleet::result_subjects("filters"), "cubridge.result.filters.*");
   EXPECT_EQ(fleet::heartbeat_subject("node-1"), "cubridge.heartbeat.node-1");
 }
 

@@ -8,7 +8,8 @@
 //             desired.<m>   the operator-signed desired state of module <m>
 //             registry      the operator-signed registry of enrolled nodes and their keys
 //   stream  CUBRIDGE_BUNDLES_<m>   cubridge.bundle.<m>.<version>.<digest16>   one bundle each
-//   stream  CUBRIDGE_RESULTS       cubridge.result.<m>.<node>                 node-signed
+//   stream  CUBRIDGE_RESULTS       cubridge.result.<m>.<node>                 node-signed,
+//                                  only for modules <m> with a desired state
 //   stream  CUBRIDGE_HEARTBEATS    cubridge.heartbeat.<node>                  node-signed
 
 #include <cstddef>
@@ -69,6 +70,11 @@ inline constexpr std::size_t subject_digest_chars = 16;
 inline constexpr std::string_view result_stream = "CUBRIDGE_RESULTS";
 [[nodiscard]] inline std::string result_subject(std::string_view module, std::string_view node) {
   return "cubridge.result." + std::string(module) + "." + std::string(node);
+}
+/// Every node's results of `module`: the results stream stores these subjects for each module
+/// with a desired state, and no other.
+[[nodiscard]] inline std::string result_subjects(std::string_view module) {
+  return result_subject(module, "*");
 }
 
 /// Heartbeats, one subject per node (the last heartbeats_kept of each).
