@@ -93,10 +93,12 @@ std::vector<std::string> controller::impl::desired_modules() const {
 }
 
 void controller::impl::ensure_results_of(std::string_view module) {
-  auto names = desired_modules();
-  if (!module.empty() && !std::binary_search(names.begin(), names.end(), module))
-    names.emplace_back(module);
-  auto w = detail::ensure_result_stream(js.get(), options.bus.replicas, names);
+  // Only the module at hand: listing the bucket's keys makes a consumer, too slow for a publish
+  // during a failover; every module's subjects are added by its own writes and waits.
+  std::vector<std::string> names;
+  if (!module.empty()) names.emplace_back(module);
+  auto w = detail::ensure_result_stream(js.get(), options.bus.replicas, names,
+                                        [this] { return desired_modules(); });
   if (!w.empty() && std::find(warnings.begin(), warnings.end(), w) == warnings.end())
     warnings.push_back(std::move(w));
 }

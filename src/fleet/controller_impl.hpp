@@ -53,15 +53,16 @@ struct controller::impl {
       const std::function<std::string(const std::optional<detail::kv_value>&)>& make);
 
   /// Writes module's desired state as compare_and_set does, with the results stream storing
-  /// the module's results before and after (ensure_result_stream: a writer of another module
-  /// in between may have left this one out, and is repaired here).
+  /// the module's results before and after (ensure_result_stream: another operator's update of
+  /// the stream for another module in between may have left this one out; repaired here, and
+  /// by every wait for the module's results).
   std::uint64_t write_desired(
       std::string_view module,
       const std::function<std::string(const std::optional<detail::kv_value>&)>& make);
   /// The names of the modules with a desired-state key, sorted.
   [[nodiscard]] std::vector<std::string> desired_modules() const;
-  /// Makes the results stream store the results of every module with a desired state and of
-  /// `module` (empty: none more); mismatches go to warnings.
+  /// Makes the results stream store the results of `module` (empty: none more), and narrows
+  /// one of an older cubridge to every module with a desired state; mismatches go to warnings.
   void ensure_results_of(std::string_view module);
 
   /// Stores `bundle` of `module` (its ref) under its subject, idempotently.

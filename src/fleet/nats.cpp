@@ -340,7 +340,8 @@ std::string ensure_bundle_stream(jsCtx* js, std::string_view module, int replica
   return ensure_stream(js, spec);
 }
 
-std::string ensure_result_stream(jsCtx* js, int replicas, std::span<const std::string> modules) {
+std::string ensure_result_stream(jsCtx* js, int replicas, std::span<const std::string> modules,
+                                 const std::function<std::vector<std::string>()>& every_module) {
   // One subject per module with a desired state, none wider: a node's result for any other
   // module token is stored nowhere, so what one node can make the stream hold is bounded by
   // (modules) x results_kept x max_record_message whatever it publishes, and no discard-old
@@ -349,14 +350,19 @@ std::string ensure_result_stream(jsCtx* js, int replicas, std::span<const std::s
   spec.max_msg_size = max_record_message;
   spec.replicas = replicas;
   auto info = find_stream(js, spec.name);
+  std::vector<std::string> wanted(modules.begin(), modules.end());
   if (info) {
     const auto& have = *info->Config;
-    for (int i = 0; i < have.SubjectsLen; ++i)
-      if (std::string_view(have.Subjects[i]) != legacy_result_subjects)
+    for (int i = 0; i < have.SubjectsLen; ++i) {
+      if (std::string_view(have.Subjects[i]) != legacy_result_subjects) {
         spec.subjects.emplace_back(have.Subjects[i]);
+      } else if (every_module) {  // narrowed to every module with a desired state, once
+        for (auto& m : every_module()) wanted.push_back(std::move(m));
+      }
+    }
   }
   bool missing = false;
-  for (const auto& module : modules) {
+  for (const auto& module : wanted) {
     auto subject = result_subjects(module);
     if (std::find(spec.subjects.begin(), spec.subjects.end(), subject) != spec.subjects.end())
       continue;
@@ -368,8 +374,8 @@ std::string ensure_result_stream(jsCtx* js, int replicas, std::span<const std::s
   // A stream an older cubridge made stores cubridge.result.> with stream-wide limits: narrowed
   // to the modules and given the per-subject bound on the first write of a desired state.
   const bool outdated = info->Config->MaxBytes != spec.max_bytes ||
-                      info->Config->MaxMsgsPerSubject != spec.max_msgs_per_subject ||
-                      spec.subjects.size() != static_cast<std::size_t>(info->Config->SubjectsLen);
+                        info->Config->MaxMsgsPerSubject != spec.max_msgs_per_subject ||
+                        spec.subjects.size() != static_cast<std::size_t>(info->Config->SubjectsLen);
   if ((!missing && !outdated) || spec.subjects.empty()) return mismatch_of(spec, *info);
   std::vector<const char*> subjects;
   for (const auto& s : spec.subjects) subjects.push_back(s.c_str());

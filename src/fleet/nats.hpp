@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <source_location>
@@ -111,9 +112,11 @@ inline constexpr std::chrono::milliseconds quick_connect_timeout{400};
                                                std::int64_t max_payload);
 /// The results stream stores cubridge.result.<m>.* for each of `modules` and nothing wider: the
 /// subjects are added to (never removed from) the stream, which is made when missing and at
-/// least one module is named, and one of an older cubridge (cubridge.result.>) is narrowed.
-[[nodiscard]] std::string ensure_result_stream(jsCtx* js, int replicas,
-                                               std::span<const std::string> modules);
+/// least one module is named. One of an older cubridge (cubridge.result.>) is narrowed to
+/// `every_module()` too (the modules with a desired state: asked only then).
+[[nodiscard]] std::string ensure_result_stream(
+    jsCtx* js, int replicas, std::span<const std::string> modules,
+    const std::function<std::vector<std::string>()>& every_module = {});
 [[nodiscard]] std::string ensure_heartbeat_stream(jsCtx* js, int replicas);
 /// The control bucket, made when missing (the control side).
 [[nodiscard]] kv_store_ptr ensure_control_bucket(jsCtx* js, int replicas, std::string* mismatch);

@@ -174,6 +174,7 @@ std::vector<result_record> controller::wait_for_results(std::string_view module,
                                                         std::span<const std::string> nodes,
                                                         std::chrono::milliseconds timeout) {
   const auto registry = this->registry();
+  impl_->ensure_results_of(module);  // another operator's stream update may have dropped it
   result_watch watch(impl_->connection.get(), module, registry);  // first: nothing falls between
   std::set<std::string> waiting(nodes.begin(), nodes.end());
   std::vector<result_record> seen;
