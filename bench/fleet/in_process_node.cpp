@@ -7,21 +7,23 @@ std::uint64_t memory_sink::current_version(std::string_view name) const {
   return name == module_ ? current_ : 0;
 }
 
-sink_result memory_sink::apply(const verified_bundle& bundle) {
+sink_result memory_sink::apply(const verified_bundle& bundle, apply_rule rule) {
   if (bundle.manifest.name != module_)
-    return {sink_outcome::unknown_module, 0, "this node serves " + module_};
+    return {gate_reason::unknown_module, 0, "this node serves " + module_};
   std::lock_guard lock(mutex_);
+  if (rule == apply_rule::above_serving && bundle.version() <= current_)
+    return not_newer_result(module_, bundle.version(), current_);
   previous_ = current_;
   current_ = bundle.version();
-  return {sink_outcome::done, current_, {}};
+  return {gate_reason::none, current_, {}};
 }
 
 sink_result memory_sink::rollback(std::string_view name) {
   std::lock_guard lock(mutex_);
-  if (name != module_) return {sink_outcome::unknown_module, 0, "no such module"};
-  if (previous_ == 0) return {sink_outcome::no_previous_version, current_, "none"};
+  if (name != module_) return {gate_reason::unknown_module, 0, "no such module"};
+  if (previous_ == 0) return {gate_reason::no_previous_version, current_, "none"};
   std::swap(current_, previous_);
-  return {sink_outcome::done, current_, {}};
+  return {gate_reason::none, current_, {}};
 }
 
 std::vector<module_report> memory_sink::status() const {

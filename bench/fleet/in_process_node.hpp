@@ -26,7 +26,7 @@ class memory_sink final : public module_sink {
     return compute_capability{9, 0};
   }
   std::uint64_t current_version(std::string_view name) const override;
-  sink_result apply(const verified_bundle& bundle) override;
+  sink_result apply(const verified_bundle& bundle, apply_rule rule) override;
   sink_result rollback(std::string_view name) override;
   std::vector<module_report> status() const override;
 

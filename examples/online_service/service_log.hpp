@@ -73,18 +73,19 @@ class logged_sink final : public cubridge::module_sink {
     return inner_->status();
   }
 
-  cubridge::sink_result apply(const cubridge::verified_bundle& bundle) override {
+  cubridge::sink_result apply(const cubridge::verified_bundle& bundle,
+                              cubridge::apply_rule rule) override {
     std::lock_guard lock(serial_);
     const auto& m = bundle.manifest;
     const auto before = inner_->current_version(m.name);
-    auto result = inner_->apply(bundle);
-    if (result.outcome == cubridge::sink_outcome::done)
+    auto result = inner_->apply(bundle, rule);
+    if (result.reason == cubridge::gate_reason::none)
       log_.line("module " + m.name + ": version " + std::to_string(before) + " -> " +
-                std::to_string(result.version) + " (" + how_ + ", key " +
+                std::to_string(result.serving_version) + " (" + how_ + ", key " +
                 cubridge::to_hex(m.key_id) + ")");
     else
       log_.line("module " + m.name + ": version " + std::to_string(m.version) + " refused (" +
-                std::string(cubridge::to_string(result.outcome)) + note_ + "), version " +
+                std::string(cubridge::to_string(result.reason)) + note_ + "), version " +
                 std::to_string(before) + " keeps serving: " + first_line(result.detail));
     return result;
   }
@@ -93,9 +94,9 @@ class logged_sink final : public cubridge::module_sink {
     std::lock_guard lock(serial_);
     const auto before = inner_->current_version(name);
     auto result = inner_->rollback(name);
-    if (result.outcome == cubridge::sink_outcome::done)
+    if (result.reason == cubridge::gate_reason::none)
       log_.line("module " + std::string(name) + ": version " + std::to_string(before) + " -> " +
-                std::to_string(result.version) + " (rolled back" + note_ + ")");
+                std::to_string(result.serving_version) + " (rolled back" + note_ + ")");
     return result;
   }
 

@@ -508,7 +508,7 @@ void fleet_agent::impl::reconcile(module_follow& f) {
   if (!f.desired) return;
   const auto& desired = *f.desired;
   const fleet::bundle_ref* target = desired.target_for(options.node);
-  const std::uint64_t serving = gate->sink().current_version(f.module);
+  const std::uint64_t serving = gate->serving(f.module);
   {
     std::lock_guard lock(state_mutex);
     converged_now[f.module] = !target || serving == target->version;
@@ -525,12 +525,10 @@ void fleet_agent::impl::reconcile(module_follow& f) {
   const bool below_serving = desired.phase == fleet::rollout_phase::rolled_back ||
                              desired.phase == fleet::rollout_phase::halted;
 
+  // The gate decides, with or without the bundle: one that serves already is not fetched.
   gate_decision d;
-  if (serves) {
-    d.outcome = gate_outcome::duplicate;
-    d.reason = gate_reason::replayed_version;
-    d.version = d.serving_version = d.previous_version = serving;
-    d.detail = "v" + std::to_string(serving) + " serves already";
+  if (auto known = gate->already_serving(f.module, target->version)) {
+    d = std::move(*known);
   } else {
     std::string why;
     const auto bytes = fetch(f.module, *target, why);
@@ -556,10 +554,13 @@ void fleet_agent::impl::reconcile(module_follow& f) {
   count(d);
   f.settled_revision = desired.revision;
   f.settled_converged = d.outcome == gate_outcome::applied || d.outcome == gate_outcome::duplicate;
+  // What serves came back with the decision; one refused before the gate looked at the
+  // module (a bundle that did not verify) changed nothing.
+  if (d.module != f.module) d.serving_version = serving;
   {
     std::lock_guard lock(state_mutex);
     acted_on[f.module] = desired.revision;
-    converged_now[f.module] = gate->sink().current_version(f.module) == target->version;
+    converged_now[f.module] = d.serving_version == target->version;
   }
   f.unpublished = record_of(f, *target, d);
   f.next_publish = {};
@@ -605,7 +606,7 @@ fleet::result_record fleet_agent::impl::record_of(const module_follow& f,
   r.revision = f.desired ? f.desired->revision : 0;
   r.digest = target.digest;
   r.version = target.version;
-  r.serving_version = gate->sink().current_version(f.module);
+  r.serving_version = d.serving_version;  // came back with the decision
   r.outcome = d.outcome;
   r.reason = to_string(d.reason);
   r.detail = d.detail;
@@ -690,7 +691,7 @@ fleet::heartbeat fleet_agent::impl::heartbeat_now() {
   h.interval = options.heartbeat_interval;
   h.time = std::chrono::floor<std::chrono::seconds>(now());
   h.software = fleet::software_text();
-  for (const auto& m : modules) h.versions[m] = gate->sink().current_version(m);
+  for (const auto& m : modules) h.versions[m] = gate->serving(m);
   for (const auto& report : gate->sink().status())
     if (h.versions.contains(report.name)) h.health[report.name] = health_of(report);
   h.connected = true;  // sent only while connected
@@ -848,7 +849,7 @@ std::string fleet_agent::metrics_text() const {
   metrics_text_writer out;
   out.family("cubridge_module_version", "The bundle version serving, per module (0: none).",
              metric_type::gauge);
-  for (const auto& m : d.modules) out.sample(d.gate->sink().current_version(m), {{"module", m}});
+  for (const auto& m : d.modules) out.sample(d.gate->serving(m), {{"module", m}});
   const auto counter = [&out](const char* name, const char* help, std::uint64_t value) {
     out.family(name, help, metric_type::counter);
     out.sample(value);

@@ -97,7 +97,8 @@ std::uint64_t hot_module::promote(staged_version version) {
   return promote(std::move(version), {});
 }
 
-std::uint64_t hot_module::promote(staged_version version, const std::function<void()>& inner) {
+std::uint64_t hot_module::promote(staged_version version, const std::function<void()>& inner,
+                                  promote_condition condition) {
   auto& s = checked();
   CUBRIDGE_EXPECTS(version.owner_ != 0,
                    "promoting a moved-from staged_version into module '" + s.name + "'");
@@ -114,6 +115,10 @@ std::uint64_t hot_module::promote(staged_version version, const std::function<vo
   const auto id = s.versions.promote(
       std::move(version.version_), std::move(version.origin_),
       [&](const auto& from, const auto& to) {
+        // The compare of compare-and-apply, under the lock the switch is made in.
+        if (condition == promote_condition::label_above_serving &&
+            to.origin.label <= from.origin.label)
+          throw hot_module_internal::not_newer(from.origin.label, from.id);
         // Everything that can fail, before the switch; the staged version is not serving yet.
         if (const auto why = s.misfit(to.payload, "the new version"); !why.empty()) {
           s.rejected.fetch_add(1);
@@ -141,6 +146,25 @@ std::uint64_t hot_module::promote(staged_version version, const std::function<vo
 
 std::uint64_t hot_module::rollback() {
   return rollback({});
+}
+
+apply_result hot_module::stage_and_promote(std::span<const std::byte> image, const image_info* info,
+                                           const stage_options& options,
+                                           promote_condition condition) {
+  // Asked first too, so that a version certain to be refused is never loaded; what counts is
+  // the compare inside promote().
+  if (condition == promote_condition::label_above_serving) {
+    const auto serving = versions().serving;
+    if (options.label <= serving.origin.label)
+      return {apply_outcome::not_newer, serving.origin.label, serving.id};
+  }
+  auto staged = info ? stage(image, *info, options) : stage(image, options);
+  try {
+    const auto id = promote(std::move(staged), {}, condition);
+    return {apply_outcome::promoted, options.label, id};
+  } catch (const hot_module_internal::not_newer& refused) {
+    return {apply_outcome::not_newer, refused.serving_label, refused.serving_id};
+  }
 }
 
 std::uint64_t hot_module::rollback(const std::function<void()>& inner) {
@@ -198,6 +222,25 @@ const std::string& hot_module::name() const {
 }
 context_ref hot_module::context() const {
   return checked().ctx.ref();
+}
+compute_capability hot_module::device_capability() const {
+  return checked().ctx.ref().device().capability();
+}
+
+swap_counters hot_module::counters() const {
+  const auto s = stats();
+  const auto tally = launches();
+  swap_counters c;
+  c.promotions = s.promotions;
+  c.rollbacks = s.rollbacks;
+  c.rejected = s.rejected;
+  c.unloaded = s.unloaded;
+  c.reclaim_failures = s.reclaim_failures;
+  c.launches = tally.launches;
+  c.launch_failures = tally.failures;
+  c.last_launch_failure = tally.last_failure;
+  c.sticky_error = tally.sticky;
+  return c;
 }
 
 hot_module_stats hot_module::stats() const {

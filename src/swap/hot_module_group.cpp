@@ -195,6 +195,10 @@ staged_group hot_module_group::stage_each(
 }
 
 std::uint64_t hot_module_group::promote(staged_group version) {
+  return promote(std::move(version), promote_condition::always);
+}
+
+std::uint64_t hot_module_group::promote(staged_group version, promote_condition condition) {
   auto& s = checked();
   CUBRIDGE_EXPECTS(version.owner_ != 0 && version.members_.size() == s.members.size(),
                    "promoting a moved-from staged_group into group '" + s.name + "'");
@@ -205,12 +209,33 @@ std::uint64_t hot_module_group::promote(staged_group version) {
   try {
     return s.gate
         .promote([&](std::size_t i, const std::function<void()>& inner) {
-          return s.members[i].promote(std::move(version.members_[i]), inner);
+          // Member 0's switch lock is held across the others' (generation_gate): its compare
+          // stands for the group, whose members share their labels.
+          return s.members[i].promote(std::move(version.members_[i]), inner, condition);
         })
         .id;
   } catch (const version_rejected_error&) {
     s.rejected.fetch_add(1);
     throw;
+  }
+}
+
+apply_result hot_module_group::stage_and_promote(std::span<const std::byte> image,
+                                                 const image_info* info,
+                                                 const stage_options& options,
+                                                 promote_condition condition) {
+  // As hot_module::stage_and_promote: asked first so that a certain refusal loads nothing.
+  if (condition == promote_condition::label_above_serving) {
+    const auto serving = versions().serving;
+    if (options.label <= serving.origin.label)
+      return {apply_outcome::not_newer, serving.origin.label, serving.id};
+  }
+  auto staged = info ? stage(image, *info, options) : stage(image, options);
+  try {
+    const auto id = promote(std::move(staged), condition);
+    return {apply_outcome::promoted, options.label, id};
+  } catch (const hot_module_internal::not_newer& refused) {
+    return {apply_outcome::not_newer, refused.serving_label, refused.serving_id};
   }
 }
 
@@ -274,6 +299,28 @@ hot_module_group_stats hot_module_group::stats() const {
   out.rejected = s.rejected.load();
   for (const auto& m : s.members) out.members.push_back(m.stats());
   return out;
+}
+
+swap_counters hot_module_group::counters() const {
+  const auto stats = this->stats();
+  swap_counters c;
+  c.promotions = stats.promotions;
+  c.rollbacks = stats.rollbacks;
+  c.rejected = stats.rejected;
+  for (std::size_t i = 0; i < stats.members.size(); ++i) {
+    c.unloaded += stats.members[i].unloaded;
+    c.reclaim_failures += stats.members[i].reclaim_failures;
+    const auto tally = member(i).launches();
+    c.launches += tally.launches;
+    c.launch_failures += tally.failures;
+    if (!tally.last_failure.empty()) c.last_launch_failure = tally.last_failure;
+    c.sticky_error = c.sticky_error || tally.sticky;
+  }
+  return c;
+}
+
+compute_capability hot_module_group::device_capability() const {
+  return checked().members.front().device_capability();
 }
 
 std::size_t hot_module_group::reclaim() const {

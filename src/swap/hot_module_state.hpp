@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -46,6 +47,19 @@ kernel_limits limits_of(const kernel& k);
 /// Refuses a hot launch (or graph launch) on the per-thread default stream, saying why
 /// (hot_kernel_launch.cpp). @throws error (errc::precondition), always.
 [[noreturn]] void refuse_per_thread_stream(const std::string& what);
+
+/// Thrown inside a promote's lock when its label is not above the serving one
+/// (promote_condition::label_above_serving): nothing switched. stage_and_promote() turns it into
+/// apply_outcome::not_newer; it never leaves the swap layer.
+struct not_newer : std::exception {
+  not_newer(std::uint64_t label, std::uint64_t id) noexcept
+      : serving_label(label), serving_id(id) {}
+  [[nodiscard]] const char* what() const noexcept override {
+    return "the staged version's label is not above the serving one";
+  }
+  std::uint64_t serving_label;
+  std::uint64_t serving_id;
+};
 
 }  // namespace hot_module_internal
 

@@ -82,6 +82,10 @@ int status_of(gate_reason reason) {
   return 400;
 }
 
+refusal refusal_for(gate_reason reason, std::string detail) {
+  return {status_of(reason), std::string(to_string(reason)), std::move(detail)};
+}
+
 void answer(httplib::Response& res, int status, const json& body) {
   res.status = status;
   res.set_content(body.dump(-1, ' ', false, json::error_handler_t::replace) + "\n",

@@ -45,6 +45,9 @@ struct refusal {
 
 /// The HTTP status of a gate's reason (update_gate.hpp), as update_endpoint.hpp lists them.
 int status_of(gate_reason reason);
+/// The answer to a refusal for `reason`: its status and its wire spelling, from the one
+/// vocabulary (gate_reason.hpp); no token is spelled here.
+refusal refusal_for(gate_reason reason, std::string detail);
 /// Answers `body` as JSON with `status`.
 void answer(httplib::Response& res, int status, const json& body);
 void answer(httplib::Response& res, const refusal& r);

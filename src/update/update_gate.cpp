@@ -118,6 +118,29 @@ struct update_gate::impl {
     return it == locks.end() ? nullptr : it->second.get();
   }
 
+  // The sink's answer to `call`; one that throws (a sink must not) is apply_failed with the
+  // serving version as the decision knew it.
+  template <class Call>
+  static sink_result sink_answer(Call&& call, const gate_decision& d) noexcept {
+    try {
+      return call();
+    } catch (const std::exception& x) {
+      return {gate_reason::apply_failed, d.previous_version,
+              std::string("sink threw: ") + x.what()};
+    } catch (...) {
+      return {gate_reason::apply_failed, d.previous_version, "sink threw a non-standard exception"};
+    }
+  }
+  // The outcome of a sink's refusal: its version serving already is a duplicate, a failure of
+  // the sink failed, anything else refused.
+  static gate_outcome outcome_of_refusal(gate_reason reason, std::uint64_t version,
+                                         const sink_result& result) noexcept {
+    if (reason == gate_reason::apply_failed) return gate_outcome::failed;
+    if (reason == gate_reason::replayed_version && version != 0 &&
+        result.serving_version == version)
+      return gate_outcome::duplicate;
+    return gate_outcome::refused;
+  }
   static gate_decision& refuse(gate_decision& d, gate_reason reason, std::string detail,
                                gate_outcome outcome = gate_outcome::refused) {
     d.outcome = outcome;
@@ -136,7 +159,8 @@ struct update_gate::impl {
 
   std::optional<verified_bundle> verify(std::span<const std::byte> body, gate_decision& d);
   void keep_floor(const std::string& name, std::uint64_t current);
-  void apply_recorded(const verified_bundle& bundle, std::uint64_t seen, gate_decision& d);
+  void apply_recorded(const verified_bundle& bundle, std::uint64_t seen, apply_rule rule,
+                      gate_decision& d);
   std::optional<rollback_request> verify_rollback(std::string_view body, std::string_view expected,
                                                   gate_decision& d);
   bool fresh_rollback(const rollback_request& request, gate_decision& d);
@@ -192,48 +216,32 @@ void update_gate::impl::keep_floor(const std::string& name, std::uint64_t curren
 // version itself, which stays refused); should that write fail, the version stays refused (the
 // safe side), and the detail says so.
 void update_gate::impl::apply_recorded(const verified_bundle& bundle, std::uint64_t seen,
-                                       gate_decision& d) {
+                                       apply_rule rule, gate_decision& d) {
   const auto& m = bundle.manifest;
   const auto start = std::chrono::steady_clock::now();
-  sink_result result;
-  try {
-    result = sink.apply(bundle);
-  } catch (const std::exception& x) {
-    result = {sink_outcome::failed, d.previous_version, std::string("sink threw: ") + x.what()};
-  } catch (...) {
-    result = {sink_outcome::failed, d.previous_version, "sink threw a non-standard exception"};
-  }
+  const auto result = sink_answer([&] { return sink.apply(bundle, rule); }, d);
   d.apply_time = since(start);
+  std::string detail = result.detail;
   try {
-    if (result.outcome == sink_outcome::done)
+    if (result.reason == gate_reason::none)
       state->settle(m.name);
     else
-      state->store_highest_version(m.name, seen);
+      state->store_highest_version(m.name, std::max(seen, result.serving_version));
   } catch (const std::exception& x) {
     try {
       state->settle(m.name);  // settled in memory even when this write fails too
     } catch (const std::exception&) {
     }
-    result.detail +=
-        std::string(" (v") + std::to_string(m.version) + " stays refused: " + x.what() + ")";
+    detail += std::string(" (v") + std::to_string(m.version) + " stays refused: " + x.what() + ")";
   }
-  switch (result.outcome) {
-    case sink_outcome::done:
-      d.outcome = gate_outcome::applied;
-      d.serving_version = m.version;
-      return;
-    case sink_outcome::unknown_module:
-      refuse(d, gate_reason::unknown_module, result.detail);
-      break;
-    case sink_outcome::rejected:
-      refuse(d, gate_reason::stage_refused, result.detail);
-      break;
-    case sink_outcome::no_previous_version:
-    case sink_outcome::failed:
-      refuse(d, gate_reason::apply_failed, result.detail, gate_outcome::failed);
-      break;
+  // What serves comes back with the answer: the sink compared and switched under one lock.
+  d.serving_version = result.serving_version;
+  if (result.reason == gate_reason::none) {
+    d.outcome = gate_outcome::applied;
+    return;
   }
-  d.serving_version = sink.current_version(m.name);
+  d.highest_version = std::max(d.highest_version, result.serving_version);
+  refuse(d, result.reason, detail, outcome_of_refusal(result.reason, m.version, result));
 }
 
 gate_decision update_gate::push(std::span<const std::byte> body, std::string_view expected_module,
@@ -278,7 +286,10 @@ gate_decision update_gate::push(std::span<const std::byte> body, std::string_vie
     // so the same bundle without that word stays a replay).
     d.detail = "v" + std::to_string(m.version) + " at or below v" + std::to_string(seen) + " by " +
                authority->source;
-    g.apply_recorded(*bundle, highest, d);
+    // Below what serves only by that word; else compared at the switch as any push.
+    g.apply_recorded(*bundle, highest,
+                     m.version < current ? apply_rule::operator_word : apply_rule::above_serving,
+                     d);
     return d;
   }
   if (m.version <= seen && !resumed && !authorised) {
@@ -302,7 +313,9 @@ gate_decision update_gate::push(std::span<const std::byte> body, std::string_vie
       return g.refuse(d, gate_reason::state_failed, x.what(), gate_outcome::failed);
     }
   }
-  g.apply_recorded(*bundle, seen, d);
+  g.apply_recorded(
+      *bundle, seen,
+      authorised && m.version < current ? apply_rule::operator_word : apply_rule::above_serving, d);
   return d;
 }
 
@@ -372,34 +385,15 @@ bool update_gate::impl::fresh_rollback(const rollback_request& request, gate_dec
 // The sink's rollback, its outcome in `d`; the caller holds the module's lock.
 void update_gate::impl::apply_rollback(const std::string& name, gate_decision& d) {
   const auto start = std::chrono::steady_clock::now();
-  sink_result result;
-  try {
-    result = sink.rollback(name);
-  } catch (const std::exception& x) {
-    result = {sink_outcome::failed, d.previous_version, std::string("sink threw: ") + x.what()};
-  } catch (...) {
-    result = {sink_outcome::failed, d.previous_version, "sink threw a non-standard exception"};
-  }
+  const auto result = sink_answer([&] { return sink.rollback(name); }, d);
   d.apply_time = since(start);
-  switch (result.outcome) {
-    case sink_outcome::done:
-      d.outcome = gate_outcome::rolled_back;
-      d.version = d.serving_version = result.version;
-      return;
-    case sink_outcome::unknown_module:
-      refuse(d, gate_reason::unknown_module, result.detail);
-      break;
-    case sink_outcome::no_previous_version:
-      refuse(d, gate_reason::no_previous_version, result.detail);
-      break;
-    case sink_outcome::rejected:
-      refuse(d, gate_reason::stage_refused, result.detail);
-      break;
-    case sink_outcome::failed:
-      refuse(d, gate_reason::apply_failed, result.detail, gate_outcome::failed);
-      break;
+  d.serving_version = result.serving_version;
+  if (result.reason == gate_reason::none) {
+    d.outcome = gate_outcome::rolled_back;
+    d.version = result.serving_version;
+    return;
   }
-  d.serving_version = sink.current_version(name);
+  refuse(d, result.reason, result.detail, outcome_of_refusal(result.reason, 0, result));
 }
 
 gate_decision update_gate::rollback(std::string_view signed_request,
@@ -505,6 +499,24 @@ std::filesystem::path update_gate::state_file() const {
 
 std::uint64_t update_gate::highest_version(std::string_view module) const {
   return started() ? impl_->state->highest_version(module) : 0;
+}
+
+std::uint64_t update_gate::serving(std::string_view module) const {
+  return impl_->sink.current_version(module);
+}
+
+std::optional<gate_decision> update_gate::already_serving(std::string_view module,
+                                                          std::uint64_t version) const {
+  const auto current = serving(module);
+  if (version == 0 || current != version) return std::nullopt;
+  gate_decision d;
+  d.outcome = gate_outcome::duplicate;
+  d.reason = gate_reason::replayed_version;
+  d.module = std::string(module);
+  d.version = d.serving_version = d.previous_version = current;
+  d.highest_version = std::max(current, highest_version(module));
+  d.detail = "v" + std::to_string(current) + " serves already";
+  return d;
 }
 
 module_sink& update_gate::sink() const noexcept {

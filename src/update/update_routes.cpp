@@ -17,7 +17,7 @@ using endpoint_internal::bounded_detail;
 using endpoint_internal::gpu_name;
 using endpoint_internal::json;
 using endpoint_internal::parse_module_path;
-using endpoint_internal::status_of;
+using endpoint_internal::refusal_for;
 
 // Reads the body through httplib's content reader, counting it against `limit` (the
 // reception thread checked its Content-Length already; this is a second wall), into the
@@ -35,8 +35,9 @@ bool update_endpoint::impl::read_body(const httplib::Request& req, httplib::Resp
   });
   if (read) return true;
   http_internal::close_after_response();
-  refuse(res, over ? refusal{413, "too_large", "body over " + std::to_string(limit) + " bytes"}
-                   : refusal{400, "bad_request", "the body could not be read"});
+  refuse(res,
+         over ? refusal_for(gate_reason::too_large, "body over " + std::to_string(limit) + " bytes")
+              : refusal_for(gate_reason::bad_request, "the body could not be read"));
   return false;
 }
 
@@ -46,7 +47,7 @@ bool update_endpoint::impl::read_body(const httplib::Request& req, httplib::Resp
 // module `name` (the URL's) as far as the decision allows (module_note).
 void update_endpoint::impl::refuse_decision(httplib::Response& res, const gate_decision& d,
                                             const std::string& name) {
-  refusal r{status_of(d.reason), std::string(to_string(d.reason)), d.detail};
+  auto r = refusal_for(d.reason, d.detail);
   switch (d.reason) {
     case gate_reason::wrong_device:
       r.extra = {{"gpu", gpu_name(sink.device_capability())}};

@@ -102,7 +102,8 @@ class recording_sink final : public cubridge::module_sink {
     const auto it = modules_.find(name);
     return it == modules_.end() ? 0 : it->second.current;
   }
-  cubridge::sink_result apply(const cubridge::verified_bundle& bundle) override {
+  cubridge::sink_result apply(const cubridge::verified_bundle& bundle,
+                              cubridge::apply_rule rule) override {
     const auto& name = bundle.manifest.name;
     std::chrono::milliseconds delay{0};
     bool refuse = false;
@@ -115,23 +116,25 @@ class recording_sink final : public cubridge::module_sink {
     if (delay.count() > 0) std::this_thread::sleep_for(delay);  // a slow smoke test
     std::lock_guard lock(mutex_);
     auto& m = modules_[name];
-    if (refuse) return {cubridge::sink_outcome::failed, m.current, "smoke test failed"};
+    if (refuse) return {cubridge::gate_reason::apply_failed, m.current, "smoke test failed"};
+    if (rule == cubridge::apply_rule::above_serving && bundle.version() <= m.current)
+      return cubridge::not_newer_result(name, bundle.version(), m.current);
     m.previous = m.current;
     m.current = bundle.version();
     m.served.push_back(m.current);
     m.first_served.try_emplace(m.current, std::chrono::system_clock::now());
     m.payloads.push_back(bundle.manifest.payload_sha256);
-    return {cubridge::sink_outcome::done, m.current, {}};
+    return {cubridge::gate_reason::none, m.current, {}};
   }
   cubridge::sink_result rollback(std::string_view name) override {
     std::lock_guard lock(mutex_);
     const auto it = modules_.find(name);
-    if (it == modules_.end()) return {cubridge::sink_outcome::unknown_module, 0, "no such module"};
+    if (it == modules_.end()) return {cubridge::gate_reason::unknown_module, 0, "no such module"};
     auto& m = it->second;
-    if (m.previous == 0) return {cubridge::sink_outcome::no_previous_version, m.current, "none"};
+    if (m.previous == 0) return {cubridge::gate_reason::no_previous_version, m.current, "none"};
     std::swap(m.current, m.previous);
     m.served.push_back(m.current);
-    return {cubridge::sink_outcome::done, m.current, {}};
+    return {cubridge::gate_reason::none, m.current, {}};
   }
   std::vector<cubridge::module_report> status() const override {
     std::lock_guard lock(mutex_);

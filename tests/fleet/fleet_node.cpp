@@ -96,37 +96,41 @@ class recording_sink final : public cubridge::module_sink {
     std::lock_guard lock(mutex_);
     return name == module_ ? current_ : 0;
   }
-  cubridge::sink_result apply(const cubridge::verified_bundle& bundle) override {
+  cubridge::sink_result apply(const cubridge::verified_bundle& bundle,
+                              cubridge::apply_rule rule) override {
     const auto version = bundle.version();
     log_.line("apply " + std::to_string(version));
     if (bundle.manifest.name != module_)
-      return {cubridge::sink_outcome::unknown_module, 0, "this node serves " + module_};
+      return {cubridge::gate_reason::unknown_module, 0, "this node serves " + module_};
     if (stall_.count() > 0) std::this_thread::sleep_for(stall_);  // the kill window before it
     if (version == fail_version_) {
       log_.line("failed " + std::to_string(version));
-      return {cubridge::sink_outcome::failed, current_version(module_),
+      return {cubridge::gate_reason::apply_failed, current_version(module_),
               "smoke test failed (--fail-version)"};
     }
     {
       std::lock_guard lock(mutex_);
+      // The compare of compare-and-apply, under the lock the switch is made in.
+      if (rule == cubridge::apply_rule::above_serving && version <= current_)
+        return cubridge::not_newer_result(module_, version, current_);
       previous_ = current_;
       current_ = version;
       if (!store())
-        return {cubridge::sink_outcome::failed, previous_, "cannot write " + file_.string()};
+        return {cubridge::gate_reason::apply_failed, previous_, "cannot write " + file_.string()};
     }
     log_.line("promoted " + std::to_string(version));
     if (apply_delay_.count() > 0) std::this_thread::sleep_for(apply_delay_);  // the kill window
-    return {cubridge::sink_outcome::done, version, {}};
+    return {cubridge::gate_reason::none, version, {}};
   }
   cubridge::sink_result rollback(std::string_view name) override {
     std::lock_guard lock(mutex_);
-    if (name != module_) return {cubridge::sink_outcome::unknown_module, 0, "no such module"};
-    if (previous_ == 0) return {cubridge::sink_outcome::no_previous_version, current_, "none"};
+    if (name != module_) return {cubridge::gate_reason::unknown_module, 0, "no such module"};
+    if (previous_ == 0) return {cubridge::gate_reason::no_previous_version, current_, "none"};
     std::swap(current_, previous_);
     if (!store())
-      return {cubridge::sink_outcome::failed, previous_, "cannot write " + file_.string()};
+      return {cubridge::gate_reason::apply_failed, previous_, "cannot write " + file_.string()};
     log_.line("rolled_back " + std::to_string(current_));
-    return {cubridge::sink_outcome::done, current_, {}};
+    return {cubridge::gate_reason::none, current_, {}};
   }
   std::vector<cubridge::module_report> status() const override {
     std::lock_guard lock(mutex_);

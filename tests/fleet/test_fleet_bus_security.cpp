@@ -624,12 +624,15 @@ class serving_sink final : public module_sink {
     return compute_capability{9, 0};
   }
   std::uint64_t current_version(std::string_view) const override { return version_; }
-  sink_result apply(const verified_bundle& bundle) override {
+  sink_result apply(const verified_bundle& bundle, apply_rule rule) override {
+    // Applied from one thread (the agent's): the compare and the store need no lock here.
+    if (rule == apply_rule::above_serving && bundle.version() <= version_)
+      return not_newer_result(bundle.manifest.name, bundle.version(), version_);
     version_ = bundle.version();
-    return {sink_outcome::done, version_, {}};
+    return {gate_reason::none, version_, {}};
   }
   sink_result rollback(std::string_view) override {
-    return {sink_outcome::no_previous_version, version_, "none"};
+    return {gate_reason::no_previous_version, version_, "none"};
   }
   std::vector<module_report> status() const override { return {}; }
 

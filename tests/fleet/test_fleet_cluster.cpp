@@ -194,14 +194,16 @@ class counting_sink final : public module_sink {
     std::lock_guard lock(mutex_);
     return serving_;
   }
-  sink_result apply(const verified_bundle& bundle) override {
+  sink_result apply(const verified_bundle& bundle, apply_rule rule) override {
     std::lock_guard lock(mutex_);
+    if (rule == apply_rule::above_serving && bundle.version() <= serving_)
+      return not_newer_result(bundle.manifest.name, bundle.version(), serving_);
     serving_ = bundle.version();
     ++applies_[serving_];
-    return {sink_outcome::done, serving_, {}};
+    return {gate_reason::none, serving_, {}};
   }
   sink_result rollback(std::string_view) override {
-    return {sink_outcome::no_previous_version, current_version({}), "none"};
+    return {gate_reason::no_previous_version, current_version({}), "none"};
   }
   std::vector<module_report> status() const override { return {{"filters", current_version({})}}; }
   std::map<std::uint64_t, int> applies() const {

@@ -23,28 +23,31 @@ class memory_sink final : public cubridge::module_sink {
     const auto it = modules_.find(std::string(name));
     return it == modules_.end() ? 0 : it->second.first;
   }
-  cubridge::sink_result apply(const cubridge::verified_bundle& bundle) override {
+  cubridge::sink_result apply(const cubridge::verified_bundle& bundle,
+                              cubridge::apply_rule rule) override {
     ++applies;
     std::lock_guard lock(mutex_);
     if (bundle.version() == fail_version) {  // as a failed smoke test would: nothing changes
       const auto it = modules_.find(bundle.manifest.name);
-      return {cubridge::sink_outcome::failed, it == modules_.end() ? 0 : it->second.first,
+      return {cubridge::gate_reason::apply_failed, it == modules_.end() ? 0 : it->second.first,
               "smoke test failed"};
     }
     auto& [current, previous] = modules_[bundle.manifest.name];
+    if (rule == cubridge::apply_rule::above_serving && bundle.version() <= current)
+      return cubridge::not_newer_result(bundle.manifest.name, bundle.version(), current);
     previous = current;
     current = bundle.version();
     payloads_[bundle.manifest.name] = bundle.payload;
-    return {cubridge::sink_outcome::done, current, {}};
+    return {cubridge::gate_reason::none, current, {}};
   }
   cubridge::sink_result rollback(std::string_view name) override {
     std::lock_guard lock(mutex_);
     const auto it = modules_.find(std::string(name));
-    if (it == modules_.end()) return {cubridge::sink_outcome::unknown_module, 0, "no such module"};
+    if (it == modules_.end()) return {cubridge::gate_reason::unknown_module, 0, "no such module"};
     auto& [current, previous] = it->second;
-    if (previous == 0) return {cubridge::sink_outcome::no_previous_version, current, "none"};
+    if (previous == 0) return {cubridge::gate_reason::no_previous_version, current, "none"};
     std::swap(current, previous);
-    return {cubridge::sink_outcome::done, current, {}};
+    return {cubridge::gate_reason::none, current, {}};
   }
   std::vector<cubridge::module_report> status() const override {
     std::lock_guard lock(mutex_);

@@ -1,20 +1,27 @@
-// Tests of cubridge/update/module_sink.hpp: the outcomes keep their spelling (the update
-// endpoint's answers carry them).
+// Tests of cubridge/update/module_sink.hpp: the apply rule keeps its spelling, and a version not
+// above the serving one is refused in the gate's words, naming both versions.
 #include <cubridge/update/module_sink.hpp>
 
 #include <gtest/gtest.h>
 
 namespace {
 
-TEST(SinkOutcome, KeepsItsSpelling) {
+TEST(ApplyRule, KeepsItsSpelling) {
   using cubridge::to_string;
-  using o = cubridge::sink_outcome;
-  EXPECT_EQ(to_string(o::done), "done");
-  EXPECT_EQ(to_string(o::unknown_module), "unknown_module");
-  EXPECT_EQ(to_string(o::rejected), "rejected");
-  EXPECT_EQ(to_string(o::no_previous_version), "no_previous_version");
-  EXPECT_EQ(to_string(o::failed), "failed");
-  EXPECT_EQ(to_string(static_cast<o>(99)), "unknown");
+  using r = cubridge::apply_rule;
+  EXPECT_EQ(to_string(r::above_serving), "above_serving");
+  EXPECT_EQ(to_string(r::operator_word), "operator_word");
+  EXPECT_EQ(to_string(static_cast<r>(99)), "unknown");
+}
+
+TEST(NotNewerResult, IsAReplayWhenEqualAndOlderWhenBelow) {
+  const auto same = cubridge::not_newer_result("filters", 7, 7);
+  EXPECT_EQ(same.reason, cubridge::gate_reason::replayed_version);
+  EXPECT_EQ(same.serving_version, 7u);
+  const auto older = cubridge::not_newer_result("filters", 5, 9);
+  EXPECT_EQ(older.reason, cubridge::gate_reason::older_version);
+  EXPECT_EQ(older.serving_version, 9u);
+  EXPECT_EQ(older.detail, "module 'filters' v5 is not above v9, which serves");
 }
 
 }  // namespace

@@ -46,8 +46,8 @@
 namespace {
 
 using namespace std::chrono_literals;
+using cubridge::gate_reason;
 using cubridge::module_report;
-using cubridge::sink_outcome;
 using cubridge::sink_result;
 using json = nlohmann::json;
 using bytes = std::vector<std::byte>;
@@ -95,7 +95,7 @@ class fake_sink final : public cubridge::module_sink {
     (void)m.chain->rollback();
     return true;
   }
-  sink_result apply(const cubridge::verified_bundle& bundle) override {
+  sink_result apply(const cubridge::verified_bundle& bundle, cubridge::apply_rule rule) override {
     const auto& name = bundle.manifest.name;
     {
       std::lock_guard lock(mutex_);
@@ -108,29 +108,31 @@ class fake_sink final : public cubridge::module_sink {
     ++apply_calls_;
     if (name == "canary") ++canary_calls_;
     if (!modules_.contains(name) && !creates_modules)
-      return {sink_outcome::unknown_module, 0, "no module '" + name + "'"};
+      return {gate_reason::unknown_module, 0, "no module '" + name + "'"};
     auto& m = modules_[name];
     if (early) {
       m.last_error = early->detail;
       return *early;
     }
+    if (rule == cubridge::apply_rule::above_serving && bundle.version() <= m.current())
+      return cubridge::not_newer_result(name, bundle.version(), m.current());
     m.promote(bundle.version(), "pushed");
     m.applied.push_back(bundle.version());
-    return {sink_outcome::done, m.current(), {}};
+    return {gate_reason::none, m.current(), {}};
   }
   sink_result rollback(std::string_view name) override {
     std::lock_guard lock(mutex_);
     const auto it = modules_.find(std::string(name));
-    if (it == modules_.end()) return {sink_outcome::unknown_module, 0, "no such module"};
+    if (it == modules_.end()) return {gate_reason::unknown_module, 0, "no such module"};
     auto& m = it->second;
     // A module created by its first push has nothing before it (the chain's first version is
     // the empty one, bundle version 0).
     const auto held = m.chain->held();
     if (!held.rollback_target || held.rollback_target->id == 1)
-      return {sink_outcome::no_previous_version, m.current(), "only one version"};
+      return {gate_reason::no_previous_version, m.current(), "only one version"};
     (void)m.chain->rollback();
     ++rollbacks_;
-    return {sink_outcome::done, m.current(), {}};
+    return {gate_reason::none, m.current(), {}};
   }
   std::vector<module_report> status() const override {
     std::lock_guard lock(mutex_);
@@ -627,7 +629,8 @@ TEST_F(UpdateEndpointTest, APushedPayloadIsInspectedOnce) {
 TEST_F(UpdateEndpointTest, StageRefusalIs422AndReported) {
   start();
   sink->hook = [](const cubridge::verified_bundle& b) -> std::optional<sink_result> {
-    if (b.version() == 4) return sink_result{sink_outcome::rejected, 3, "kernel 'blur' missing"};
+    if (b.version() == 4)
+      return sink_result{gate_reason::stage_refused, 3, "kernel 'blur' missing"};
     return std::nullopt;
   };
   ASSERT_EQ(push("filters", bundle("filters", 3)).status, 200);
@@ -1502,7 +1505,7 @@ TEST_F(UpdateEndpointTest, VerifiedRefusalsAreKeptEscapedAndBounded) {
   start();
   const auto log = "\x1b[31mred\x1b[0m \xc3\xa9 back\\slash " + std::string(10000, 'x');
   sink->hook = [&](const cubridge::verified_bundle& b) -> std::optional<sink_result> {
-    if (b.version() == 4) return sink_result{sink_outcome::rejected, 3, log};
+    if (b.version() == 4) return sink_result{gate_reason::stage_refused, 3, log};
     return std::nullopt;
   };
   ASSERT_EQ(push("filters", bundle("filters", 3)).status, 200);
@@ -1552,8 +1555,11 @@ class ReplayStateTest : public UpdateEndpointTest {
   // What a service does at start outside the endpoint: load the versions it had.
   void load_directly(const std::string& name, std::uint64_t version) {
     cubridge::trusted_keys trusted{keys.public_key};
-    ASSERT_EQ(service().apply(cubridge::verify_bundle(bundle(name, version), trusted)).outcome,
-              sink_outcome::done);
+    ASSERT_EQ(service()
+                  .apply(cubridge::verify_bundle(bundle(name, version), trusted),
+                         cubridge::apply_rule::above_serving)
+                  .reason,
+              gate_reason::none);
   }
   bytes bundle_at(std::string name, std::uint64_t version, std::chrono::sys_seconds created,
                   std::optional<std::chrono::sys_seconds> expires) const {
@@ -1606,7 +1612,8 @@ TEST_F(ReplayStateTest, ARefusedVersionMayComeAgainAfterARestart) {
   restart(with_state());
   ASSERT_EQ(push("filters", bundle("filters", 3)).status, 200);
   service().hook = [](const cubridge::verified_bundle& b) -> std::optional<sink_result> {
-    if (b.version() == 4) return sink_result{sink_outcome::rejected, 3, "kernel 'blur' missing"};
+    if (b.version() == 4)
+      return sink_result{gate_reason::stage_refused, 3, "kernel 'blur' missing"};
     return std::nullopt;
   };
   EXPECT_EQ(push("filters", bundle("filters", 4)).status, 422);

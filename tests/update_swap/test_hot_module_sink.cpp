@@ -50,29 +50,31 @@ class HotModuleSink : public cubridge::testing::hot_module_fixture {
   std::shared_ptr<cubridge::hot_module_sink> sink_;
 };
 
+constexpr auto above = cubridge::apply_rule::above_serving;
+
 TEST_F(HotModuleSink, AppliesCubinAndSourceRefusesBrokenAndRollsBack) {
   EXPECT_EQ(sink_->device_capability(), cubridge::device::get(0).capability());
   EXPECT_EQ(sink_->current_version("versions"), 1u);
   EXPECT_EQ(run_write_version(), 1u);
 
-  auto r = sink_->apply(verified(2, hot_image("v2")));
-  ASSERT_EQ(r.outcome, cubridge::sink_outcome::done) << r.detail;
+  auto r = sink_->apply(verified(2, hot_image("v2")), above);
+  ASSERT_EQ(r.reason, cubridge::gate_reason::none) << r.detail;
   EXPECT_EQ(run_write_version(), 2u);
 
-  r = sink_->apply(verified(3, hot_image("missing")));  // lacks a kernel of the interface
-  EXPECT_EQ(r.outcome, cubridge::sink_outcome::rejected);
+  r = sink_->apply(verified(3, hot_image("missing")), above);  // lacks a kernel of the interface
+  EXPECT_EQ(r.reason, cubridge::gate_reason::stage_refused);
   EXPECT_NE(r.detail.find("spin_then_write"), std::string::npos) << r.detail;
   EXPECT_EQ(run_write_version(), 2u);
 
   const auto source = cubridge::testing::read_bytes(std::string(CUBRIDGE_TEST_SOURCE_DIR) +
                                                     "/kernels/hot_kernels.cu");
-  r = sink_->apply(verified(4, source, cubridge::payload_kind::cuda_source));
-  ASSERT_EQ(r.outcome, cubridge::sink_outcome::done) << r.detail;
+  r = sink_->apply(verified(4, source, cubridge::payload_kind::cuda_source), above);
+  ASSERT_EQ(r.reason, cubridge::gate_reason::none) << r.detail;
   EXPECT_EQ(run_write_version(), 7u);  // compiled here with VERSION=7
 
   r = sink_->rollback("versions");
-  ASSERT_EQ(r.outcome, cubridge::sink_outcome::done) << r.detail;
-  EXPECT_EQ(r.version, 2u);
+  ASSERT_EQ(r.reason, cubridge::gate_reason::none) << r.detail;
+  EXPECT_EQ(r.serving_version, 2u);
   EXPECT_EQ(run_write_version(), 2u);
 
   const auto status = sink_->status();
@@ -83,8 +85,8 @@ TEST_F(HotModuleSink, AppliesCubinAndSourceRefusesBrokenAndRollsBack) {
   EXPECT_EQ(status[0].counters->promotions, 3u) << "v2, v4 and the rollback";
   EXPECT_EQ(status[0].counters->rollbacks, 1u);
   EXPECT_EQ(status[0].counters->rejected, 1u) << "the image that lacks a kernel";
-  EXPECT_EQ(sink_->apply(verified(5, hot_image("v2"))).outcome, cubridge::sink_outcome::done);
-  EXPECT_EQ(sink_->rollback("nothing").outcome, cubridge::sink_outcome::unknown_module);
+  EXPECT_EQ(sink_->apply(verified(5, hot_image("v2")), above).reason, cubridge::gate_reason::none);
+  EXPECT_EQ(sink_->rollback("nothing").reason, cubridge::gate_reason::unknown_module);
 }
 
 TEST_F(HotModuleSink, PushedOverHttpServesOnTheNextLaunch) {

@@ -24,6 +24,7 @@
 #include <cubridge/core/kernel.hpp>
 #include <cubridge/core/module.hpp>
 #include <cubridge/swap/error.hpp>
+#include <cubridge/swap/swap_target.hpp>
 #include <cubridge/swap/version_chain.hpp>
 
 #include <atomic>
@@ -219,7 +220,7 @@ class pinned_version {
 /// Thread-safe: launches, stage, promote and rollback may run on any threads at once, through
 /// any copy. Every member of a moved-from hot_module throws error (errc::precondition); its
 /// hot_kernels and the other copies keep working.
-class hot_module {
+class hot_module final : public swap_target {
  public:
   /// Loads the first version into `ctx`. Its kernels (from the image, see image.hpp) define the
   /// interface every later version must keep. @throws image_error, error as module::load.
@@ -231,7 +232,7 @@ class hot_module {
   hot_module& operator=(const hot_module&) noexcept = default;
   hot_module(hot_module&&) noexcept = default;
   hot_module& operator=(hot_module&&) noexcept = default;
-  ~hot_module();
+  ~hot_module() override;
 
   /// Loads `image` and validates it against the interface: every kernel present with the same
   /// parameter layout, launch configurations used so far still fit (threads per block, shared
@@ -260,7 +261,16 @@ class hot_module {
   /// @throws error (errc::precondition) if there is none; version_rejected_error if it does not
   ///         allow a launch shape used since it served; error if a graph update fails. Whatever
   ///         it throws, nothing switched.
-  std::uint64_t rollback();
+  std::uint64_t rollback() override;
+
+  /// Stages `image` (inspected already as `*info`, or parsed here when null) and promotes it
+  /// if `condition` holds when the switch is made: for label_above_serving, the new label is
+  /// compared with the serving version's inside promote()'s own lock, so no other promoter can
+  /// switch in between. A version refused as not_newer is unloaded and nothing switched.
+  /// @throws as stage() and promote() (nothing switched).
+  apply_result stage_and_promote(std::span<const std::byte> image, const image_info* info,
+                                 const stage_options& options,
+                                 promote_condition condition) override;
 
   /// Follows an instantiated CUDA graph whose kernel nodes launch kernels of this module (e.g.
   /// added with hot_kernel::add_graph_node): after each promote or rollback its nodes are
@@ -282,7 +292,7 @@ class hot_module {
   /// The serving version, the rollback target and the retired versions not yet unloaded, each
   /// with its chain id and origin, at one instant: the one record of which version serves and
   /// which came before, whoever promoted (update endpoint, hot_reloader, a direct call).
-  [[nodiscard]] held_versions versions() const;
+  [[nodiscard]] held_versions versions() const override;
 
   /// The serving version's launches and launch failures since it was promoted, at one instant.
   [[nodiscard]] launch_tally launches() const;
@@ -296,9 +306,13 @@ class hot_module {
   /// @throws error naming the variable (missing, size mismatch, copy failure).
   std::uint64_t read_global(std::string_view variable, std::span<std::byte> out) const;
 
-  [[nodiscard]] const std::string& name() const;
+  [[nodiscard]] const std::string& name() const override;
   [[nodiscard]] context_ref context() const;
+  /// The compute capability of the module's device.
+  [[nodiscard]] compute_capability device_capability() const override;
   [[nodiscard]] hot_module_stats stats() const;
+  /// stats() and launches() in the words of swap_target.
+  [[nodiscard]] swap_counters counters() const override;
   /// Unloads whatever retired versions can be unloaded now (the background thread does this on
   /// its own; tests and shutdown call it to be sure). Returns how many were unloaded. Never
   /// throws for a failure on the way: it is counted and reported as the background thread's
@@ -313,8 +327,11 @@ class hot_module {
   /// promote(version), with `inner` run after this module's fallible work (checks, carried
   /// variables, graph retargets) and before its switch: a group switches its other members
   /// there (generation_gate.hpp). If `inner` throws, the graphs are pointed back, nothing
-  /// switched here, and the exception passes. An empty `inner` is promote(version).
-  std::uint64_t promote(staged_version version, const std::function<void()>& inner);
+  /// switched here, and the exception passes. An empty `inner` is promote(version). With
+  /// label_above_serving, a label not above the serving one throws
+  /// hot_module_internal::not_newer before anything else is done.
+  std::uint64_t promote(staged_version version, const std::function<void()>& inner,
+                        promote_condition condition = promote_condition::always);
   /// rollback(), with `inner` run as promote(version, inner) runs it.
   std::uint64_t rollback(const std::function<void()>& inner);
   /// The state; @throws error (errc::precondition) for a moved-from hot_module.

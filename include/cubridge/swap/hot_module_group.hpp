@@ -96,7 +96,7 @@ class group_kernel;
 /// hot_module: launches, stage, promote, rollback and pin may run on any threads at once. Every
 /// member of a moved-from group throws error (errc::precondition); its group_kernels and the
 /// other copies keep working.
-class hot_module_group {
+class hot_module_group final : public swap_target {
  public:
   /// Loads the first version on every context: `images[i]` into `contexts[i]` (each built for
   /// that device's architecture). All must export the same kernels. Member i's hot_module is
@@ -116,7 +116,7 @@ class hot_module_group {
   hot_module_group& operator=(const hot_module_group&) noexcept = default;
   hot_module_group(hot_module_group&&) noexcept = default;
   hot_module_group& operator=(hot_module_group&&) noexcept = default;
-  ~hot_module_group();
+  ~hot_module_group() override;
 
   /// Stages `images[i]` on member i (hot_module::stage, every member at once, each on a thread
   /// of its own with the member's context current), with `options` for each (a smoke test gets
@@ -143,7 +143,14 @@ class hot_module_group {
   /// Makes the previous generation serve again on every member, all or nothing as promote().
   /// Returns its id. @throws error (errc::precondition) if there is none; as
   /// hot_module::rollback. Whatever it throws, nothing switched anywhere.
-  std::uint64_t rollback();
+  std::uint64_t rollback() override;
+
+  /// stage(image, info or parsed, options) and promote() on every member, if `condition` holds
+  /// when the switch is made (the label compared inside the group's switch, as
+  /// hot_module::stage_and_promote). @throws as stage() and promote() (nothing switched).
+  apply_result stage_and_promote(std::span<const std::byte> image, const image_info* info,
+                                 const stage_options& options,
+                                 promote_condition condition) override;
 
   /// Pins the serving generation on every member: launches through it (group_kernel::launch
   /// with a pinned_generation) run that generation's version on whichever member they go to,
@@ -159,8 +166,10 @@ class hot_module_group {
   [[nodiscard]] generation serving() const;
   /// The serving version, rollback target and retired versions of every member, which agree on
   /// what serves; member 0's, with the bundle versions (origin) the sink reads.
-  [[nodiscard]] held_versions versions() const;
-  [[nodiscard]] const std::string& name() const;
+  [[nodiscard]] held_versions versions() const override;
+  [[nodiscard]] const std::string& name() const override;
+  /// Member 0's device's compute capability.
+  [[nodiscard]] compute_capability device_capability() const override;
   [[nodiscard]] std::size_t size() const;
   /// Member `i` (its hot_module: stats, versions, context; read-only: a member switches only
   /// with its group). @throws error (errc::precondition) for `i` out of range.
@@ -169,6 +178,8 @@ class hot_module_group {
   /// the group's contexts when none is.
   [[nodiscard]] std::size_t member_of(context_ref ctx) const;
   [[nodiscard]] hot_module_group_stats stats() const;
+  /// stats() and every member's launches() summed, in the words of swap_target.
+  [[nodiscard]] swap_counters counters() const override;
   /// hot_module::reclaim() on every member; returns how many versions were unloaded in all.
   std::size_t reclaim() const;
 
@@ -177,6 +188,8 @@ class hot_module_group {
   struct state;
   explicit hot_module_group(std::shared_ptr<state> s) noexcept : state_(std::move(s)) {}
   [[nodiscard]] state& checked() const;
+  /// promote(version), switching only if `condition` holds (hot_module::promote's).
+  std::uint64_t promote(staged_group version, promote_condition condition);
   /// `stage_one(i)` on every member at once (a thread each), all or nothing: a failure unloads
   /// what the others staged and is rethrown.
   [[nodiscard]] staged_group stage_each(

@@ -33,8 +33,17 @@ namespace cubridge {
                                                             compile_options options = {},
                                                             compile_cache* cache = nullptr);
 
+/// The label a reloaded file carries: N for a name of the form "<stem>.v<N>.<ext>"
+/// ("filters.v12.cu": 12), 0 for any other name.
+[[nodiscard]] std::uint64_t label_of_file(const std::filesystem::path& file) noexcept;
+
 /// Watches a directory and promotes every good file into `target` (see machine_code_from_file
-/// and hot_module::stage). A refused file leaves the current version serving.
+/// and hot_module::stage). A refused file leaves the current version serving. A file named
+/// with a version ("filters.v12.cu", label_of_file) is labelled with it and promoted only if
+/// it is above the serving version's label (hot_module::stage_and_promote, compared inside the
+/// promote's lock, as the update endpoint's and the fleet's pushes are); otherwise on_refused
+/// gets a version_rejected_error naming both. Any other name is promoted whatever serves, with
+/// label 0 (a developer's edit loop).
 class hot_reloader {
  public:
   struct options {
@@ -42,9 +51,9 @@ class hot_reloader {
     compile_options compile;  ///< for .cu files; architecture is set from the device
     /// Optional; shared with the reloader, which keeps it while it watches.
     std::shared_ptr<compile_cache> cache;
-    /// Smoke test etc.; source_name is set to the file, label to 0 and signer to
-    /// empty (a dropped file is no signed bundle): the chain records the version's origin as
-    /// that file, and the update endpoint sees it as serving no bundle version.
+    /// Smoke test etc.; source_name is set to the file, label to label_of_file() and signer
+    /// to empty (a dropped file is no signed bundle): the chain records the version's origin as
+    /// that file; the update endpoint sees an unlabelled one as serving no bundle version.
     stage_options stage;
     /// Called with the file and the promoted version's chain id (hot_module_stats::current_id).
     std::function<void(const std::filesystem::path&, std::uint64_t id)> on_promoted;

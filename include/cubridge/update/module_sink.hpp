@@ -12,6 +12,7 @@
 
 #include <cubridge/bundle/bundle.hpp>
 #include <cubridge/core/compute_capability.hpp>
+#include <cubridge/update/gate_reason.hpp>
 
 #include <cstdint>
 #include <optional>
@@ -21,26 +22,38 @@
 
 namespace cubridge {
 
-/// What a sink did with a request.
-enum class sink_outcome {
-  done,                 ///< applied (the version serves now) or rolled back
-  unknown_module,       ///< the sink has no module of that name and does not create one
-  rejected,             ///< the version was refused while staging (validation, compile, load)
-  no_previous_version,  ///< rollback: there is no version to go back to
-  failed,               ///< anything else; the module's serving version is unchanged
+/// Whether a sink may switch to a pushed version only when it is newer than what serves.
+enum class apply_rule {
+  /// Only if its version is above the serving one, compared where the switch is made (inside
+  /// the promote's lock for hot modules): a refusal is older_version or replayed_version, with
+  /// the version that kept serving.
+  above_serving,
+  /// Whatever serves: the operator's explicit word to go below (a fleet rollback or halt).
+  operator_word,
 };
 
-/// "done", "unknown_module", ... (the enumerator's name).
-[[nodiscard]] std::string_view to_string(sink_outcome outcome) noexcept;
+/// "above_serving", "operator_word".
+[[nodiscard]] std::string_view to_string(apply_rule rule) noexcept;
 
-/// A sink's answer: the outcome, the version now serving, and for a refusal, why.
+/// A sink's answer: why it refused (gate_reason::none: applied or rolled back, in one
+/// vocabulary with the gate, the HTTP status and the fleet's result records), the version
+/// serving when it returned, and for a refusal, what went wrong.
 struct sink_result {
-  sink_outcome outcome = sink_outcome::failed;
-  /// The bundle version serving after the call (for rollback: the version rolled back to).
-  std::uint64_t version = 0;
-  /// For anything but `done`: what went wrong, in words (a compiler log, a validation failure).
+  /// none; unknown_module; stage_refused (validation, compile, load, smoke test);
+  /// older_version or replayed_version (apply_rule::above_serving refused it at the switch);
+  /// no_previous_version (rollback); apply_failed (anything else: nothing switched).
+  gate_reason reason = gate_reason::apply_failed;
+  /// The bundle version serving when the call returned (for rollback: the version rolled back
+  /// to): the answer to "which version serves?" that comes with the apply.
+  std::uint64_t serving_version = 0;
+  /// For a refusal: what went wrong, in words (a compiler log, a validation failure).
   std::string detail;
 };
+
+/// The refusal for a version `version` that is not above `serving`: replayed_version when equal,
+/// older_version when below, with `detail` naming both.
+[[nodiscard]] sink_result not_newer_result(std::string_view module, std::uint64_t version,
+                                           std::uint64_t serving);
 
 /// What a module counted since it was loaded, for sinks that know (a hot module's
 /// hot_module_stats); metrics (metrics_text.hpp) export them.
@@ -79,10 +92,11 @@ struct module_report {
   std::optional<module_counters> counters;
 };
 
-/// The loading side of the update endpoint. The endpoint serialises calls per module (never two
-/// apply/rollback calls for one module at once), but calls for different modules, and status(),
-/// may come on any threads at once. Implementations must not throw: every failure is a
-/// sink_result (the endpoint turns an escaped exception into sink_outcome::failed).
+/// The loading side of the update endpoint. The gate serialises its calls per module (never two
+/// apply/rollback calls for one module at once), but other promoters (a hot reloader) may
+/// switch meanwhile, calls for different modules, and status(), may come on any threads at
+/// once. Implementations must not throw: every failure is a sink_result (the gate turns an
+/// escaped exception into gate_reason::apply_failed).
 class module_sink {
  public:
   virtual ~module_sink() = default;
@@ -91,11 +105,13 @@ class module_sink {
   /// whose payload cannot run on it are refused before apply() is called. nullopt while the
   /// sink knows no device (then every bundle reaches apply()).
   [[nodiscard]] virtual std::optional<compute_capability> device_capability() const = 0;
-  /// The bundle version of `name` serving now, 0 when none (or no such module).
+  /// The bundle version of `name` serving now, 0 when none (or no such module). Asked through
+  /// the gate (update_gate::serving), once per decision; an apply's answer carries it.
   [[nodiscard]] virtual std::uint64_t current_version(std::string_view name) const = 0;
-  /// Stages and promotes `bundle` as the new version of its module (bundle.manifest.name).
-  /// Called only for verified bundles whose version is above every version seen for the module.
-  virtual sink_result apply(const verified_bundle& bundle) = 0;
+  /// Stages `bundle` as the new version of its module (bundle.manifest.name) and promotes it,
+  /// under `rule` checked at the moment of the switch (a version another promoter made serve
+  /// meanwhile counts). Called only for verified bundles.
+  virtual sink_result apply(const verified_bundle& bundle, apply_rule rule) = 0;
   /// Makes the previous version of `name` serve again.
   virtual sink_result rollback(std::string_view name) = 0;
   /// Every module the sink holds.

@@ -166,6 +166,15 @@ class update_gate {
   [[nodiscard]] gate_decision rollback(std::string_view signed_request,
                                        std::string_view expected_module = {});
 
+  /// The bundle version of `module` serving now (0: none), from the sink: the one place a door
+  /// asks, between decisions (a push's or rollback's decision carries it as serving_version).
+  [[nodiscard]] std::uint64_t serving(std::string_view module) const;
+  /// The gate's decision about `version` of `module` when the caller has no bundle in hand:
+  /// duplicate (replayed_version) when that version serves already; nullopt when it does not,
+  /// and only a push of its bundle can decide. A door that knows the version it wants (the
+  /// fleet agent) so never fetches a bundle that serves, nor makes a decision up.
+  [[nodiscard]] std::optional<gate_decision> already_serving(std::string_view module,
+                                                             std::uint64_t version) const;
   /// The highest version recorded for `module` in the replay state; 0 when none.
   [[nodiscard]] std::uint64_t highest_version(std::string_view module) const;
   [[nodiscard]] module_sink& sink() const noexcept;

@@ -12,9 +12,9 @@
 // way (a hot_reloader, a direct promote() or rollback()) is seen as it is, with label 0 (no
 // bundle version) unless its promoter gave one.
 //
-// The sink holds a handle of every module it serves (hot_module is a shared handle), and the
-// gate and endpoint over it hold the sink by shared pointer: no destruction order can leave one
-// pointing at something gone.
+// The sink holds a handle of every module it serves, by the swap layer's one face for a module
+// and a group (swap_target.hpp; both are shared handles), and the gate and endpoint over it hold
+// the sink by shared pointer: no destruction order can leave one pointing at something gone.
 //
 //   auto filters = cubridge::hot_module::load(ctx, "filters", v1_cubin,
 //                                             {.origin = {.label = 1}});
@@ -68,13 +68,16 @@ class hot_module_sink final : public module_sink {
   [[nodiscard]] std::optional<compute_capability> device_capability() const override;
   /// The serving version's origin().label (its bundle version), from the module's chain.
   [[nodiscard]] std::uint64_t current_version(std::string_view name) const override;
-  /// Compiles (cuda_source), stages with the bundle's version and key, and promotes. Outcomes:
-  /// done; unknown_module for a name not added; rejected with the compiler's log or the
-  /// validation failure (the serving version keeps serving); failed for anything else.
-  sink_result apply(const verified_bundle& bundle) override;
-  /// hot_module::rollback, to whatever the chain holds as the rollback target; the result's
-  /// version is that target's bundle version. Outcomes: done, unknown_module,
-  /// no_previous_version, failed.
+  /// Compiles (cuda_source), stages with the bundle's version and key, and promotes through
+  /// swap_target::stage_and_promote: for apply_rule::above_serving only if the version is
+  /// still above the serving one inside the promote's lock. Reasons: none; unknown_module for
+  /// a name not added; stage_refused with the compiler's log or the validation failure;
+  /// older_version / replayed_version naming the version that kept serving; apply_failed for
+  /// anything else. Whatever is refused, the serving version keeps serving.
+  sink_result apply(const verified_bundle& bundle, apply_rule rule) override;
+  /// swap_target::rollback, to whatever the chain holds as the rollback target; the result's
+  /// version is that target's bundle version. Reasons: none, unknown_module,
+  /// no_previous_version, apply_failed.
   sink_result rollback(std::string_view name) override;
   /// From each module's chain: current_version and versions_held (rollback target, serving)
   /// as bundle versions (0 for a version not from a bundle), in_flight = retired versions;
@@ -89,7 +92,7 @@ class hot_module_sink final : public module_sink {
   std::optional<compute_capability> device_;
   std::map<std::string, std::unique_ptr<entry>, std::less<>> modules_;
   entry* find(std::string_view name) const;
-  void add_entry(const std::string& name, compute_capability device, std::unique_ptr<entry> e);
+  void add_entry(std::unique_ptr<swap_target> target, stage_options stage);
 };
 
 }  // namespace cubridge

@@ -17,11 +17,11 @@ class empty_sink final : public cubridge::module_sink {
     return cubridge::compute_capability{9, 0};
   }
   std::uint64_t current_version(std::string_view) const override { return 0; }
-  cubridge::sink_result apply(const cubridge::verified_bundle&) override {
-    return {cubridge::sink_outcome::unknown_module, 0, "holds no module"};
+  cubridge::sink_result apply(const cubridge::verified_bundle&, cubridge::apply_rule) override {
+    return {cubridge::gate_reason::unknown_module, 0, "holds no module"};
   }
   cubridge::sink_result rollback(std::string_view) override {
-    return {cubridge::sink_outcome::unknown_module, 0, "holds no module"};
+    return {cubridge::gate_reason::unknown_module, 0, "holds no module"};
   }
   std::vector<cubridge::module_report> status() const override { return {}; }
 };
