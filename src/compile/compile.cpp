@@ -1,4 +1,5 @@
 #include <cubridge/compile/compile.hpp>
+#include <cubridge/core/detail/file_io.hpp>
 
 #include <nvJitLink.h>
 #include <nvrtc.h>
@@ -167,8 +168,27 @@ struct nvrtc_program {
   std::string log;
 };
 
+/// NVRTC's options: the architecture, the include paths, the defines, the extra options, then the
+/// toolkit's include directories, which so come after every directory the caller gave.
+std::vector<std::string> nvrtc_arguments(const compile_options& options) {
+  std::vector<std::string> arguments;
+  arguments.push_back("--gpu-architecture=" + options.architecture);
+  for (const auto& path : options.include_paths)
+    arguments.push_back("--include-path=" + path.string());
+  for (const auto& [macro, value] : options.defines)
+    arguments.push_back(std::string("-D").append(macro).append("=").append(value));
+  arguments.insert(arguments.end(), options.extra_options.begin(), options.extra_options.end());
+  if (options.search_toolkit_headers)
+    for (const auto& path : toolkit_include_paths())
+      arguments.push_back("--include-path=" + path.string());
+  return arguments;
+}
+
+/// Compiles `source`; `program_name` is the name NVRTC gets (its log's, and the directory it
+/// searches first for quoted includes), source.name the one messages use.
 nvrtc_program compile_program(const cuda_source& source, const compile_options& options,
-                              std::string_view architecture_prefix) {
+                              std::string_view architecture_prefix,
+                              const std::string& program_name) {
   const compile_subject what{source.name, options.architecture};
   const std::string involved = describe_compile("compiling", source.name, options.architecture, {});
   CUBRIDGE_EXPECTS(is_architecture(options.architecture, architecture_prefix),
@@ -191,7 +211,7 @@ nvrtc_program compile_program(const cuda_source& source, const compile_options& 
     header_include_names.push_back(header.name.c_str());
   }
   nvrtcProgram raw = nullptr;
-  check_nvrtc(nvrtcCreateProgram(&raw, source.text.c_str(), source.name.c_str(),
+  check_nvrtc(nvrtcCreateProgram(&raw, source.text.c_str(), program_name.c_str(),
                                  static_cast<int>(header_contents.size()), header_contents.data(),
                                  header_include_names.data()),
               "nvrtcCreateProgram", what);
@@ -200,13 +220,7 @@ nvrtc_program compile_program(const cuda_source& source, const compile_options& 
   for (const auto& expression : options.name_expressions)
     check_nvrtc(nvrtcAddNameExpression(raw, expression.c_str()), "nvrtcAddNameExpression", what);
 
-  std::vector<std::string> arguments;
-  arguments.push_back("--gpu-architecture=" + options.architecture);
-  for (const auto& path : options.include_paths)
-    arguments.push_back("--include-path=" + path.string());
-  for (const auto& [macro, value] : options.defines)
-    arguments.push_back(std::string("-D").append(macro).append("=").append(value));
-  arguments.insert(arguments.end(), options.extra_options.begin(), options.extra_options.end());
+  const std::vector<std::string> arguments = nvrtc_arguments(options);
   std::vector<const char*> argument_pointers;
   argument_pointers.reserve(arguments.size());
   for (const auto& argument : arguments) argument_pointers.push_back(argument.c_str());
@@ -228,6 +242,22 @@ nvrtc_program compile_program(const cuda_source& source, const compile_options& 
     result.lowered_names.emplace(expression, lowered);
   }
   return result;
+}
+
+/// nvrtc_compile with the name NVRTC gets apart from the one messages use (compile_program).
+compiled_image compile_cubin(const cuda_source& source, const compile_options& options,
+                             const std::string& program_name) {
+  auto program = compile_program(source, options, "sm_", program_name);
+  const compile_subject what{source.name, options.architecture};
+  std::size_t size = 0;
+  check_nvrtc(nvrtcGetCUBINSize(program.program.get(), &size), "nvrtcGetCUBINSize", what);
+  compiled_image image;
+  image.cubin.resize(size);
+  check_nvrtc(nvrtcGetCUBIN(program.program.get(), reinterpret_cast<char*>(image.cubin.data())),
+              "nvrtcGetCUBIN", what);
+  image.lowered_names = std::move(program.lowered_names);
+  image.log = std::move(program.log);
+  return image;
 }
 
 struct link_deleter {
@@ -262,21 +292,23 @@ compile_error::compile_error(error_source source, int code, std::string code_nam
       log_(std::move(log)) {}
 
 compiled_image nvrtc_compile(const cuda_source& source, const compile_options& options) {
-  auto program = compile_program(source, options, "sm_");
-  const compile_subject what{source.name, options.architecture};
-  std::size_t size = 0;
-  check_nvrtc(nvrtcGetCUBINSize(program.program.get(), &size), "nvrtcGetCUBINSize", what);
-  compiled_image image;
-  image.cubin.resize(size);
-  check_nvrtc(nvrtcGetCUBIN(program.program.get(), reinterpret_cast<char*>(image.cubin.data())),
-              "nvrtcGetCUBIN", what);
-  image.lowered_names = std::move(program.lowered_names);
-  image.log = std::move(program.log);
-  return image;
+  return compile_cubin(source, options, source.name);
+}
+
+compiled_image nvrtc_compile_file(const std::filesystem::path& file,
+                                  const compile_options& options) {
+  const auto bytes = detail::read_regular_file(file, detail::max_image_bytes, "CUDA source file");
+  const std::filesystem::path absolute = std::filesystem::absolute(file).lexically_normal();
+  compile_options beside_first = options;
+  // Headers beside the file come first, as nvcc finds them (compile.hpp).
+  beside_first.include_paths.insert(beside_first.include_paths.begin(), absolute.parent_path());
+  const cuda_source source{file.filename().string(),
+                           std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size())};
+  return compile_cubin(source, beside_first, absolute.string());
 }
 
 compiled_ptx nvrtc_compile_ptx(const cuda_source& source, const compile_options& options) {
-  auto program = compile_program(source, options, "compute_");
+  auto program = compile_program(source, options, "compute_", source.name);
   const compile_subject what{source.name, options.architecture};
   std::size_t size = 0;
   check_nvrtc(nvrtcGetPTXSize(program.program.get(), &size), "nvrtcGetPTXSize", what);

@@ -187,6 +187,9 @@ hash_value compile_key(const toolkit_versions& versions, const cuda_source& sour
                                           options.name_expressions.end());
   for (const auto& expression : expressions) h.field("name expression", expression);
   for (const auto& option : options.extra_options) h.field("option", option);
+  // The toolkit's headers by their directories: their content goes with the NVRTC version.
+  if (options.search_toolkit_headers)
+    for (const auto& path : toolkit_include_paths()) h.field("toolkit include path", path.string());
   for (const auto& [path, content] : files) {
     h.field("file path", path);
     h.field("file content", content);

@@ -5,6 +5,7 @@
 #include <cubridge/core/kernel.hpp>
 #include <cubridge/core/launch_config.hpp>
 
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,46 @@ int kernel::attribute(CUfunction_attribute which, int device_ordinal) const {
     CUBRIDGE_CU(cuFuncGetAttribute, (&value, which, state_->launch_handle), what);
   }
   return value;
+}
+
+namespace {
+/// `value` as the int the occupancy calls take. @throws error (errc::precondition) above INT_MAX.
+int occupancy_int(unsigned value, const char* what, const std::string& kernel_name) {
+  CUBRIDGE_EXPECTS(value <= static_cast<unsigned>(std::numeric_limits<int>::max()),
+                   std::string(what) + " " + std::to_string(value) + " for kernel '" + kernel_name +
+                       "' is above INT_MAX");
+  return static_cast<int>(value);
+}
+}  // namespace
+
+unsigned kernel::max_active_blocks_per_sm(unsigned block_size,
+                                          unsigned dynamic_shared_bytes) const {
+  CUBRIDGE_EXPECTS(block_size > 0,
+                   "occupancy of kernel '" + state_->name + "': a block of 0 threads");
+  const int threads = occupancy_int(block_size, "block size", state_->name);
+  int blocks = 0;
+  CUBRIDGE_CU(cuOccupancyMaxActiveBlocksPerMultiprocessor,
+              (&blocks, state_->launch_handle, threads, dynamic_shared_bytes),
+              "occupancy of kernel '" + state_->name + "' with blocks of " +
+                  std::to_string(block_size) + " threads and " +
+                  std::to_string(dynamic_shared_bytes) + " B of dynamic shared memory");
+  return static_cast<unsigned>(blocks);
+}
+
+occupancy_suggestion kernel::suggested_block_size(unsigned dynamic_shared_bytes,
+                                                  unsigned block_size_limit) const {
+  const int limit = occupancy_int(block_size_limit, "block size limit", state_->name);
+  int min_grid_size = 0;
+  int block_size = 0;
+  // No block-size-to-shared-memory callback: the same dynamic shared memory at every size.
+  CUBRIDGE_CU(
+      cuOccupancyMaxPotentialBlockSize,
+      (&min_grid_size, &block_size, state_->launch_handle, nullptr, dynamic_shared_bytes, limit),
+      "suggesting a block size for kernel '" + state_->name + "' with " +
+          std::to_string(dynamic_shared_bytes) + " B of dynamic shared memory" +
+          (block_size_limit ? ", at most " + std::to_string(block_size_limit) + " threads"
+                            : std::string()));
+  return {static_cast<unsigned>(block_size), static_cast<unsigned>(min_grid_size)};
 }
 
 void kernel::throw_argument_count(std::size_t given) const {

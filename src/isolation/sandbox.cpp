@@ -66,21 +66,22 @@ bool is_executable(const std::filesystem::path& p) {
 sandbox_error::sandbox_error(sandbox_failure reason, std::string call, std::string detail,
                              sandbox_recovery recovery, std::chrono::nanoseconds restart_duration,
                              std::chrono::steady_clock::time_point seen_at,
-                             std::source_location where)
+                             std::optional<sandbox_fault_report> fault, std::source_location where)
     : error(isolation_error_domain, static_cast<int>(isolation_errc::sandbox_failure),
             "sandbox " + std::string(cubridge::to_string(reason)), std::move(call),
             std::move(detail) + recovery_text(recovery, restart_duration), where),
       reason_(reason),
       recovery_(recovery),
       restart_duration_(restart_duration),
-      seen_at_(seen_at) {}
+      seen_at_(seen_at),
+      fault_(fault) {}
 
 sandbox_error::sandbox_error(sandbox_failure reason, std::string call, std::string detail,
                              bool restarted, std::chrono::nanoseconds restart_duration,
                              std::source_location where)
     : sandbox_error(reason, std::move(call), std::move(detail),
                     restarted ? sandbox_recovery::restarted : sandbox_recovery::none,
-                    restart_duration, std::chrono::steady_clock::now(), where) {}
+                    restart_duration, std::chrono::steady_clock::now(), std::nullopt, where) {}
 
 namespace {
 

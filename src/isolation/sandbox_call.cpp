@@ -61,8 +61,10 @@ class call_in_slot {
   std::vector<std::uint64_t> send(const sandbox_request& request);
   protocol::frame receive(std::chrono::milliseconds timeout);
   sandbox_reply handle(const protocol::frame& f, const std::vector<std::uint64_t>& sent_ids);
-  /// Reports a failure that ended the worker: it is replaced first.
-  [[noreturn]] void fail(sandbox_failure reason, const std::string& detail);
+  /// Reports a failure that ended the worker: it is replaced first. `fault`: what the worker
+  /// reported with a cuda_fault or device_reset.
+  [[noreturn]] void fail(sandbox_failure reason, const std::string& detail,
+                         std::optional<sandbox_fault_report> fault = std::nullopt);
   /// The worker ended (EOF or a failed send): say how.
   [[noreturn]] void died();
   /// Reports a failure the worker survives: its slot is given back first.
@@ -174,16 +176,20 @@ sandbox_reply call_in_slot::handle(const protocol::frame& f,
         const auto fault = protocol::decode_cuda_fault(f.payload);
         const std::string returned =
             "'" + fault.entry + "' (returned " + std::to_string(fault.entry_status) + ")";
+        // The same facts as fields of the error, for callers that act on them (sandbox.hpp).
+        const sandbox_fault_report report{static_cast<CUresult>(fault.code), fault.entry_status};
         if (fault.context_reset)
           fail(sandbox_failure::device_reset,
                returned + " reset the device in worker pid " + std::to_string(pid) + ": " +
                    fault.name +
                    "; the worker's mappings and the library's state went with it, "
-                   "so it ended itself; the host's contexts are another process's");
+                   "so it ended itself; the host's contexts are another process's",
+               report);
         fail(sandbox_failure::cuda_fault,
              returned + " broke CUDA in worker pid " + std::to_string(pid) + ": " + fault.name +
                  " (CUresult " + std::to_string(fault.code) +
-                 "); the worker ended itself, the host's contexts are another process's");
+                 "); the worker ended itself, the host's contexts are another process's",
+             report);
       }
       case protocol::message_type::dying: {
         const auto end = w().process.confirm_last_words(protocol::decode_dying(f.payload));
@@ -201,13 +207,14 @@ sandbox_reply call_in_slot::handle(const protocol::frame& f,
                                       entry_ + "'; worker killed");
 }
 
-void call_in_slot::fail(sandbox_failure reason, const std::string& detail) {
+void call_in_slot::fail(sandbox_failure reason, const std::string& detail,
+                        std::optional<sandbox_fault_report> fault) {
   held_ = false;
   const auto r = s_.replace(index_, seen_);
   throw sandbox_error(
       reason, call_name(entry_),
       "sandbox '" + s_.name + "' (library " + s_.options.library.string() + "): " + detail + r.note,
-      r.how, r.duration, seen_);
+      r.how, r.duration, seen_, fault);
 }
 
 void call_in_slot::died() {

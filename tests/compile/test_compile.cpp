@@ -1,5 +1,6 @@
 // NVRTC and nvJitLink compiles, checked by inspecting the produced images (no GPU needed).
 #include <cubridge/compile/compile.hpp>
+#include <cubridge/core/detail/file_io.hpp>
 #include <cubridge/core/image.hpp>
 
 #include <gtest/gtest.h>
@@ -292,6 +293,157 @@ TEST(Compile, LibraryVersionsAreThoseOfTheToolkit) {
   EXPECT_EQ(nvrtc.major, 13);
   EXPECT_EQ(nvjitlink.major, 13);
   EXPECT_GE(nvrtc.minor, 0);
+}
+
+// --- the toolkit's own headers --------------------------------------------------------------
+
+constexpr const char* cooperative_source = R"(
+#include <cooperative_groups.h>
+namespace cg = cooperative_groups;
+extern "C" __global__ void block_sum(int* out) {
+  auto block = cg::this_thread_block();
+  atomicAdd(out, static_cast<int>(block.thread_rank()));
+  block.sync();
+}
+)";
+
+/// Skips the test where the toolkit this was built with has no headers on this machine (a GPU
+/// machine with the runtime libraries only); where it has, NVRTC's toolkit must be found.
+#define CUBRIDGE_REQUIRE_TOOLKIT_HEADERS()                                                 \
+  do {                                                                                     \
+    const fs::path header = fs::path(CUBRIDGE_TEST_CUDA_INCLUDE) / "cooperative_groups.h"; \
+    if (!fs::exists(header)) GTEST_SKIP() << "no toolkit headers here: no " << header;     \
+  } while (false)
+
+TEST(Compile, TheToolkitsHeadersAreFoundWithoutAnIncludePath) {
+  CUBRIDGE_REQUIRE_TOOLKIT_HEADERS();
+  const auto& toolkit = cubridge::toolkit_include_paths();
+  ASSERT_FALSE(toolkit.empty()) << "the toolkit's include directory was not found from NVRTC";
+  for (const auto& path : toolkit) EXPECT_TRUE(fs::is_directory(path)) << path;
+  EXPECT_TRUE(fs::exists(toolkit.front() / "cooperative_groups.h")) << toolkit.front();
+  if (cubridge::nvrtc_version().major >= 13) {  // CCCL moved to include/cccl in CUDA 13
+    ASSERT_EQ(toolkit.size(), 2u);
+    EXPECT_EQ(toolkit[1], toolkit.front() / "cccl");
+  }
+  const auto image =
+      cubridge::nvrtc_compile({.name = "cooperative.cu", .text = cooperative_source});
+  expect_cubin_for_sm90(inspect(image.cubin));
+  EXPECT_NE(inspect(image.cubin).find_kernel("block_sum"), nullptr);
+}
+
+TEST(Compile, TheToolkitsHeadersAreLeftOutWhenAskedTo) {
+  CUBRIDGE_REQUIRE_TOOLKIT_HEADERS();
+  try {
+    (void)cubridge::nvrtc_compile({.name = "cooperative.cu", .text = cooperative_source},
+                                  {.search_toolkit_headers = false});
+    FAIL() << "compiled without the toolkit's headers";
+  } catch (const cubridge::compile_error& e) {
+    EXPECT_EQ(e.code_name(), "NVRTC_ERROR_COMPILATION");
+    EXPECT_NE(e.log().find("cooperative_groups.h"), std::string::npos) << e.log();
+  }
+}
+
+TEST(Compile, TheCallersHeadersComeBeforeTheToolkits) {
+  CUBRIDGE_REQUIRE_TOOLKIT_HEADERS();
+  temp_dir dir;
+  // A header of the toolkit's name in the caller's include paths (options, then -I) wins.
+  write_text(dir.path / "first" / "cooperative_groups.h", "#define CALLERS_OWN from_options\n");
+  write_text(dir.path / "second" / "cuda_fp16.h", "#define CALLERS_HALF from_extra_option\n");
+  const std::string source =
+      "#include <cooperative_groups.h>\n#include <cuda_fp16.h>\n"
+      "extern \"C\" __global__ void CALLERS_OWN() {}\n"
+      "extern \"C\" __global__ void CALLERS_HALF() {}\n";
+  const auto image = cubridge::nvrtc_compile(
+      {.name = "shadow.cu", .text = source},
+      {.include_paths = {dir.path / "first"},
+       .extra_options = {"--include-path=" + (dir.path / "second").string()}});
+  const auto info = inspect(image.cubin);
+  EXPECT_NE(info.find_kernel("from_options"), nullptr);
+  EXPECT_NE(info.find_kernel("from_extra_option"), nullptr);
+}
+
+// --- a .cu file ------------------------------------------------------------------------------
+
+/// Makes `directory` the working directory until the end of the scope.
+class working_directory {
+ public:
+  explicit working_directory(const fs::path& directory) : before_(fs::current_path()) {
+    fs::current_path(directory);
+  }
+  ~working_directory() { fs::current_path(before_); }
+  working_directory(const working_directory&) = delete;
+  working_directory& operator=(const working_directory&) = delete;
+
+ private:
+  fs::path before_;
+};
+
+TEST(CompileFile, CompilesTheFileAndNamesItByItsFileName) {
+  temp_dir dir;
+  write_text(dir.path / "kernels" / "scale.cu", scale_source);
+  const auto image = cubridge::nvrtc_compile_file(dir.path / "kernels" / "scale.cu");
+  expect_cubin_for_sm90(inspect(image.cubin));
+  EXPECT_NE(inspect(image.cubin).find_kernel("scale"), nullptr);
+
+  write_text(dir.path / "kernels" / "broken.cu",
+             "extern \"C\" __global__ void k(int* p) {\n  p[0] = 1;\n  p[1] = undeclared;\n}\n");
+  try {
+    (void)cubridge::nvrtc_compile_file(dir.path / "kernels" / "broken.cu",
+                                       {.architecture = "sm_80"});
+    FAIL() << "expected a compile_error";
+  } catch (const cubridge::compile_error& e) {
+    EXPECT_EQ(e.source_name(), "broken.cu");
+    EXPECT_EQ(e.architecture(), "sm_80");
+    EXPECT_NE(std::string(e.what()).find("compiling 'broken.cu' for sm_80"), std::string::npos)
+        << e.what();
+    // NVRTC's own log names the file by its path, as nvcc does.
+    const auto path = fs::absolute(dir.path / "kernels" / "broken.cu").lexically_normal();
+    EXPECT_NE(e.log().find(path.string() + "(3)"), std::string::npos) << e.log();
+  }
+}
+
+TEST(CompileFile, QuotedIncludesAreFoundBesideTheFileFirst) {
+  temp_dir dir;
+  write_text(dir.path / "kernels" / "config.h", "#define KERNEL_NAME beside_the_file\n");
+  write_text(dir.path / "kernels" / "detail" / "helper.h", "#include \"../config.h\"\n");
+  write_text(dir.path / "elsewhere" / "config.h", "#define KERNEL_NAME from_the_include_path\n");
+  // The working directory, where NVRTC looks first for a source named without a directory.
+  write_text(dir.path / "cwd" / "config.h", "#define KERNEL_NAME from_the_working_directory\n");
+  write_text(dir.path / "kernels" / "k.cu",
+             "#include \"config.h\"\n#include <detail/helper.h>\n"
+             "extern \"C\" __global__ void KERNEL_NAME() {}\n");
+  const working_directory cwd(dir.path / "cwd");
+  const auto image = cubridge::nvrtc_compile_file(dir.path / "kernels" / "k.cu",
+                                                  {.include_paths = {dir.path / "elsewhere"}});
+  const auto info = inspect(image.cubin);
+  EXPECT_NE(info.find_kernel("beside_the_file"), nullptr);
+  EXPECT_EQ(info.kernels.size(), 1u);
+
+  // Named relative to the working directory, it is still looked for beside the file.
+  write_text(dir.path / "cwd" / "sub" / "config.h", "#define KERNEL_NAME relative_and_beside\n");
+  write_text(dir.path / "cwd" / "sub" / "k.cu",
+             "#include \"config.h\"\nextern \"C\" __global__ void KERNEL_NAME() {}\n");
+  EXPECT_NE(
+      inspect(cubridge::nvrtc_compile_file("sub/k.cu").cubin).find_kernel("relative_and_beside"),
+      nullptr);
+}
+
+TEST(CompileFile, WhatIsNoReadableSourceFileIsAnIoErrorNamingThePath) {
+  temp_dir dir;
+  const auto too_big = dir.path / "huge.cu";
+  { std::ofstream(too_big) << "x"; }
+  fs::resize_file(too_big, cubridge::detail::max_image_bytes + 1);  // sparse: nothing is written
+  for (const auto& path : {dir.path / "missing.cu", dir.path, too_big}) {
+    try {
+      (void)cubridge::nvrtc_compile_file(path);
+      ADD_FAILURE() << "compiled " << path;
+    } catch (const cubridge::compile_error& e) {
+      ADD_FAILURE() << "compile_error for " << path << ": " << e.what();
+    } catch (const cubridge::error& e) {
+      EXPECT_TRUE(e.is(cubridge::errc::io)) << e.what();
+      EXPECT_NE(std::string(e.what()).find(path.string()), std::string::npos) << e.what();
+    }
+  }
 }
 
 TEST(Compile, SameInputGivesTheSameBytes) {

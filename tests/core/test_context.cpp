@@ -1,6 +1,8 @@
 #include <cubridge/core/context.hpp>
 #include <cubridge/core/device_buffer.hpp>
+#include <cubridge/core/primary_context.hpp>
 #include <cubridge/core/scoped_current.hpp>
+#include <cubridge/core/stream.hpp>
 
 #include "gpu_test.hpp"
 
@@ -66,6 +68,33 @@ TEST(Context, SynchronizeAndCurrent) {
   EXPECT_NO_THROW(ctx.ref().synchronize());
   cubridge::scoped_current guard(ctx);
   EXPECT_EQ(cubridge::context_ref::current(), ctx.ref());
+}
+
+// The owners wait for their context's work themselves (not only through ref()), each with the
+// context pushed for the call and the caller's stack left as it was.
+TEST(Context, SynchronizeWaitsForTheContextsWorkAndLeavesTheStackAsFound) {
+  CUBRIDGE_REQUIRE_GPU();
+  auto ctx = cubridge::context::create(cubridge::device::get(0));
+  auto other = cubridge::context::create(cubridge::device::get(0));
+  constexpr std::size_t bytes = std::size_t{256} << 20;
+  auto buffer = cubridge::driver_buffer<unsigned char>::allocate(ctx, bytes);
+  auto s = cubridge::stream::create(ctx);
+  {
+    cubridge::scoped_current guard(ctx);
+    CUBRIDGE_ASSERT_CU(
+        cubridge::driver::api().cuMemsetD8Async(buffer.address(), 7, bytes, s.get()));
+  }
+  ASSERT_FALSE(cubridge::context_ref::current());
+  ctx.synchronize();
+  EXPECT_FALSE(cubridge::context_ref::current()) << "synchronize must restore the empty stack";
+  EXPECT_TRUE(s.ready()) << "the context's stream still has work after synchronize()";
+
+  cubridge::scoped_current in_other(other);
+  ctx.synchronize();
+  other.synchronize();
+  auto primary = cubridge::primary_context::retain(cubridge::device::get(0));
+  primary.synchronize();
+  EXPECT_EQ(cubridge::context_ref::current(), other.ref()) << "the caller's context is current";
 }
 
 TEST(Context, PrimaryContextStaysInactive) {

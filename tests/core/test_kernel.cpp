@@ -1,11 +1,14 @@
 #include <cubridge/core/context.hpp>
 #include <cubridge/core/device_buffer.hpp>
+#include <cubridge/core/library.hpp>
 #include <cubridge/core/module.hpp>
 #include <cubridge/core/scoped_current.hpp>
 #include <cubridge/core/stream.hpp>
 
 #include "gpu_test.hpp"
 
+#include <climits>
+#include <functional>
 #include <random>
 #include <vector>
 
@@ -222,6 +225,64 @@ TEST_F(Kernel, ClusterLaunchGoesThroughLaunchKernelEx) {
   } catch (const cubridge::error& e) {
     EXPECT_EQ(e.call(), "cuLaunchKernelEx");
     EXPECT_NE(std::string(e.what()).find("cluster (2,1,1)"), std::string::npos) << e.what();
+  }
+}
+
+// Occupancy: the driver's own answers, asked in the kernel's context (pushed, as for a launch).
+TEST_F(Kernel, OccupancyIsTheDriversAnswer) {
+  auto k = module_->get_kernel("fill_u32");
+  cubridge::scoped_current guard(*ctx_);
+  const unsigned blocks = k.max_active_blocks_per_sm(256);
+  int raw_blocks = 0;
+  CUBRIDGE_ASSERT_CU(cubridge::driver::api().cuOccupancyMaxActiveBlocksPerMultiprocessor(
+      &raw_blocks, k.launch_handle(), 256, 0));
+  EXPECT_EQ(blocks, static_cast<unsigned>(raw_blocks));
+  EXPECT_GT(blocks, 0u);
+  EXPECT_LE(k.max_active_blocks_per_sm(256, 16 * 1024), blocks)
+      << "dynamic shared memory never lets more blocks fit";
+
+  const auto suggestion = k.suggested_block_size();
+  int raw_grid = 0;
+  int raw_block = 0;
+  CUBRIDGE_ASSERT_CU(cubridge::driver::api().cuOccupancyMaxPotentialBlockSize(
+      &raw_grid, &raw_block, k.launch_handle(), nullptr, 0, 0));
+  EXPECT_EQ(suggestion.block_size, static_cast<unsigned>(raw_block));
+  EXPECT_EQ(suggestion.min_grid_size, static_cast<unsigned>(raw_grid));
+  EXPECT_GT(suggestion.block_size, 0u);
+  EXPECT_LE(suggestion.block_size,
+            static_cast<unsigned>(k.attribute(CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK)));
+  EXPECT_GT(suggestion.min_grid_size, 0u);
+  EXPECT_GT(k.max_active_blocks_per_sm(suggestion.block_size), 0u);
+  EXPECT_LE(k.suggested_block_size(0, 64).block_size, 64u) << "the limit caps the block size";
+}
+
+TEST_F(Kernel, OccupancyOfALibraryKernelIsForTheCurrentContextsDevice) {
+  auto lib = cubridge::library::load_file(cubridge::testing::test_cubin_path());
+  cubridge::scoped_current guard(*ctx_);
+  const auto from_library = lib.get_kernel("fill_u32");
+  const auto from_module = module_->get_kernel("fill_u32");
+  EXPECT_EQ(from_library.max_active_blocks_per_sm(128), from_module.max_active_blocks_per_sm(128));
+  EXPECT_EQ(from_library.suggested_block_size().block_size,
+            from_module.suggested_block_size().block_size);
+}
+
+TEST_F(Kernel, OccupancyRefusesBlockSizesTheDriverCannotTakeNamingTheKernel) {
+  auto k = module_->get_kernel("fill_u32");
+  cubridge::scoped_current guard(*ctx_);
+  for (const auto& ask : {std::function<void()>([&] { (void)k.max_active_blocks_per_sm(0); }),
+                          std::function<void()>([&] {
+                            (void)k.max_active_blocks_per_sm(static_cast<unsigned>(INT_MAX) + 1);
+                          }),
+                          std::function<void()>([&] {
+                            (void)k.suggested_block_size(0, static_cast<unsigned>(INT_MAX) + 1);
+                          })}) {
+    try {
+      ask();
+      FAIL() << "no throw";
+    } catch (const cubridge::error& e) {
+      EXPECT_TRUE(e.is(cubridge::errc::precondition)) << e.what();
+      EXPECT_NE(std::string(e.what()).find("kernel 'fill_u32'"), std::string::npos) << e.what();
+    }
   }
 }
 

@@ -2,6 +2,7 @@
 // no GPU (CPU), and the misbehaving CUDA test library (tests/guest_lib) in a worker sharing the
 // host's memory (GPU; each in its own process). The wire protocol: test_sandbox_protocol.cpp.
 #include <cubridge/core/detail/process_tree.hpp>
+#include <cubridge/core/image.hpp>
 #include <cubridge/core/shared_device_memory.hpp>
 #include <cubridge/core/unique_fd.hpp>
 #include <cubridge/isolation/detail/sandbox_protocol.hpp>
@@ -15,6 +16,7 @@
 
 #include <gtest/gtest.h>
 
+#include <dlfcn.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -80,6 +82,15 @@ TEST(SandboxError, Names) {
   EXPECT_TRUE(spare.restarted());
   EXPECT_NE(std::string(spare.what()).find("a standby worker took over in 0.04"), std::string::npos)
       << spare.what();
+  // What a worker reports of a CUDA fault is in fields, not only in the text.
+  EXPECT_FALSE(e.cuda_error());
+  EXPECT_FALSE(e.entry_status());
+  const sandbox_error fault(sandbox_failure::cuda_fault, "sandbox::call(\"f\")",
+                            "'f' (returned 700) broke CUDA", cubridge::sandbox_recovery::restarted,
+                            std::chrono::milliseconds(3), std::chrono::steady_clock::now(),
+                            cubridge::sandbox_fault_report{CUDA_ERROR_ILLEGAL_ADDRESS, 700});
+  EXPECT_EQ(fault.cuda_error(), CUDA_ERROR_ILLEGAL_ADDRESS);
+  EXPECT_EQ(fault.entry_status(), 700);
 }
 
 TEST(Sandbox, EchoesThroughTheWorker) {
@@ -135,6 +146,8 @@ void expect_failure_and_restart(std::size_t standby, const char* entry, sandbox_
     EXPECT_GT(e.restart_duration().count(), 0);
     EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find(entry), std::string::npos) << e.what();
+    EXPECT_FALSE(e.cuda_error()) << "no CUDA fault was reported";
+    EXPECT_FALSE(e.entry_status()) << "the entry did not return";
     std::printf("%s: %s; %s in %.3f ms\n", entry,
                 std::string(cubridge::to_string(e.reason())).c_str(),
                 std::string(cubridge::to_string(e.recovery())).c_str(), ms(e.restart_duration()));
@@ -438,6 +451,53 @@ TEST(Sandbox, AWorkerWithoutCudaStillServesCpuEntries) {
   EXPECT_EQ(box.call("echo", {.bytes = as_bytes("cpu")}).status, 3);
 }
 
+// --- an entry library that uses cubridge itself (docs/isolation.md) ---------------------------
+
+cubridge::sandbox_options cubridge_library_options(bool initialize_cuda) {
+  auto o = cpu_options();
+  o.library = CUBRIDGE_TEST_SANDBOX_CUBRIDGE_LIB;
+  o.initialize_cuda = initialize_cuda;
+  return o;
+}
+
+TEST(SandboxCubridgeLibrary, AnEntryLibraryMayUseCubridgeItself) {
+  {
+    // It exports its entries and none of the cubridge linked into it (docs/isolation.md).
+    void* library = ::dlopen(CUBRIDGE_TEST_SANDBOX_CUBRIDGE_LIB, RTLD_NOW | RTLD_LOCAL);
+    ASSERT_NE(library, nullptr) << ::dlerror();
+    EXPECT_NE(::dlsym(library, "cubridge_inspect"), nullptr);
+    EXPECT_EQ(::dlsym(library, "_ZN8cubridge6driver9availableEv"), nullptr)
+        << "cubridge::driver::available() is exported";
+    ::dlclose(library);
+  }
+  auto box = sandbox::start(cubridge_library_options(false));
+  // Its own cubridge's errors, made and caught in the worker.
+  const auto refused = box.call("cubridge_precondition");
+  EXPECT_EQ(refused.status, static_cast<int>(cubridge::errc::precondition));
+  EXPECT_NE(as_text(refused.bytes).find("the request of cubridge_precondition is empty"),
+            std::string::npos)
+      << as_text(refused.bytes);
+  EXPECT_EQ(box.call("cubridge_precondition", {.bytes = as_bytes("x")}).status, 0);
+  // Its own cubridge reads an image as the host's does.
+  const auto cubin = cubridge::testing::read_bytes(cubridge::testing::test_cubin_path());
+  const auto here = cubridge::inspect_image(cubin);
+  const auto there = box.call("cubridge_inspect", {.bytes = cubin});
+  EXPECT_EQ(there.status, 0) << as_text(there.bytes);
+  EXPECT_EQ(as_text(there.bytes), std::string(cubridge::to_string(here.kind)) + " " +
+                                      std::to_string(here.kernels.size()));
+  EXPECT_EQ(box.stats().failures, 0u);
+}
+
+TEST(SandboxCubridgeLibrary, ItsCubridgeFindsTheWorkersPrimaryContextCurrent) {
+  CUBRIDGE_REQUIRE_GPU();
+  auto box = sandbox::start(cubridge_library_options(true));
+  ASSERT_EQ(box.worker_cuda_status(), "");
+  const auto reply = box.call("cubridge_current_context", {.reply_capacity = 4096});
+  EXPECT_EQ(reply.status, 1) << as_text(reply.bytes);
+  EXPECT_NE(as_text(reply.bytes).find("on device 0"), std::string::npos) << as_text(reply.bytes);
+  EXPECT_EQ(box.stats().failures, 0u);
+}
+
 // --- the misbehaving CUDA library in a worker (GPU) ---------------------------------------------
 
 using cubridge::testing::isolation_host;
@@ -477,11 +537,34 @@ void expect_host_intact(verdict& v, isolation_host& host, sandbox& box,
   }
 }
 
+/// What a sandbox_error must carry of a worker's fault report: both set for a cuda_fault or
+/// device_reset (to these values where given), neither for the other failures.
+struct expected_fault {
+  std::optional<CUresult> cuda_error;
+  std::optional<int> entry_status;
+};
+
+void expect_fault_fields(verdict& v, const sandbox_error& e, const expected_fault& expected) {
+  const bool reported =
+      e.reason() == sandbox_failure::cuda_fault || e.reason() == sandbox_failure::device_reset;
+  v.expect(e.cuda_error().has_value() == reported, "cuda_error() set only for a CUDA fault");
+  v.expect(e.entry_status().has_value() == reported, "entry_status() set only for a CUDA fault");
+  if (expected.cuda_error)
+    v.expect(e.cuda_error() == expected.cuda_error,
+             "cuda_error() " +
+                 std::to_string(static_cast<int>(e.cuda_error().value_or(CUDA_SUCCESS))) +
+                 ", expected " + std::to_string(static_cast<int>(*expected.cuda_error)));
+  if (expected.entry_status)
+    v.expect(e.entry_status() == expected.entry_status,
+             "entry_status() " + std::to_string(e.entry_status().value_or(-1)) + ", expected " +
+                 std::to_string(*expected.entry_status));
+}
+
 /// Runs `entry` in the worker; expects it to fail with `reason` and the worker to be replaced,
 /// then the host to be intact and the fresh worker to work on the host's buffer in place. Once
 /// without standby (a restart before the call throws), once with a ready spare taking over.
 void sandbox_case(const char* entry, sandbox_failure reason,
-                  std::chrono::milliseconds timeout = 0ms) {
+                  std::chrono::milliseconds timeout = 0ms, const expected_fault& fault = {}) {
   verdict v;
   isolation_host host;
   for (const std::size_t standby : {0U, 1U}) {
@@ -510,6 +593,7 @@ void sandbox_case(const char* entry, sandbox_failure reason,
       v.expect(e.recovery() == (standby ? cubridge::sandbox_recovery::spare_promoted
                                         : cubridge::sandbox_recovery::restarted),
                "recovery" + with + ": " + e.what());
+      expect_fault_fields(v, e, fault);
     }
     expect_host_intact(v, host, box, share, memory, values, 1);
   }
@@ -545,8 +629,10 @@ TEST(SandboxMatrix, Sandbox_AddOne_WorksOnTheHostsBufferInPlace) {
 // the worker notices, reports it as a device_reset (not a cuda_fault) and is replaced.
 TEST(SandboxMatrix, Sandbox_ResetInOwnCall_LeavesTheHostIntact) {
   CUBRIDGE_REQUIRE_GPU();
-  CUBRIDGE_EXPECT_CLEAN_EXIT(sandbox_case("guest_reset", sandbox_failure::device_reset),
-                             "primary context of device 0 was reset");
+  // guest_reset returns what cudaDeviceReset returned: success.
+  CUBRIDGE_EXPECT_CLEAN_EXIT(
+      sandbox_case("guest_reset", sandbox_failure::device_reset, 0ms, {std::nullopt, 0}),
+      "primary context of device 0 was reset");
 }
 
 TEST(SandboxMatrix, Sandbox_ResetFromOwnThread_LeavesTheHostIntact) {
@@ -560,7 +646,9 @@ TEST(SandboxMatrix, Sandbox_ResetFromOwnThread_LeavesTheHostIntact) {
 TEST(SandboxMatrix, Sandbox_InvalidAddress_IsACudaFaultAndTheHostIsIntact) {
   CUBRIDGE_REQUIRE_GPU();
   CUBRIDGE_EXPECT_CLEAN_EXIT(
-      sandbox_case("guest_write_invalid_address", sandbox_failure::cuda_fault),
+      // The entry returns its cudaDeviceSynchronize's error: the runtime's spelling of the same.
+      sandbox_case("guest_write_invalid_address", sandbox_failure::cuda_fault, 0ms,
+                   {CUDA_ERROR_ILLEGAL_ADDRESS, static_cast<int>(cudaErrorIllegalAddress)}),
       "CUDA_ERROR_ILLEGAL_ADDRESS");
 }
 

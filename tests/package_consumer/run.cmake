@@ -151,6 +151,16 @@ if(EXISTS ${moved}/lib/libcubridge_fleet.a)
   run_consumer(consumer_fleet "cubridge consumer fleet: unreachable \\(CUBRIDGE_FLEET_UNREACHABLE\\)")
 endif()
 run_consumer(consumer_all "cubridge consumer core: (driver [0-9]+|no GPU: .+)")
+run_consumer(consumer_aggregates "cubridge consumer aggregates: grid \\(4,1,1\\) block \\(256,1,1\\)")
+# The aggregates' program was built with -Wmissing-field-initializers in force: its canary, an
+# aggregate without default member initializers left half initialised, fails to build.
+execute_process(COMMAND ${CMAKE_COMMAND} --build ${WORK_DIR}/build --target consumer_aggregates_canary
+                RESULT_VARIABLE r OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT r OR NOT "${out}${err}" MATCHES "missing-field-initializers")
+  message(FATAL_ERROR "consumer_aggregates_canary built, or failed for another reason than "
+                      "-Wmissing-field-initializers: the consumer's warnings are not in force "
+                      "(${r}): ${out}${err}")
+endif()
 run_consumer(consumer_cuda "cubridge consumer cuda: (kernel wrote 7|no GPU: .+)")
 
 # The safety nets from the moved tree, found by themselves: a program installed into the same

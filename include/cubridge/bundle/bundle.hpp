@@ -158,38 +158,38 @@ class trusted_keys {
 /// What the signer states about a payload; sign_bundle adds the hash, size and key id.
 struct bundle_manifest_input {
   /// Module name: 1 to 128 bytes of UTF-8, no '/', '\\', "..", control characters, not ".".
-  std::string name;
+  std::string name{};
   /// Module version, > 0; a receiver accepts only versions above its current one.
   std::uint64_t version = 0;
   /// Target GPU architecture: "sm_" and 2 or 3 digits, optionally "a" or "f" ("sm_90"), as
   /// parse_compute_capability reads it (to_string of a compute_capability writes it).
-  std::string target;
+  std::string target{};
   payload_kind kind = payload_kind::cubin;
   /// Creation time; the current time when not given. Whole seconds (sub-seconds are cut).
-  std::optional<std::chrono::system_clock::time_point> created;
+  std::optional<std::chrono::system_clock::time_point> created{};
   /// Optional expiry: verify_bundle refuses the bundle from this time on. Whole seconds
   /// (sub-seconds are cut); must be after `created`. None: the bundle never expires.
-  std::optional<std::chrono::system_clock::time_point> expires;
+  std::optional<std::chrono::system_clock::time_point> expires{};
 };
 
 /// A manifest as read from a verified bundle.
 struct bundle_manifest {
-  std::string name;
+  std::string name{};
   std::uint64_t version = 0;
   /// The target as signed ("sm_90a"): the wire form, kept as it was.
-  std::string target;
+  std::string target{};
   /// The target as parse_compute_capability reads it ({9, 0, arch_specific} for "sm_90a").
-  compute_capability target_capability;
+  compute_capability target_capability{};
   payload_kind kind = payload_kind::cubin;
   /// Lower-case hex SHA-256 of the payload (64 characters).
-  std::string payload_sha256;
+  std::string payload_sha256{};
   std::uint64_t payload_size = 0;
   /// RFC 3339 UTC, "YYYY-MM-DDTHH:MM:SSZ".
-  std::string created;
+  std::string created{};
   std::chrono::sys_seconds created_time{};
   /// The signed expiry, same form as `created`; empty (and expires_time nullopt) when none.
-  std::string expires;
-  std::optional<std::chrono::sys_seconds> expires_time;
+  std::string expires{};
+  std::optional<std::chrono::sys_seconds> expires_time{};
   cubridge::key_id key_id{};
 };
 
@@ -201,28 +201,28 @@ struct verify_limits {
   std::size_t max_manifest_bytes = std::size_t{16} << 10;
   /// The time expiry is checked against; nullopt: the system clock (an override is for tests
   /// and for receivers with a clock of their own).
-  std::optional<std::chrono::system_clock::time_point> now;
+  std::optional<std::chrono::system_clock::time_point> now{};
   /// Refuse (bundle_reason::expired) bundles without an `expires` field.
   bool require_expiry = false;
   /// Refuse (bundle_reason::expired) bundles whose `created` is more than this before `now`.
-  std::optional<std::chrono::seconds> max_age;
+  std::optional<std::chrono::seconds> max_age{};
   /// The compute capability of the device that will load the payload ({9, 0} for an H200), so
   /// that "does this image run here?" is answered once, here: a cubin or fatbin must have code
   /// that runs on it (can_run_on), CUDA source (compiled by the receiver for exactly this
   /// device) must target its numbers; else bundle_reason::wrong_device. The image_info
   /// returned records it (image_info::checked_for), so loading it does not decide it again.
   /// nullopt: only the signed target is checked.
-  std::optional<compute_capability> device;
+  std::optional<compute_capability> device{};
 };
 
 /// A bundle that passed every check of verify_bundle.
 struct verified_bundle {
-  bundle_manifest manifest;
-  std::vector<std::byte> payload;
+  bundle_manifest manifest{};
+  std::vector<std::byte> payload{};
   /// What inspect_image found in the payload while verifying it (kind, targets, kernels and
   /// their parameters), for the receiver to use rather than parse the payload again; nullopt
   /// for cuda_source (text, compiled by the receiver).
-  std::optional<image_info> image;
+  std::optional<image_info> image{};
   /// The module version (for the receiver's replay check: accept only versions above current).
   [[nodiscard]] std::uint64_t version() const noexcept { return manifest.version; }
 };

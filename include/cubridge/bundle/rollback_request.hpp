@@ -23,12 +23,12 @@ namespace cubridge {
 
 /// A rollback request that passed verify_rollback_request.
 struct rollback_request {
-  std::string module;
+  std::string module{};
   /// The bundle version serving when the request was signed; the endpoint refuses the request
   /// when another version serves.
   std::uint64_t from_version = 0;
   /// 32 lower-case hex digits (16 random bytes).
-  std::string nonce;
+  std::string nonce{};
   std::chrono::sys_seconds created{};
   cubridge::key_id key_id{};
 };

@@ -7,6 +7,11 @@
 // These functions need libnvrtc / libnvJitLink from the CUDA toolkit but no driver and no GPU.
 // They live in the separate library cubridge::compile, so the core library does not depend on
 // NVRTC. compile_cache.hpp adds an on-disk cache in front of them.
+//
+// NVRTC searches no directory of its own: a source that includes the toolkit's headers
+// (<cooperative_groups.h>, <cuda/std/...>, <cub/...>) compiles because cubridge adds the toolkit's
+// include directories after the caller's (toolkit_include_paths, compile_options::
+// search_toolkit_headers), as nvcc searches its own.
 
 #include <cubridge/core/error.hpp>
 
@@ -23,16 +28,17 @@ namespace cubridge {
 /// A CUDA C++ translation unit to compile.
 struct cuda_source {
   /// Name used in the compiler's messages ("filters.cu"). NVRTC also searches the directory
-  /// part of this name (relative to the working directory) for `#include "..."`.
+  /// part of this name (relative to the working directory) for `#include "..."`, first: for a
+  /// name without one, the working directory (nvrtc_compile_file names a file by its path).
   std::string name = "source.cu";
   /// The program text.
-  std::string text;
+  std::string text{};
 };
 
 /// A header given to NVRTC in memory; `#include "name"` (or `<name>`) finds it.
 struct source_header {
-  std::string name;
-  std::string content;
+  std::string name{};
+  std::string content{};
 };
 
 /// What NVRTC gets besides the source.
@@ -42,38 +48,42 @@ struct compile_options {
   /// ("compute_90").
   std::string architecture = "sm_90";
   /// Directories searched for `#include` (--include-path), in this order.
-  std::vector<std::filesystem::path> include_paths;
+  std::vector<std::filesystem::path> include_paths{};
   /// Headers given in memory; names must be distinct.
-  std::vector<source_header> headers;
+  std::vector<source_header> headers{};
   /// Macros: {"N", "256"} becomes -DN=256, {"FAST", ""} becomes -DFAST= (defined, empty).
-  std::map<std::string, std::string> defines;
+  std::map<std::string, std::string> defines{};
   /// Expressions naming __global__ functions or __device__ variables, e.g. "scale<float>",
   /// to instantiate and look up (nvrtcAddNameExpression); compiled_image::lowered_names maps
   /// each to its mangled name.
-  std::vector<std::string> name_expressions;
+  std::vector<std::string> name_expressions{};
   /// Further NVRTC options, passed in this order, e.g. "-std=c++20", "--use_fast_math",
   /// "-lineinfo". The architecture must not be given here.
-  std::vector<std::string> extra_options;
+  std::vector<std::string> extra_options{};
+  /// Search the CUDA toolkit's own headers (toolkit_include_paths()) after include_paths and any
+  /// -I / --include-path of extra_options, so that the caller's headers come first. Off: NVRTC
+  /// searches only what is given here.
+  bool search_toolkit_headers = true;
 };
 
 /// Machine code made by nvrtc_compile or ptx_to_cubin.
 struct compiled_image {
   /// An ELF cubin for exactly the requested architecture; hand it to module::load.
-  std::vector<std::byte> cubin;
+  std::vector<std::byte> cubin{};
   /// Each name expression -> its mangled ("lowered") name, for module::get_kernel.
-  std::map<std::string, std::string> lowered_names;
+  std::map<std::string, std::string> lowered_names{};
   /// The compiler's log (warnings, or nvJitLink's info log); often empty.
-  std::string log;
+  std::string log{};
 };
 
 /// PTX made by nvrtc_compile_ptx.
 struct compiled_ptx {
   /// PTX text (without a trailing NUL) for the requested virtual architecture.
-  std::string ptx;
+  std::string ptx{};
   /// Each name expression -> its mangled name.
-  std::map<std::string, std::string> lowered_names;
+  std::map<std::string, std::string> lowered_names{};
   /// NVRTC's log; often empty.
-  std::string log;
+  std::string log{};
 };
 
 /// How to turn PTX into a cubin with nvJitLink.
@@ -83,7 +93,7 @@ struct ptx_link_options {
   /// A name for messages ("filters.ptx").
   std::string name = "input.ptx";
   /// Further nvJitLink options in this order, e.g. "-O3", "-lineinfo". Not -arch.
-  std::vector<std::string> extra_options;
+  std::vector<std::string> extra_options{};
 };
 
 /// A library version as the library reports it at run time.
@@ -121,6 +131,24 @@ class compile_error : public error {
 /// header names; compile_error (error_source::nvrtc) with NVRTC's log when NVRTC fails.
 [[nodiscard]] compiled_image nvrtc_compile(const cuda_source& source,
                                            const compile_options& options = {});
+
+/// Compiles the CUDA C++ file `file` as nvrtc_compile does. Messages (compile_error::source_name,
+/// what()) name it by its file name ("filters.cu"); NVRTC is given its absolute path, so that a
+/// quoted include is looked for beside it first, as nvcc does, never in the working directory
+/// (where NVRTC looks for a source named without a directory). The file's directory also goes
+/// first in options.include_paths.
+/// Throws cubridge::error (errc::io) naming the path when the file cannot be read, is not a
+/// regular file or is over 2 GiB (detail::max_image_bytes); otherwise as nvrtc_compile.
+[[nodiscard]] compiled_image nvrtc_compile_file(const std::filesystem::path& file,
+                                                const compile_options& options = {});
+
+/// The CUDA toolkit's header directories that compiles search after the caller's
+/// (compile_options::search_toolkit_headers): <cuda>/include and, where there is one (CUDA 13),
+/// <cuda>/include/cccl, of the toolkit the loaded libnvrtc belongs to (<cuda>/lib64/libnvrtc.so
+/// -> <cuda>/include, also through the links of a libnvrtc.so elsewhere). Only directories that
+/// exist; empty where NVRTC's toolkit has none (a runtime-only install, a Python wheel). Looked
+/// up once per process. Never throws.
+[[nodiscard]] const std::vector<std::filesystem::path>& toolkit_include_paths() noexcept;
 
 /// Compiles CUDA C++ to PTX for a virtual options.architecture ("compute_90") with NVRTC
 /// (nvrtcGetPTX). The PTX can be linked later with ptx_to_cubin.

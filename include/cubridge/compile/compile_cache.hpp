@@ -15,14 +15,16 @@
 //   - the include paths in order, the defines (sorted by name: they are distinct), the name
 //     expressions (sorted and deduplicated: they only ask for instantiations), the extra
 //     options in their given order (later ones may override earlier ones), files given with
-//     --pre-include / -include;
+//     --pre-include / -include, the toolkit's include directories when searched
+//     (compile_options::search_toolkit_headers);
 //   - the target architecture, the NVRTC version and the nvJitLink version, and the cache's
 //     own format version.
 // What the scan cannot see (limits): `#include MACRO` (a computed name), headers reached only
-// through `__has_include`, or files NVRTC reads by other means; NVRTC's built-in headers (they
-// change with the NVRTC version, which is in the key); environment variables. The scan does
-// not evaluate `#if`, so it may hash files the compile does not read (a wasted miss at worst,
-// never a wrong hit). Sources with computed includes should give their headers in memory.
+// through `__has_include`, or files NVRTC reads by other means; NVRTC's built-in headers and the
+// toolkit's own (toolkit_include_paths(): not read; they change with the NVRTC version, which is
+// in the key, as their directories are); environment variables. The scan does not evaluate
+// `#if`, so it may hash files the compile does not read (a wasted miss at worst, never a wrong
+// hit). Sources with computed includes should give their headers in memory.
 // Each included file found is read only if it is a regular file of at most 256 MiB, opened
 // without blocking: a bigger one, or one that turned into a FIFO or a device after the scan
 // saw it, is an errc::io error naming the path ("read included file"), never a hang.

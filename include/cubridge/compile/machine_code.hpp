@@ -40,7 +40,7 @@ enum class source_kind {
 struct build_options {
   /// For CUDA C++: include paths, in-memory headers, defines, name expressions, further NVRTC
   /// options. Its architecture is not used: the code is built for the target.
-  compile_options compile;
+  compile_options compile{};
   /// When given, CUDA C++ and PTX are built through it (get_or_compile, get_or_link); it must
   /// outlive the call.
   compile_cache* cache = nullptr;

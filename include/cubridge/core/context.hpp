@@ -51,6 +51,9 @@ class context : public detail::owning_handle<detail::context_traits> {
   operator context_arg() const { return {ref(), owned()}; }  // NOLINT
   [[nodiscard]] cubridge::device device() const { return ref().device(); }
   [[nodiscard]] unsigned long long id() const { return ref().id(); }
+  /// Waits for all work in the context, made current for the call (cuCtxSynchronize); the
+  /// caller's context stack is left as it was. @throws error naming the context
+  void synchronize() const { ref().synchronize(); }
 
  private:
   explicit context(std::shared_ptr<detail::context_owner> owner) noexcept

@@ -34,7 +34,8 @@ class context_ref {
   [[nodiscard]] unsigned long long id() const;
   /// The device the context runs on. @throws error
   [[nodiscard]] cubridge::device device() const;
-  /// Waits for all work in the context (cuCtxSynchronize with the context pushed). @throws error
+  /// Waits for all work in the context (cuCtxSynchronize with the context pushed, then popped:
+  /// the caller's context stack is left as it was). @throws error naming the context
   void synchronize() const;
   /// "context 0x55d1 (id 3) on device 0", for messages; never throws.
   [[nodiscard]] std::string describe() const noexcept;

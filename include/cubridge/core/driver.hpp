@@ -39,6 +39,7 @@ namespace cubridge::driver {
   X(cuLibraryGetKernelCount) X(cuLibraryEnumerateKernels) X(cuKernelGetName)                    \
   X(cuKernelGetFunction) X(cuKernelGetParamInfo) X(cuKernelGetAttribute)                        \
   X(cuFuncGetParamInfo) X(cuFuncGetAttribute) X(cuFuncGetName) X(cuFuncLoad) X(cuFuncIsLoaded)   \
+  X(cuOccupancyMaxActiveBlocksPerMultiprocessor) X(cuOccupancyMaxPotentialBlockSize)             \
   X(cuLaunchKernel) X(cuLaunchKernelEx)                                                          \
   X(cuGraphGetNodes) X(cuGraphNodeGetType) X(cuGraphAddKernelNode) X(cuGraphKernelNodeGetParams) \
   X(cuGraphKernelNodeSetParams) X(cuGraphExecKernelNodeSetParams) X(cuGraphLaunch)              \

@@ -21,9 +21,9 @@ enum class error_source {
 
 /// One code of a layer: its value, its name ("CUBRIDGE_BAD_IMAGE") and what it means.
 struct error_code_info {
-  int code;
-  std::string_view name;
-  std::string_view description;
+  int code = 0;
+  std::string_view name{};
+  std::string_view description{};
 };
 
 /// The codes one layer of cubridge reports itself (as std::error_category does for

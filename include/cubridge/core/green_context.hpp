@@ -28,6 +28,9 @@ class green_context {
   operator context_arg() const noexcept;                   // NOLINT(google-explicit-constructor)
   /// Number of SMs the context got.
   [[nodiscard]] unsigned sm_count() const noexcept;
+  /// Waits for all work in the context, made current for the call (cuCtxSynchronize); the
+  /// caller's context stack is left as it was. @throws error naming the context
+  void synchronize() const { ref().synchronize(); }
 
  private:
   class owner;

@@ -45,12 +45,12 @@ struct ptx_isa_version {
 /// One kernel (entry function) defined by an image.
 struct image_kernel {
   /// Name as in the image (mangled for C++ kernels, e.g. "_Z5scaleIfEvPT_S0_").
-  std::string name;
+  std::string name{};
   /// Size in bytes of each parameter, in declaration order, where the image records them:
   /// from the EIATTR_KPARAM_INFO records of a cubin or the .param list of PTX. An empty
   /// vector means the kernel takes no parameters; nullopt means the image does not say (e.g.
   /// ptxas omits the per-parameter records when the parameters total more than 4 KiB).
-  std::optional<std::vector<std::size_t>> parameter_sizes;
+  std::optional<std::vector<std::size_t>> parameter_sizes{};
 };
 
 /// One piece of code in an image: the cubin or PTX itself, or one entry of a fatbin.
@@ -62,16 +62,16 @@ struct image_target {
   /// Suffix of the architecture name.
   arch_variant variant = arch_variant::generic;
   /// "sm_90a" for SASS, "compute_90" for PTX, "lto_90" for LTO IR.
-  std::string arch_name;
+  std::string arch_name{};
   /// True for a fatbin entry stored compressed (LZ4 or zstd; both are decompressed and read).
   bool compressed = false;
   /// Device address size in bits: 64, or 32 for old 32-bit code.
   int address_bits = 64;
   /// For PTX: the ISA version (".version"); nullopt for other kinds.
-  std::optional<ptx_isa_version> ptx_version;
+  std::optional<ptx_isa_version> ptx_version{};
   /// Names of the kernels this cubin or PTX defines, in image order (parameters are in
   /// image_info::kernels); empty for LTO IR.
-  std::vector<std::string> kernel_names;
+  std::vector<std::string> kernel_names{};
 
   /// The architecture as a compute capability with its variant: {9, 0, arch_specific} for
   /// sm_90a and compute_90a alike (`sm` is its as_int()).
@@ -90,10 +90,10 @@ struct image_info {
   image_kind kind = image_kind::cubin;
   /// For a cubin or PTX image: exactly one; for a fatbin: one per entry, in file order
   /// (entries of unknown kinds are skipped).
-  std::vector<image_target> targets;
+  std::vector<image_target> targets{};
   /// Kernels defined by the image: the union over all readable cubin and PTX entries,
   /// deduplicated by name, in order of first appearance.
-  std::vector<image_kernel> kernels;
+  std::vector<image_kernel> kernels{};
   /// False when some cubin or PTX entry could not be read, so `kernels` may miss some. Every
   /// cubin and PTX entry, compressed (LZ4, zstd) or not, is read or refused with an image_error,
   /// so as built this is always true; kept for callers that check it.
@@ -102,7 +102,7 @@ struct image_info {
   /// (check_runs_on; verify_bundle with verify_limits::device), so that "does it run here?" is
   /// decided once: require_runs_on, and so module::load and library::load, answer a repeat
   /// for the same numbers with one compare. nullopt: not checked. Set only by such a check.
-  std::optional<compute_capability> checked_for;
+  std::optional<compute_capability> checked_for{};
 
   /// The kernel named `name`, or nullptr.
   [[nodiscard]] const image_kernel* find_kernel(std::string_view name) const noexcept;

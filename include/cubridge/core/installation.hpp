@@ -19,10 +19,10 @@ enum class helper_file {
 /// Where a helper file is, and how that was decided.
 struct helper_location {
   /// The file found; when none was, the last place looked (the configured prefix's).
-  std::filesystem::path path;
+  std::filesystem::path path{};
   /// How: "CUBRIDGE_SANDBOX_WORKER", "beside /opt/x/lib/python3/cubridge/_cubridge.so",
   /// "the install tree of /opt/x/bin/service", "beside the program", "the configured prefix".
-  std::string found_by;
+  std::string found_by{};
   /// Whether `path` is there (an executable file for the worker, a regular file for the guard).
   bool found = false;
 };

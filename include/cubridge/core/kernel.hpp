@@ -26,6 +26,16 @@ struct parameter_info {
   std::size_t size = 0;
 };
 
+/// A launch shape with the most resident threads per SM, as cuOccupancyMaxPotentialBlockSize
+/// suggests it (kernel::suggested_block_size).
+struct occupancy_suggestion {
+  /// Threads per block.
+  unsigned block_size = 0;
+  /// The fewest blocks of that size that fill every SM of the device as far as occupancy allows:
+  /// a grid smaller than this leaves SMs idle.
+  unsigned min_grid_size = 0;
+};
+
 namespace detail {
 /// What a host argument becomes on the way to the kernel: spans and buffers pass their pointer.
 template <class A>
@@ -95,6 +105,22 @@ class kernel {
   /// A function attribute (registers, shared memory, max threads per block ...). For a library
   /// kernel, as loaded on `dev` (default device 0). @throws error naming the kernel
   [[nodiscard]] int attribute(CUfunction_attribute which, int device_ordinal = 0) const;
+
+  // Occupancy, asked in the calling thread's current context as a launch is: for a module kernel
+  // its module's context, for a library kernel the context whose device it is computed for.
+  /// How many blocks of `block_size` threads, each with `dynamic_shared_bytes` of dynamic shared
+  /// memory, fit on one SM at once (cuOccupancyMaxActiveBlocksPerMultiprocessor).
+  /// @throws error (errc::precondition) for a block size of 0 or above INT_MAX; error naming the
+  ///         kernel, the block size and the shared memory if the driver refuses.
+  [[nodiscard]] unsigned max_active_blocks_per_sm(unsigned block_size,
+                                                  unsigned dynamic_shared_bytes = 0) const;
+  /// The block size that puts the most threads on each SM, with `dynamic_shared_bytes` of dynamic
+  /// shared memory per block, and the grid that fills the device at that size
+  /// (cuOccupancyMaxPotentialBlockSize). `block_size_limit` caps the block size; 0: the kernel's
+  /// own limit. @throws error naming the kernel if the driver refuses; error
+  /// (errc::precondition) for a limit above INT_MAX.
+  [[nodiscard]] occupancy_suggestion suggested_block_size(unsigned dynamic_shared_bytes = 0,
+                                                          unsigned block_size_limit = 0) const;
 
   /// Launches with `args`, checked against parameters(): a wrong count or size throws
   /// launch_argument_error naming the kernel, the parameter index and both sizes, and nothing is

@@ -20,8 +20,8 @@ struct dims {
 
 /// Everything about a launch but the kernel and its arguments.
 struct launch_config {
-  dims grid;
-  dims block;
+  dims grid{};
+  dims block{};
   unsigned dynamic_shared_bytes = 0;
   /// Where it runs. No default (a launch_config without it does not compile): a launch that
   /// means the legacy default stream says so, `.stream = stream_ref::legacy_default()`.

@@ -26,7 +26,7 @@ namespace cubridge {
 /// How to load an image.
 struct load_options {
   /// A name for messages ("filters"); load_file uses the file name when this is empty.
-  std::string name;
+  std::string name{};
   /// Refuse images with no code for the target device before calling the driver.
   bool check_target = true;
   /// Driver JIT optimisation level 0-4 for PTX; -1 leaves the driver's default.

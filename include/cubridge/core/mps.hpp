@@ -56,8 +56,8 @@ inline constexpr std::string_view mps_environment_variables[] = {
 
 /// One MPS variable that is set, with its value.
 struct mps_variable {
-  std::string name;
-  std::string value;
+  std::string name{};
+  std::string value{};
 };
 
 /// What detect_mps found for one device.
@@ -71,17 +71,17 @@ struct mps_status {
   /// CU_DEVICE_ATTRIBUTE_MPS_ENABLED of the device.
   mps_attribute attribute = mps_attribute::unknown;
   /// "enabled", "disabled", or why it is unknown: "unknown: no driver (...)".
-  std::string attribute_detail;
+  std::string attribute_detail{};
   /// CUDA_MPS_PIPE_DIRECTORY, or the default /tmp/nvidia-mps when it is unset or empty.
-  std::filesystem::path pipe_directory;
+  std::filesystem::path pipe_directory{};
   /// Whether pipe_directory came from CUDA_MPS_PIPE_DIRECTORY.
   bool pipe_directory_from_environment = false;
   /// pipe_directory/control exists and is a FIFO or a socket (what the control daemon listens on).
   bool control_pipe_present = false;
   /// The MPS variables that are set (mps_environment_variables, in that order).
-  std::vector<mps_variable> environment;
+  std::vector<mps_variable> environment{};
   /// One line: what was found and what it means for guest contexts and the sandbox.
-  std::string meaning;
+  std::string meaning{};
 
   /// pipe_directory / "control".
   [[nodiscard]] std::filesystem::path control_pipe() const { return pipe_directory / "control"; }
@@ -91,10 +91,10 @@ struct mps_status {
 struct mps_probe {
   /// The value of an environment variable, nullopt when unset. Default: the process's
   /// environment (std::getenv).
-  std::function<std::optional<std::string>(const char* name)> environment;
+  std::function<std::optional<std::string>(const char* name)> environment{};
   /// CU_DEVICE_ATTRIBUTE_MPS_ENABLED of a device ordinal, or nullopt with the reason written to
   /// `why_unknown` ("no driver (...)"). Default: the driver, never throwing.
-  std::function<std::optional<bool>(int device, std::string& why_unknown)> device_attribute;
+  std::function<std::optional<bool>(int device, std::string& why_unknown)> device_attribute{};
   /// The pipe directory when CUDA_MPS_PIPE_DIRECTORY is unset or empty.
   std::filesystem::path default_pipe_directory = "/tmp/nvidia-mps";
 };

@@ -17,14 +17,14 @@ namespace cubridge {
 
 /// What one prewarm step did and cost.
 struct prewarm_step {
-  std::string what;           ///< e.g. "kernel 'fill_u32' loaded"
+  std::string what{};         ///< e.g. "kernel 'fill_u32' loaded"
   double milliseconds = 0;    ///< host time the step took
   bool already_done = false;  ///< nothing was left to do (e.g. the kernel was already loaded)
 };
 
 /// Every step of one run(), in order.
 struct prewarm_report {
-  std::vector<prewarm_step> steps;
+  std::vector<prewarm_step> steps{};
   [[nodiscard]] double total_milliseconds() const noexcept;
 };
 

@@ -35,6 +35,10 @@ class primary_context {
   [[nodiscard]] cubridge::device device() const noexcept;
   /// The id the context had when it was retained.
   [[nodiscard]] unsigned long long retained_id() const noexcept;
+  /// Waits for all work in the context, the Runtime API's included, made current for the call
+  /// (cuCtxSynchronize); the caller's context stack is left as it was. @throws error naming the
+  /// context
+  void synchronize() const { ref().synchronize(); }
 
   /// True if the primary context was reset or destroyed since it was retained (its id changed,
   /// or the driver calls it destroyed). Never throws.

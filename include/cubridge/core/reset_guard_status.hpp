@@ -14,12 +14,12 @@ struct reset_guard_status {
   /// The guard's code is in this process.
   bool loaded = false;
   /// Its policy when loaded: "deny", "log" or "allow" (CUBRIDGE_RESET_POLICY).
-  std::string policy;
+  std::string policy{};
   /// The file it was loaded from, when loaded.
-  std::filesystem::path library;
+  std::filesystem::path library{};
   /// What in the environment asks for it ("LD_PRELOAD=...", "CUBRIDGE_RESET_POLICY=deny");
   /// empty when nothing does.
-  std::string requested_by;
+  std::string requested_by{};
   /// Asked for and not loaded: the environment says guarded, the process is not.
   [[nodiscard]] bool missing() const noexcept { return !loaded && !requested_by.empty(); }
 };

@@ -60,8 +60,8 @@ enum class guest_breakage {
 
 /// One thing a guest call broke, with the details: which buffer, which ids, which error.
 struct guest_finding {
-  guest_breakage what;
-  std::string detail;
+  guest_breakage what{};
+  std::string detail{};
 };
 
 /// Raised after a guest call that broke the host's state (isolation_errc::guest_damage); what()

@@ -37,6 +37,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <source_location>
 #include <span>
 #include <string>
@@ -71,14 +72,27 @@ enum class sandbox_recovery {
 /// "crashed", "aborted", "timed_out", ...
 [[nodiscard]] std::string_view to_string(sandbox_failure reason) noexcept;
 
+/// What a worker reports with a cuda_fault or a device_reset: the damage it found after the call
+/// returned, and what the entry returned.
+struct sandbox_fault_report {
+  /// The sticky error in the worker's context (CUDA_ERROR_ILLEGAL_ADDRESS), or for a reset what
+  /// the check of its primary context gave (CUDA_ERROR_CONTEXT_IS_DESTROYED when the id changed).
+  CUresult cuda_error = CUDA_SUCCESS;
+  /// The entry's return value (for a CUDA library, often its own cudaError_t).
+  int entry_status = 0;
+};
+
 /// Raised when a sandboxed call or the worker fails (isolation_errc::sandbox_failure). what() names
 /// the library, the entry, the worker's pid, what happened (signal, timeout, CUDA error) and
 /// who serves the next call (a spare, a restarted worker) and how fast it was ready.
 class sandbox_error : public error {
  public:
+  /// `fault`: what the worker reported with a cuda_fault or device_reset (cuda_error(),
+  /// entry_status()); none for the other failures.
   sandbox_error(sandbox_failure reason, std::string call, std::string detail,
                 sandbox_recovery recovery, std::chrono::nanoseconds restart_duration,
                 std::chrono::steady_clock::time_point seen_at,
+                std::optional<sandbox_fault_report> fault = std::nullopt,
                 std::source_location where = std::source_location::current());
   /// As above with recovery restarted (true) or none (false), seen now.
   sandbox_error(sandbox_failure reason, std::string call, std::string detail, bool restarted,
@@ -97,12 +111,23 @@ class sandbox_error : public error {
   }
   /// When the host saw the failure (the worker's last words, its socket closing, the timeout).
   [[nodiscard]] std::chrono::steady_clock::time_point seen_at() const noexcept { return seen_at_; }
+  /// The CUDA error the worker found after the call (sandbox_fault_report::cuda_error), for
+  /// cuda_fault and device_reset; nullopt for every other failure.
+  [[nodiscard]] std::optional<CUresult> cuda_error() const noexcept {
+    return fault_ ? std::optional(fault_->cuda_error) : std::nullopt;
+  }
+  /// What the entry returned before the worker found the damage, for cuda_fault and
+  /// device_reset; nullopt where it did not return (crashed, aborted, timed_out, ...).
+  [[nodiscard]] std::optional<int> entry_status() const noexcept {
+    return fault_ ? std::optional(fault_->entry_status) : std::nullopt;
+  }
 
  private:
   sandbox_failure reason_;
   sandbox_recovery recovery_;
   std::chrono::nanoseconds restart_duration_;
   std::chrono::steady_clock::time_point seen_at_;
+  std::optional<sandbox_fault_report> fault_;
 };
 
 /// The environment a worker starts with: the host's as it was at sandbox::start, without its
@@ -116,20 +141,20 @@ struct sandbox_environment {
   /// on) instead of ending the worker (device_reset). Prepended to the worker's LD_PRELOAD.
   bool reset_guard = false;
   /// The guard library; empty: sandbox::default_reset_guard().
-  std::filesystem::path reset_guard_library;
+  std::filesystem::path reset_guard_library{};
   /// "NAME=value" entries set in the worker, after the above (LD_PRELOAD too).
-  std::vector<std::string> variables;
+  std::vector<std::string> variables{};
 };
 
 /// How a sandbox runs its worker.
 struct sandbox_options {
   /// The shared library the worker dlopens (its entry points: sandbox_entry.hpp): a path, or a
   /// bare name ("libvendor.so") that the worker's dlopen looks for on its search path.
-  std::filesystem::path library;
+  std::filesystem::path library{};
   /// The worker executable; empty: sandbox::default_worker().
-  std::filesystem::path worker;
+  std::filesystem::path worker{};
   /// Name for messages; empty: the library's file name.
-  std::string name;
+  std::string name{};
   /// The longest a call may take before the worker is killed.
   std::chrono::milliseconds call_timeout{30'000};
   /// The longest a worker may take to start (load the library, initialise CUDA).
@@ -170,14 +195,14 @@ struct sandbox_stats {
   std::size_t restarts = 0;         ///< workers started in a caller's path (no spare; restart())
   std::size_t spares_started = 0;   ///< spares that became ready
   std::size_t spare_start_failures = 0;  ///< spares that could not be started (retried later)
-  std::vector<pid_t> worker_pids;        ///< the serving workers, by slot (0: none there now)
-  std::vector<pid_t> spare_pids;         ///< the ready spares, the next to take over first
+  std::vector<pid_t> worker_pids{};      ///< the serving workers, by slot (0: none there now)
+  std::vector<pid_t> spare_pids{};       ///< the ready spares, the next to take over first
 };
 
 /// What an entry point returned.
 struct sandbox_reply {
-  int status = 0;                ///< the entry's return value
-  std::vector<std::byte> bytes;  ///< what it wrote to args->reply
+  int status = 0;                  ///< the entry's return value
+  std::vector<std::byte> bytes{};  ///< what it wrote to args->reply
 };
 
 class sandbox_share;

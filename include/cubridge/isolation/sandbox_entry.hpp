@@ -2,6 +2,8 @@
 /* The entry-point ABI of a library that runs in a cubridge sandbox worker (see sandbox.hpp).
  *
  * Plain C, so that a third-party library needs neither C++ nor cubridge to offer entry points.
+ * It may link cubridge all the same: its own copy, apart from the worker's (docs/isolation.md,
+ * "An entry library may use cubridge").
  * The worker dlopens the library and, for sandbox::call("name", ...), calls its exported
  *
  *     CUBRIDGE_SANDBOX_EXPORT int name(cubridge_sandbox_args* args);
