@@ -61,7 +61,7 @@ nb::dict verdict_dict(const fleet::wave_verdict& v) {
   nb::dict d;
   d["failed"] = v.failed;
   d["node"] = v.node;
-  d["signal"] = v.signal;
+  d["signal"] = fleet::signal_text(v.signal, v.metric);
   d["reason"] = v.reason;
   d["canary"] = nb::cast(std::map<std::string, double>(v.canary.begin(), v.canary.end()));
   d["baseline"] = nb::cast(std::map<std::string, double>(v.baseline.begin(), v.baseline.end()));
@@ -78,7 +78,7 @@ nb::dict report_dict(const fleet::rollout_report& r) {
   for (const auto& result : r.results) results.append(from_json(fleet::to_json(result)));
   d["results"] = results;
   d["halt_reason"] = r.halt_reason;
-  d["halt_signal"] = r.halt_signal;
+  d["halt_signal"] = fleet::signal_text(r.halt_signal, r.halt_metric);
   d["halt_node"] = r.halt_node;
   d["already_desired"] = r.already_desired;
   d["last_verdict"] = verdict_dict(r.last_verdict);
@@ -87,7 +87,7 @@ nb::dict report_dict(const fleet::rollout_report& r) {
     nb::dict step;
     step["time"] = posix_seconds(e.time);
     step["wave"] = e.wave;
-    step["what"] = e.what;
+    step["what"] = std::string(to_string(e.what));
     step["detail"] = e.detail;
     timeline.append(step);
   }

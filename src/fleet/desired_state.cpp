@@ -94,19 +94,28 @@ struct reader {
   }
 };
 
-json plan_json(const wave_plan& p) {
+// A whole number of milliseconds from the wire, as a duration (the largest one a record may hold
+// saturates rather than wraps).
+std::chrono::milliseconds milliseconds_of(std::uint64_t count) {
+  return std::chrono::milliseconds(static_cast<std::int64_t>(
+      std::min<std::uint64_t>(count, static_cast<std::uint64_t>(INT64_MAX))));
+}
+
+// `halted` goes on the wire as records of 0.1.0 have it; a reader takes it from the phase.
+json plan_json(const wave_plan& p, bool halted) {
   return {{"candidate", ref_json(p.candidate)},
           {"sizes", p.sizes},
           {"nodes", p.nodes},
           {"wave", p.wave},
           {"started", p.started},
-          {"bake_ms", p.bake_ms},
-          {"deadline_ms", p.deadline_ms},
+          {"bake_ms", static_cast<std::uint64_t>(std::max<std::int64_t>(p.bake.count(), 0))},
+          {"deadline_ms",
+           static_cast<std::uint64_t>(std::max<std::int64_t>(p.deadline.count(), 0))},
           {"max_failure_rate", p.max_failure_rate},
           {"max_metrics", p.max_metrics},
           {"baseline_breach", p.baseline_breach_halts ? "halt" : "bake_on"},
           {"max_missed_heartbeats", p.max_missed_heartbeats},
-          {"halted", p.halted}};
+          {"halted", halted}};
 }
 
 // The plan's settings for the baseline and the canaries' evidence; both optional: a record of
@@ -171,8 +180,8 @@ std::optional<wave_plan> read_plan(const json& j, reader& r) {
   p.wave = static_cast<std::size_t>(r.count(w, "wave"));
   if (p.wave >= p.sizes.size()) r.fail("'waves.wave' is past the last wave");
   p.started = r.text(w, "started", 32);
-  p.bake_ms = r.count(w, "bake_ms");
-  p.deadline_ms = r.count(w, "deadline_ms", true);
+  p.bake = milliseconds_of(r.count(w, "bake_ms"));
+  p.deadline = milliseconds_of(r.count(w, "deadline_ms", true));
   const auto rate = w.find("max_failure_rate");
   if (rate == w.end() || !rate->is_number() || !std::isfinite(rate->get<double>()) ||
       rate->get<double>() > 1)
@@ -193,11 +202,9 @@ std::optional<wave_plan> read_plan(const json& j, reader& r) {
     }
   }
   read_evidence_settings(w, r, p);
-  const auto halted = w.find("halted");
-  if (halted == w.end() || !halted->is_boolean())
+  // Checked as 0.1.0 wrote it; what counts is the record's phase (desired_state::waves_halted).
+  if (const auto halted = w.find("halted"); halted == w.end() || !halted->is_boolean())
     r.fail("'waves.halted' is not true or false");
-  else
-    p.halted = halted->get<bool>();
   return p;
 }
 
@@ -232,7 +239,8 @@ std::string to_json(const desired_state& s) {
                {"history", std::move(history)},
                {"time", s.time},
                {"software", text_of(s.software, 64)},
-               {"waves", s.waves ? plan_json(*s.waves) : json(nullptr)}};
+               {"waves", s.waves ? plan_json(*s.waves, s.phase == rollout_phase::halted)
+                                 : json(nullptr)}};
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 

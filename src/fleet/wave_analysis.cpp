@@ -101,11 +101,13 @@ struct judging {
   bool baseline_breach_halts = true;
   std::string against;  // " against 3 baseline node(s) at ", or "(no node on the old version...)"
 
-  void fail(std::string node, std::string signal, std::string reason) const {
+  void fail(std::string node, halt_signal signal, std::string reason,
+            std::string metric = {}) const {
     if (v.failed) return;
     v.failed = true;
     v.node = std::move(node);
-    v.signal = std::move(signal);
+    v.signal = signal;
+    v.metric = std::move(metric);
     v.reason = std::move(reason);
   }
   [[nodiscard]] std::string baseline_text(const std::string& value) const {
@@ -113,15 +115,15 @@ struct judging {
   }
   // The baseline breached `signal` on its own (its median node): noted, and the rollout halted
   // for review unless the limits bake on through a fleet-wide dip.
-  void baseline_breached(const std::string& signal, const std::vector<std::string>& nodes,
+  void baseline_breached(const std::string& figure, const std::vector<std::string>& nodes,
                          const std::string& figures) const {
     for (const auto& n : nodes)
       if (std::find(v.baseline_breaching.begin(), v.baseline_breaching.end(), n) ==
           v.baseline_breaching.end())
         v.baseline_breaching.push_back(n);
     if (!baseline_breach_halts) return;
-    fail(nodes.empty() ? std::string() : nodes.front(), "baseline_unhealthy",
-         "the baseline is unhealthy (" + signal + ": " + figures + "): nodes " + joined(nodes) +
+    fail(nodes.empty() ? std::string() : nodes.front(), halt_signal::baseline_unhealthy,
+         "the baseline is unhealthy (" + figure + ": " + figures + "): nodes " + joined(nodes) +
              "; halted for review, since the canaries cannot be judged against it");
   }
 };
@@ -139,8 +141,7 @@ std::vector<std::string> breaching(std::span<const health_sample> samples, Value
 // A share signal (sticky errors, unhealthy probes): the canaries fail it when their share is
 // above the baseline's trimmed share; the baseline breaches when more than half of it has it.
 template <class Has>
-void judge_share(const judging& j, const std::string& figure, Has has,
-                 const std::string& signal_name,
+void judge_share(const judging& j, const std::string& figure, Has has, halt_signal signal,
                  const std::function<std::string(const share&, double, double)>& describe) {
   const auto c = share_of(j.canaries, has);
   const auto b = share_of(j.baseline, has);
@@ -149,17 +150,18 @@ void judge_share(const judging& j, const std::string& figure, Has has,
   j.v.baseline[figure] = base;
   const bool baseline_breaches = b.fraction > 0.5;
   if (baseline_breaches)
-    j.baseline_breached(signal_name, b.nodes,
+    j.baseline_breached(std::string(to_string(signal)), b.nodes,
                         std::to_string(b.nodes.size()) + " of " +
                             std::to_string(j.baseline.size()) + " baseline node(s)");
   if (c.fraction > base && !baseline_breaches)
-    j.fail(c.first, signal_name, describe(c, c.fraction, base));
+    j.fail(c.first, signal, describe(c, c.fraction, base));
 }
 
 // A context poisoned on a canary: its service can no longer use the GPU.
 void judge_sticky(const judging& j) {
   judge_share(
-      j, "sticky", [](const module_health& h) { return !h.sticky_error.empty(); }, "sticky_error",
+      j, "sticky", [](const module_health& h) { return !h.sticky_error.empty(); },
+      halt_signal::sticky_error,
       [&j](const share& c, double canary, double base) {
         return "canary " + c.first + " has a sticky CUDA error (" +
                find(j.canaries, c.first)->health.sticky_error + "): " + number(canary * 100) +
@@ -170,7 +172,7 @@ void judge_sticky(const judging& j) {
 // The service's own probe.
 void judge_probe(const judging& j) {
   judge_share(
-      j, "unhealthy", [](const module_health& h) { return !h.healthy; }, "probe",
+      j, "unhealthy", [](const module_health& h) { return !h.healthy; }, halt_signal::probe,
       [&j](const share& c, double canary, double base) {
         const auto& h = find(j.canaries, c.first)->health;
         std::string values;
@@ -231,7 +233,7 @@ void judge_failure_rate(const judging& j,
     j.baseline_breached("failure_rate", breaching(j.baseline, node_rate, limit),
                         "median node " + number(*base_rate) + " over " + number(limit));
   if (canary_rate && *canary_rate > limit && !baseline_breaches)
-    j.fail(worst_node, "failure_rate",
+    j.fail(worst_node, halt_signal::failure_rate,
            "canary launch failure rate " + number(*canary_rate) + " (" + std::to_string(failures) +
                " of " + std::to_string(launches) + ") is over " + number(limit) +
                j.baseline_text(base_rate ? number(*base_rate) : std::string("no launch")));
@@ -240,7 +242,7 @@ void judge_failure_rate(const judging& j,
 // The probe's named values: the canaries on average, the baseline's median node.
 void judge_metrics(const judging& j, const std::map<std::string, double, std::less<>>& limits) {
   for (const auto& [metric, limit] : limits) {
-    const std::string key = "metric:" + metric;
+    const std::string key = signal_text(halt_signal::metric, metric);
     const auto value_of = [&metric](const health_sample& s) -> std::optional<double> {
       const auto it = s.health.values.find(metric);
       if (it == s.health.values.end()) return std::nullopt;
@@ -258,10 +260,11 @@ void judge_metrics(const judging& j, const std::map<std::string, double, std::le
       j.baseline_breached(key, breaching(j.baseline, value_of, limit),
                           "median node " + number(*base_median) + " over " + number(limit));
     if (canary_mean && *canary_mean > limit && !baseline_breaches)
-      j.fail(worst_for(j.canaries, metric), key,
+      j.fail(worst_for(j.canaries, metric), halt_signal::metric,
              "canary " + metric + " " + number(*canary_mean) + " on average is over " +
                  number(limit) +
-                 j.baseline_text(base_median ? number(*base_median) + " (median node)" : "none"));
+                 j.baseline_text(base_median ? number(*base_median) + " (median node)" : "none"),
+             metric);
   }
 }
 

@@ -97,18 +97,18 @@ class wave_run {
       const auto& plan = *report_.desired.waves;
       const std::size_t wave = plan.wave;
       const auto candidate = plan.candidate;
-      event(wave, "started",
+      event(wave, rollout_step::started,
             std::to_string(report_.desired.canaries.size()) + " node(s) on v" +
                 std::to_string(candidate.version));
       const auto started = cubridge::detail::parse_time(plan.started);
       deadline_ = (started ? system_clock::time_point(*started) : system_clock::now()) +
-                  std::chrono::milliseconds(plan.deadline_ms);
+                  plan.deadline;
       runs_at_start_ = runs_of(control_.nodes());
       if (!wait_until_applied(wave) || !bake(wave)) return;
-      event(wave, "passed", "healthy for " + seconds_text(std::chrono::milliseconds(plan.bake_ms)));
+      event(wave, rollout_step::passed, "healthy for " + seconds_text(plan.bake));
       if (wave + 2 >= plan.sizes.size()) {  // the next wave is every node: the candidate is stable
         write([&](desired_state& s) { make_stable(s, candidate); });
-        event(wave + 1, "completed", "v" + std::to_string(candidate.version) + " stable");
+        event(wave + 1, rollout_step::completed, "v" + std::to_string(candidate.version) + " stable");
         report_.completed = true;
         return;
       }
@@ -122,24 +122,25 @@ class wave_run {
   }
 
   /// Halts the rollout at `wave`: the candidate goes, the plan stays (resume runs it again).
-  void halt_at(std::size_t wave, std::string signal, std::string node, std::string reason) {
+  void halt_at(std::size_t wave, halt_signal signal, std::string node, std::string reason,
+               std::string metric = {}) {
     report_.halt_reason = reason;
-    report_.halt_signal = std::move(signal);
+    report_.halt_signal = signal;
+    report_.halt_metric = std::move(metric);
     report_.halt_node = std::move(node);
     const auto candidate = report_.desired.waves->candidate;
     write([&](desired_state& s) {
       halt(s, candidate,
            "wave " + std::to_string(wave + 1) + " of " + std::to_string(s.waves->sizes.size()) +
                ": " + reason);
-      s.waves->halted = true;
-      s.waves->wave = wave;
+      s.waves->wave = wave;  // halted: the phase says so, the plan stays for resume
     });
-    event(wave, "halted", report_.halt_reason);
+    event(wave, rollout_step::halted, report_.halt_reason);
   }
 
  private:
-  void event(std::size_t wave, std::string what, std::string detail) {
-    report_.timeline.push_back({system_clock::now(), wave, std::move(what), std::move(detail)});
+  void event(std::size_t wave, rollout_step what, std::string detail) {
+    report_.timeline.push_back({system_clock::now(), wave, what, std::move(detail)});
   }
 
   steady::time_point steady_deadline() const {
@@ -166,9 +167,9 @@ class wave_run {
       }
       if (steady::now() >= until) break;
       look = steady::now() + timing_.poll;
-      if (const auto proof = check_evidence(control_.nodes(), asked, system_clock::now(),
-                                            evidence_of::liveness);
-          !proof.signal.empty()) {
+      if (const auto proof =
+              check_evidence(control_.nodes(), asked, system_clock::now(), evidence_of::liveness);
+          proof.signal != halt_signal::none) {
         halt_at(wave, proof.signal, proof.node, proof.reason + " (before its result came)");
         return false;
       }
@@ -176,18 +177,18 @@ class wave_run {
     if (!report_.halt_reason.empty()) {
       const auto reason = report_.halt_reason;
       std::string node = tally.failed.empty() ? std::string() : *tally.failed.begin();
-      halt_at(wave, "result", std::move(node), reason);
+      halt_at(wave, halt_signal::result, std::move(node), reason);
       return false;
     }
     if (tally.applied.size() < report_.canaries.size()) {
       halt_at(
-          wave, "deadline", "",
+          wave, halt_signal::deadline, "",
           std::to_string(tally.applied.size()) + " of " + std::to_string(report_.canaries.size()) +
               " node(s) applied the candidate before the wave's deadline (" +
-              seconds_text(std::chrono::milliseconds(report_.desired.waves->deadline_ms)) + ")");
+              seconds_text(report_.desired.waves->deadline) + ")");
       return false;
     }
-    event(wave, "applied", std::to_string(tally.applied.size()) + " node(s) run the candidate");
+    event(wave, rollout_step::applied, std::to_string(tally.applied.size()) + " node(s) run the candidate");
     return true;
   }
 
@@ -209,7 +210,9 @@ class wave_run {
   // first such node's signal and reason; `sampled` says whether every node was heard from on
   // the candidate since `applied`.
   struct evidence {
-    std::string node, signal, reason;
+    std::string node;
+    halt_signal signal = halt_signal::none;
+    std::string reason;
     bool sampled = true;
   };
   // What check_evidence looks at: while the wave applies, only that each node lives in its
@@ -227,21 +230,21 @@ class wave_run {
       const auto interval = n && n->beat ? n->beat->interval : std::chrono::milliseconds(5000);
       const auto allowed = plan.max_missed_heartbeats * interval + std::chrono::seconds(1);
       const auto heard = n && n->beat ? std::max(n->received, applied) : applied;
-      const auto fail = [&](std::string signal, std::string reason) {
-        if (!e.signal.empty()) return;
+      const auto fail = [&](halt_signal signal, std::string reason) {
+        if (e.signal != halt_signal::none) return;
         e.node = canary;
-        e.signal = std::move(signal);
+        e.signal = signal;
         e.reason = "canary " + canary + " " + std::move(reason);
       };
       if (const auto mark = runs_at_start_.find(canary);
           n && n->beat && mark != runs_at_start_.end() &&
           (n->restarts > mark->second.restarts ||
            (!mark->second.boot.empty() && n->beat->boot != mark->second.boot)))
-        fail("canary_restarted", "restarted during the wave (run " + mark->second.boot +
+        fail(halt_signal::canary_restarted, "restarted during the wave (run " + mark->second.boot +
                                      " became " + n->beat->boot +
                                      "): a version that kills its process fails");
       if (now - heard > allowed)
-        fail("canary_lost",
+        fail(halt_signal::canary_lost,
              "sent no heartbeat for " +
                  seconds_text(std::chrono::duration_cast<std::chrono::milliseconds>(now - heard)) +
                  " (the server's receive times; " + std::to_string(plan.max_missed_heartbeats) +
@@ -256,7 +259,7 @@ class wave_run {
       const auto h = n->beat->versions.find(report_.desired.module);
       const auto serving = h == n->beat->versions.end() ? 0 : h->second;
       if (serving != plan.candidate.version)
-        fail("canary_left", "left the candidate v" + std::to_string(plan.candidate.version) +
+        fail(halt_signal::canary_left, "left the candidate v" + std::to_string(plan.candidate.version) +
                                 ": it serves v" + std::to_string(serving));
     }
     return e;
@@ -268,7 +271,7 @@ class wave_run {
     const auto& plan = *report_.desired.waves;
     const auto limits = limits_of(plan);
     const auto applied = system_clock::now();
-    const auto done = applied + std::chrono::milliseconds(plan.bake_ms);
+    const auto done = applied + plan.bake;
     std::map<std::string, counter_mark, std::less<>> start;
     bool first = true;
     for (;;) {
@@ -281,22 +284,22 @@ class wave_run {
         first = false;
       }
       const auto proof = check_evidence(all, applied, now);
-      if (!proof.signal.empty()) {
+      if (proof.signal != halt_signal::none) {
         halt_at(wave, proof.signal, proof.node, proof.reason);
         return false;
       }
       report_.last_verdict = analyse_wave(samples.canaries, samples.baseline, start, limits);
       if (report_.last_verdict.failed) {
         const auto verdict = report_.last_verdict;
-        halt_at(wave, verdict.signal, verdict.node, verdict.reason);
+        halt_at(wave, verdict.signal, verdict.node, verdict.reason, verdict.metric);
         return false;
       }
       // Passed only on evidence: the bake is over and every node was heard from since.
       if (now >= done && proof.sampled) return true;
       if (now >= deadline_) {
-        halt_at(wave, "deadline", "",
+        halt_at(wave, halt_signal::deadline, "",
                 "the wave did not finish its bake before its deadline (" +
-                    seconds_text(std::chrono::milliseconds(plan.deadline_ms)) + ")");
+                    seconds_text(plan.deadline) + ")");
         return false;
       }
       const auto next = now >= done ? now + timing_.poll : std::min(done, deadline_);
@@ -335,8 +338,8 @@ wave_plan plan_for(const prepared_bundle& p, const wave_policy& policy,
     taken = upto;
   }
   plan.started = now_text();
-  plan.bake_ms = static_cast<std::uint64_t>(policy.bake.count());
-  plan.deadline_ms = static_cast<std::uint64_t>(policy.deadline.count());
+  plan.bake = policy.bake;
+  plan.deadline = policy.deadline;
   plan.max_failure_rate = policy.limits.max_failure_rate;
   plan.max_metrics = policy.limits.max_metrics;
   plan.baseline_breach_halts = policy.limits.baseline_breach_halts;
@@ -438,7 +441,7 @@ rollout_report controller::rollout_waves(std::span<const std::byte> bytes,
   const auto qualifying = eligible_canaries(nodes(), p, policy.cohort);
   d.write_desired(module, [&](const auto& current) {
     auto s = parse_current(current, module, keys);
-    if (s.phase == rollout_phase::canary && s.waves && !s.waves->halted &&
+    if (s.phase == rollout_phase::canary && s.waves && !s.waves_halted() &&
         s.waves->candidate == p.ref) {  // under way: carried on from its wave
       report.desired = s;
       return current->value;
@@ -488,14 +491,13 @@ rollout_report controller::resume(std::string_view module, const secret_key& ope
       detail::fail(fleet_errc::invalid_state, "has no wave rollout to resume", "resume",
                    "desired state of module '" + std::string(module) + "'");
     report.version = s.waves->candidate.version;
-    if (!s.waves->halted) {  // under way, its controller gone: carried on as it is
+    if (!s.waves_halted()) {  // under way, its controller gone: carried on as it is
       report.desired = s;
       return current->value;
     }
     auto plan = std::move(*s.waves);
     require_newer(s, plan.candidate);
     enter_canary_phase(s, plan.candidate, all_nodes_to(plan, plan.wave));  // drops the plan
-    plan.halted = false;
     plan.started = now_text();
     s.waves = std::move(plan);
     auto value = sign_next_revision(s, d.bucket.get(), keys, operator_key);
@@ -521,7 +523,7 @@ desired_state controller::abort(std::string_view module, const secret_key& opera
     halt(s, plan.candidate,
          "aborted by the operator at wave " + std::to_string(plan.wave + 1) + " of " +
              std::to_string(plan.sizes.size()) +
-             (plan.halted ? " (halted before: " + s.reason + ")" : ""));
+             (s.waves_halted() ? " (halted before: " + s.reason + ")" : ""));
     s.waves.reset();
     auto value = sign_next_revision(s, d.bucket.get(), keys, operator_key);
     written = s;

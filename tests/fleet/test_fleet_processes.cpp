@@ -256,7 +256,7 @@ TEST_F(FleetDeadCanaries, ACanaryKilledOnceInItsBakeFailsTheWaveAsLost) {
   const auto report = rollout.get();
   const auto took = steady::now() - killed;
   EXPECT_FALSE(report.completed);
-  EXPECT_EQ(report.halt_signal, "canary_lost") << report.halt_reason;
+  EXPECT_EQ(report.halt_signal, cubridge::fleet::halt_signal::canary_lost) << report.halt_reason;
   EXPECT_EQ(report.halt_node, "n01");
   EXPECT_NE(report.halt_reason.find("canary n01 sent no heartbeat"), std::string::npos)
       << report.halt_reason;
@@ -287,8 +287,10 @@ TEST_F(FleetDeadCanaries, ACanaryInACrashLoopFailsTheWaveAsRestarted) {
   }
   const auto report = rollout.get();
   EXPECT_FALSE(report.completed);
-  EXPECT_TRUE(report.halt_signal == "canary_restarted" || report.halt_signal == "canary_lost")
-      << report.halt_signal << ": " << report.halt_reason;
+  using cubridge::fleet::halt_signal;
+  EXPECT_TRUE(report.halt_signal == halt_signal::canary_restarted ||
+              report.halt_signal == halt_signal::canary_lost)
+      << to_string(report.halt_signal) << ": " << report.halt_reason;
   EXPECT_EQ(report.halt_node, "n01");
   expect_nobody_else_ran_v2();
 }

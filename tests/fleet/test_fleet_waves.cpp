@@ -22,6 +22,8 @@ namespace {
 
 using namespace cubridge::testing::fleet_fixture;
 using system_time = std::chrono::system_clock::time_point;
+using cubridge::fleet::halt_signal;
+using cubridge::fleet::rollout_step;
 
 // A probe over a flag per node: unhealthy on `bad_version` while the flag says so.
 struct probe_switch {
@@ -72,7 +74,7 @@ class FleetWaves : public FleetControlPlane {
   }
 
   static const fleet::rollout_event* find_event(const fleet::rollout_report& r, std::size_t wave,
-                                                std::string_view what) {
+                                                fleet::rollout_step what) {
     for (const auto& e : r.timeline)
       if (e.wave == wave && e.what == what) return &e;
     return nullptr;
@@ -86,10 +88,10 @@ TEST_F(FleetWaves, WavesAdvanceOnlyAfterTheirBakeAndLaterWavesNeverFetchEarly) {
   ASSERT_TRUE(report.completed) << report.halt_reason;
   EXPECT_TRUE(converge(everyone, m, 2)) << serving_text(everyone, m);
   // 4 nodes: wave 1 is n1, wave 2 (50%) adds n2, the last wave is everyone.
-  const auto* applied1 = find_event(report, 0, "applied");
-  const auto* passed1 = find_event(report, 0, "passed");
-  const auto* applied2 = find_event(report, 1, "applied");
-  const auto* passed2 = find_event(report, 1, "passed");
+  const auto* applied1 = find_event(report, 0, fleet::rollout_step::applied);
+  const auto* passed1 = find_event(report, 0, fleet::rollout_step::passed);
+  const auto* applied2 = find_event(report, 1, fleet::rollout_step::applied);
+  const auto* passed2 = find_event(report, 1, fleet::rollout_step::passed);
   ASSERT_TRUE(applied1 && passed1 && applied2 && passed2);
   EXPECT_GE(passed1->time - applied1->time, 1500ms);
   EXPECT_GE(passed2->time - applied2->time, 1500ms);
@@ -114,15 +116,15 @@ TEST_F(FleetWaves, AProbeFailingOnTheCanaryHaltsTheFirstWaveAndNoOtherNodeEverRu
   const auto report =
       control->rollout_waves(bundle(m, 2), policy({"1", "50%"}, 5000ms), operator_keys.secret_key);
   EXPECT_FALSE(report.completed);
-  EXPECT_EQ(report.halt_signal, "probe");
+  EXPECT_EQ(report.halt_signal, halt_signal::probe);
   EXPECT_EQ(report.halt_node, "n1");
   EXPECT_NE(report.halt_reason.find("output check: 12 wrong answers"), std::string::npos)
       << report.halt_reason;
   EXPECT_NE(report.halt_reason.find("3 baseline node(s) at 0%"), std::string::npos)
       << report.halt_reason;
   // Caught within the bake, not at its end.
-  const auto* applied = find_event(report, 0, "applied");
-  const auto* halted = find_event(report, 0, "halted");
+  const auto* applied = find_event(report, 0, fleet::rollout_step::applied);
+  const auto* halted = find_event(report, 0, fleet::rollout_step::halted);
   ASSERT_TRUE(applied && halted);
   EXPECT_LT(halted->time - applied->time, 5000ms);
   // n1 goes back by itself; the others never were offered v2.
@@ -132,7 +134,7 @@ TEST_F(FleetWaves, AProbeFailingOnTheCanaryHaltsTheFirstWaveAndNoOtherNodeEverRu
   const auto state = control->desired(m);
   ASSERT_TRUE(state && state->state.waves);
   EXPECT_EQ(state->state.phase, rollout_phase::halted);
-  EXPECT_TRUE(state->state.waves->halted);
+  EXPECT_TRUE(state->state.waves_halted());
   EXPECT_EQ(state->state.waves->wave, 0u);
   EXPECT_NE(state->state.reason.find("wave 1 of 3"), std::string::npos) << state->state.reason;
 
@@ -162,7 +164,7 @@ TEST_F(FleetWaves, AFleetWideDipHaltsForReviewByDefaultAndBakesOnWhenAsked) {
   p.limits.max_metrics["wrong_answers"] = 1;
   const auto halted = control->rollout_waves(bundle(m, 2), p, operator_keys.secret_key);
   EXPECT_FALSE(halted.completed);
-  EXPECT_EQ(halted.halt_signal, "baseline_unhealthy") << halted.halt_reason;
+  EXPECT_EQ(halted.halt_signal, halt_signal::baseline_unhealthy) << halted.halt_reason;
   EXPECT_NE(halted.halt_reason.find("the baseline is unhealthy"), std::string::npos)
       << halted.halt_reason;
   EXPECT_TRUE(converge(everyone, m, 1)) << serving_text(everyone, m);
@@ -198,7 +200,7 @@ TEST_F(FleetWaves, TheProgressDeadlineHaltsAStuckWave) {
   p.deadline = 1500ms;
   const auto report = control->rollout_waves(bundle(m, 2), p, operator_keys.secret_key);
   EXPECT_FALSE(report.completed);
-  EXPECT_EQ(report.halt_signal, "deadline");
+  EXPECT_EQ(report.halt_signal, halt_signal::deadline);
   EXPECT_NE(report.halt_reason.find("0 of 1 node(s) applied"), std::string::npos)
       << report.halt_reason;
   EXPECT_TRUE(converge(everyone, m, 1)) << serving_text(everyone, m);
@@ -312,9 +314,9 @@ TEST_F(FleetWaves, AControllerKilledMidRolloutIsCarriedOnFromTheSameWave) {
   const auto report = control->rollout_waves(v2, policy({"1"}, 60s), operator_keys.secret_key);
   ASSERT_FALSE(report.timeline.empty());
   EXPECT_EQ(report.timeline.front().wave, 1u);
-  EXPECT_EQ(report.timeline.front().what, "started");
-  const auto* applied = find_event(report, 1, "applied");
-  const auto* passed = find_event(report, 1, "passed");
+  EXPECT_EQ(report.timeline.front().what, rollout_step::started);
+  const auto* applied = find_event(report, 1, fleet::rollout_step::applied);
+  const auto* passed = find_event(report, 1, fleet::rollout_step::passed);
   ASSERT_TRUE(applied && passed);
   EXPECT_GE(passed->time - applied->time, 3s);
   EXPECT_LT(passed->time - applied->time, 30s);
@@ -343,7 +345,7 @@ TEST(WaveAnalysis, ACanaryWorseThanTheBaselineFailsAndADipEverywhereHaltsForRevi
                                                                       {"b2", {1000, 0}}};
   auto v = fleet::analyse_wave(canaries, good_baseline, start, limits);
   EXPECT_TRUE(v.failed);
-  EXPECT_EQ(v.signal, "failure_rate");
+  EXPECT_EQ(v.signal, halt_signal::failure_rate);
   EXPECT_EQ(v.node, "c1");
   EXPECT_DOUBLE_EQ(v.canary.at("failure_rate"), 0.05);
   EXPECT_DOUBLE_EQ(v.baseline.at("failure_rate"), 0.0);  // the window's: nothing new failed
@@ -352,7 +354,7 @@ TEST(WaveAnalysis, ACanaryWorseThanTheBaselineFailsAndADipEverywhereHaltsForRevi
   const std::vector bad_baseline{sample("b1", 2000, 61), sample("b2", 2000, 40)};
   v = fleet::analyse_wave(canaries, bad_baseline, start, limits);
   EXPECT_TRUE(v.failed);
-  EXPECT_EQ(v.signal, "baseline_unhealthy");
+  EXPECT_EQ(v.signal, halt_signal::baseline_unhealthy);
   EXPECT_NE(v.reason.find("the baseline is unhealthy"), std::string::npos) << v.reason;
   EXPECT_NE(v.reason.find("b1, b2"), std::string::npos) << v.reason;
   EXPECT_DOUBLE_EQ(v.baseline.at("failure_rate"), 0.05);  // the median of 0.06 and 0.04
@@ -373,11 +375,11 @@ TEST(WaveAnalysis, StickyErrorsAndProbesCountAlwaysAndMetricsOnAverage) {
   sticky.health.sticky_error = "CUDA_ERROR_ILLEGAL_ADDRESS";
   auto v = fleet::analyse_wave(std::vector{sticky}, std::vector{sample("b1", 10, 0)}, {}, {});
   EXPECT_TRUE(v.failed);
-  EXPECT_EQ(v.signal, "sticky_error");
+  EXPECT_EQ(v.signal, halt_signal::sticky_error);
   EXPECT_NE(v.reason.find("CUDA_ERROR_ILLEGAL_ADDRESS"), std::string::npos);
   v = fleet::analyse_wave(std::vector{sample("c1", 10, 0, false)}, {}, {}, {});
   EXPECT_TRUE(v.failed);  // no baseline: the canary alone
-  EXPECT_EQ(v.signal, "probe");
+  EXPECT_EQ(v.signal, halt_signal::probe);
   fleet::health_limits limits;
   limits.max_metrics["p99_us"] = 500;
   auto slow = sample("c1", 10, 0);
@@ -386,7 +388,8 @@ TEST(WaveAnalysis, StickyErrorsAndProbesCountAlwaysAndMetricsOnAverage) {
   fast.health.values["p99_us"] = 200;
   v = fleet::analyse_wave(std::vector{slow, fast}, {}, {}, limits);
   EXPECT_TRUE(v.failed);  // 550 on average
-  EXPECT_EQ(v.signal, "metric:p99_us");
+  EXPECT_EQ(v.signal, halt_signal::metric);
+  EXPECT_EQ(v.metric, "p99_us");
   EXPECT_EQ(v.node, "c1");
   fast.health.values["p99_us"] = 100;
   v = fleet::analyse_wave(std::vector{slow, fast}, {}, {}, limits);
@@ -413,7 +416,7 @@ TEST(WaveAnalysis, OneLyingBaselineNodeDoesNotMaskAFailingCanary) {
   std::vector baseline{honest("b1"), honest("b2"), liar};
   auto v = fleet::analyse_wave(std::vector{bad_canary}, baseline, {}, limits);
   EXPECT_TRUE(v.failed);
-  EXPECT_EQ(v.signal, "probe") << v.reason;
+  EXPECT_EQ(v.signal, halt_signal::probe) << v.reason;
   EXPECT_EQ(v.node, "c1");
   EXPECT_DOUBLE_EQ(v.baseline.at("metric:wrong_answers"), 0.0);
   EXPECT_DOUBLE_EQ(v.baseline.at("failure_rate"), 0.0);
@@ -422,11 +425,12 @@ TEST(WaveAnalysis, OneLyingBaselineNodeDoesNotMaskAFailingCanary) {
   bad_canary.health.healthy = true;
   v = fleet::analyse_wave(std::vector{bad_canary}, baseline, {}, limits);
   EXPECT_TRUE(v.failed);
-  EXPECT_EQ(v.signal, "failure_rate") << v.reason;
+  EXPECT_EQ(v.signal, halt_signal::failure_rate) << v.reason;
   limits.max_failure_rate = -1;
   v = fleet::analyse_wave(std::vector{bad_canary}, baseline, {}, limits);
   EXPECT_TRUE(v.failed);
-  EXPECT_EQ(v.signal, "metric:wrong_answers") << v.reason;
+  EXPECT_EQ(v.signal, halt_signal::metric);
+  EXPECT_EQ(v.metric, "wrong_answers") << v.reason;
   // "Unhealthy" always from one baseline node of three, with a sticky error besides.
   bad_canary.health.healthy = false;
   baseline[2] = honest("b3");
@@ -434,7 +438,7 @@ TEST(WaveAnalysis, OneLyingBaselineNodeDoesNotMaskAFailingCanary) {
   baseline[2].health.sticky_error = "CUDA_ERROR_ILLEGAL_ADDRESS";
   v = fleet::analyse_wave(std::vector{bad_canary}, baseline, {}, limits);
   EXPECT_TRUE(v.failed);
-  EXPECT_EQ(v.signal, "probe") << v.reason;
+  EXPECT_EQ(v.signal, halt_signal::probe) << v.reason;
   EXPECT_DOUBLE_EQ(v.baseline.at("unhealthy"), 0.0);  // b3 trimmed
   // A healthy canary against the same lying node passes: the liar halts nothing either.
   v = fleet::analyse_wave(std::vector{honest("c1")}, baseline, {}, limits);
@@ -443,7 +447,7 @@ TEST(WaveAnalysis, OneLyingBaselineNodeDoesNotMaskAFailingCanary) {
   // never a pass for the bad canary.
   v = fleet::analyse_wave(std::vector{bad_canary}, std::vector{baseline[2]}, {}, limits);
   EXPECT_TRUE(v.failed);
-  EXPECT_EQ(v.signal, "baseline_unhealthy") << v.reason;
+  EXPECT_EQ(v.signal, halt_signal::baseline_unhealthy) << v.reason;
   EXPECT_EQ(v.node, "b3");
 }
 

@@ -438,7 +438,8 @@ int fleet_commands::wave_outcome(const fleet::rollout_report& report) const {
     char at[64];
     std::snprintf(at, sizeof at, "%s.%03dZ (+%7.3f s)", day.substr(0, day.size() - 1).c_str(),
                   static_cast<int>(ms), since.count());
-    std::cout << at << "  wave " << e.wave + 1 << "  " << e.what << "  " << e.detail << "\n";
+    std::cout << at << "  wave " << e.wave + 1 << "  " << to_string(e.what) << "  " << e.detail
+              << "\n";
   }
   if (report.completed) {
     std::cout << "'" << m.module << "' v" << report.version << " is desired on every node"
@@ -447,7 +448,8 @@ int fleet_commands::wave_outcome(const fleet::rollout_report& report) const {
     return exit_ok;
   }
   std::cerr << "cubridge: wave rollout of '" << m.module << "' v" << report.version << " halted ("
-            << report.halt_signal << (report.halt_node.empty() ? "" : ", node " + report.halt_node)
+            << fleet::signal_text(report.halt_signal, report.halt_metric)
+            << (report.halt_node.empty() ? "" : ", node " + report.halt_node)
             << "): " << report.halt_reason
             << "; its nodes go back to the stable version (`cubridge fleet resume " << m.module
             << "` runs the wave again, `cubridge fleet abort " << m.module << "` ends it)\n";

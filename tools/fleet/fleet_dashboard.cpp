@@ -37,14 +37,14 @@ json health_json(const fleet::module_health& h) {
           {"detail", h.detail}};
 }
 
-json plan_json(const fleet::wave_plan& p) {
+json plan_json(const fleet::wave_plan& p, bool halted) {
   return {{"sizes", p.sizes},
           {"nodes", p.nodes},
           {"wave", p.wave},
           {"started", p.started},
-          {"bake_ms", p.bake_ms},
-          {"deadline_ms", p.deadline_ms},
-          {"halted", p.halted},
+          {"bake_ms", p.bake.count()},
+          {"deadline_ms", p.deadline.count()},
+          {"halted", halted},
           {"candidate", p.candidate.version},
           {"max_failure_rate", p.max_failure_rate},
           {"max_metrics", p.max_metrics}};
@@ -130,7 +130,7 @@ json dashboard_state(const fleet::controller& control) {
   for (std::size_t i = 0; i < reading.modules.size(); ++i) {
     const auto& s = reading.modules[i].state;
     auto& m = state["modules"][i];
-    m["waves"] = s.waves ? plan_json(*s.waves) : json(nullptr);
+    m["waves"] = s.waves ? plan_json(*s.waves, s.waves_halted()) : json(nullptr);
     m["analysis"] =
         s.phase == fleet::rollout_phase::canary ? analysis_json(s, reading.nodes) : json(nullptr);
     m["timeline"] = timeline_json(control.desired_history(s.module));

@@ -13,6 +13,7 @@
 #include <cubridge/fleet/heartbeat_ledger.hpp>
 #include <cubridge/fleet/records.hpp>
 #include <cubridge/fleet/registry.hpp>
+#include <cubridge/fleet/rollout_words.hpp>
 #include <cubridge/fleet/wave_analysis.hpp>
 
 #include <chrono>
@@ -134,9 +135,7 @@ struct wave_policy {
 struct rollout_event {
   std::chrono::system_clock::time_point time;
   std::size_t wave = 0;
-  /// "started", "applied" (every node of the wave runs the candidate), "passed", "halted",
-  /// "completed".
-  std::string what;
+  rollout_step what = rollout_step::started;
   std::string detail;
 };
 
@@ -179,10 +178,12 @@ struct rollout_report {
   /// True when the desired state named this bundle already (a retried publish): nothing new
   /// was written.
   bool already_desired = false;
-  /// For a wave rollout: the signal that halted it ("probe", "failure_rate", "sticky_error",
-  /// "metric:<name>", "result", "deadline", "conflict"), the node it came from, the analysis's
-  /// last figures, and the rollout's steps.
-  std::string halt_signal;
+  /// For a wave rollout: the signal that halted it (none while it did not; `halt_metric` names
+  /// the metric of halt_signal::metric), the node it came from, the analysis's last figures, and
+  /// the rollout's steps. A change of the desired state by another writer ends a run with
+  /// fleet_errc::conflict instead.
+  fleet::halt_signal halt_signal = fleet::halt_signal::none;
+  std::string halt_metric;
   std::string halt_node;
   wave_verdict last_verdict;
   std::vector<rollout_event> timeline;

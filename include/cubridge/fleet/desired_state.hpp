@@ -8,6 +8,7 @@
 
 #include <cubridge/bundle/bundle.hpp>
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -68,10 +69,12 @@ struct wave_plan {
   std::size_t wave = 0;
   /// When the running wave started, RFC 3339 UTC.
   std::string started;
-  /// How long a wave's nodes must stay healthy after the last of them applied the candidate.
-  std::uint64_t bake_ms = 0;
-  /// How long a wave may take from its start to its end; past it, the rollout halts.
-  std::uint64_t deadline_ms = 0;
+  /// How long a wave's nodes must stay healthy after the last of them applied the candidate
+  /// (on the wire: bake_ms).
+  std::chrono::milliseconds bake{0};
+  /// How long a wave may take from its start to its end; past it, the rollout halts (on the
+  /// wire: deadline_ms).
+  std::chrono::milliseconds deadline{0};
   /// Launch failures / launches above which a wave fails (negative: no limit).
   double max_failure_rate = -1;
   /// Per probe value, the most a wave's nodes may report on average.
@@ -83,8 +86,6 @@ struct wave_plan {
   /// heartbeats as the server received them); a canary silent longer is lost and fails the
   /// wave. Missing in a record: default_missed_heartbeats.
   std::uint32_t max_missed_heartbeats = 3;
-  /// True once the rollout halted (the candidate is gone; `fleet resume` runs the wave again).
-  bool halted = false;
 
   friend bool operator==(const wave_plan&, const wave_plan&) = default;
 };
@@ -118,6 +119,11 @@ struct desired_state {
 
   /// The bundle `node` should run: the candidate for a canary during a rollout, else stable.
   [[nodiscard]] const bundle_ref* target_for(std::string_view node) const;
+  /// Whether a wave rollout halted: its plan is kept (`fleet resume` runs the wave again) and
+  /// the phase is halted, the one place that says so.
+  [[nodiscard]] bool waves_halted() const noexcept {
+    return waves && phase == rollout_phase::halted;
+  }
 };
 
 /// The record's JSON body (signed with signed_record.hpp, kind desired_state).

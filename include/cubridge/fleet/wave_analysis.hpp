@@ -9,6 +9,7 @@
 // halts the rollout for review unless the limits say to bake on.
 
 #include <cubridge/fleet/records.hpp>
+#include <cubridge/fleet/rollout_words.hpp>
 
 #include <cstdint>
 #include <functional>
@@ -47,12 +48,13 @@ struct counter_mark {
 /// What the analysis found.
 struct wave_verdict {
   bool failed = false;
-  /// The canary that breached first, the signal ("sticky_error", "probe", "failure_rate",
-  /// "metric:<name>"; "baseline_unhealthy" when the baseline breached on its own and the limits
-  /// halt on that, with the first baseline node that breached) and a sentence with the values
-  /// of both sides.
+  /// The canary that breached first, the signal (sticky_error, probe, failure_rate, metric
+  /// with the metric's name; baseline_unhealthy when the baseline breached on its own and the
+  /// limits halt on that, with the first baseline node that breached) and a sentence with the
+  /// values of both sides.
   std::string node;
-  std::string signal;
+  halt_signal signal = halt_signal::none;
+  std::string metric;
   std::string reason;
   /// Canary and baseline figures of every signal evaluated, by signal name (for the record and
   /// the dashboard): "failure_rate", "unhealthy", "sticky", "metric:<name>".
