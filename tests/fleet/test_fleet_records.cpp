@@ -10,6 +10,7 @@
 #include <cubridge/fleet/desired_state.hpp>
 #include <cubridge/fleet/records.hpp>
 #include <cubridge/fleet/registry.hpp>
+#include <cubridge/fleet/rollout_words.hpp>
 #include <cubridge/fleet/signed_record.hpp>
 #include <cubridge/fleet/subjects.hpp>
 
@@ -407,6 +408,55 @@ TEST(DesiredState, PhaseNames) {
   EXPECT_EQ(fleet::to_string(fleet::rollout_phase::rolled_back), "rolled_back");
   EXPECT_FALSE(fleet::parse_rollout_phase("Complete"));
   EXPECT_FALSE(fleet::parse_rollout_phase(""));
+}
+
+TEST(RolloutWords, KeepTheirSpelling) {
+  using fleet::halt_signal;
+  for (const auto s : {halt_signal::sticky_error, halt_signal::probe, halt_signal::failure_rate,
+                       halt_signal::metric, halt_signal::baseline_unhealthy,
+                       halt_signal::canary_lost, halt_signal::canary_restarted,
+                       halt_signal::canary_left, halt_signal::result, halt_signal::deadline})
+    EXPECT_EQ(fleet::parse_halt_signal(fleet::to_string(s)), s);
+  EXPECT_EQ(fleet::to_string(halt_signal::canary_lost), "canary_lost");
+  EXPECT_EQ(fleet::to_string(halt_signal::none), "");
+  EXPECT_FALSE(fleet::parse_halt_signal(""));
+  EXPECT_FALSE(fleet::parse_halt_signal("Canary_lost"));
+  EXPECT_EQ(fleet::signal_text(halt_signal::metric, "p99_us"), "metric:p99_us");
+  EXPECT_EQ(fleet::signal_text(halt_signal::probe, "ignored"), "probe");
+  EXPECT_EQ(fleet::to_string(fleet::rollout_step::started), "started");
+  EXPECT_EQ(fleet::to_string(fleet::rollout_step::completed), "completed");
+}
+
+// The wave plan's words on the wire are 0.1.0's: durations in whole milliseconds, and "halted"
+// written from the phase, the one place that says it.
+TEST(DesiredState, AWavePlanKeepsItsWireWords) {
+  fleet::desired_state s;
+  s.module = "filters";
+  s.revision = 3;
+  s.phase = fleet::rollout_phase::halted;
+  s.stable = fleet::bundle_ref{1, std::string(64, 'a'), 10, "sm_90"};
+  fleet::wave_plan plan;
+  plan.candidate = fleet::bundle_ref{2, std::string(64, 'b'), 10, "sm_90"};
+  plan.sizes = {"1", "100%"};
+  plan.nodes = {{"n1"}, {}};
+  plan.started = "2026-12-06T04:00:00Z";
+  plan.bake = std::chrono::seconds(30);
+  plan.deadline = std::chrono::minutes(10);
+  s.waves = plan;
+  EXPECT_TRUE(s.waves_halted());
+  const auto body = fleet::to_json(s);
+  EXPECT_NE(body.find("\"bake_ms\":30000"), std::string::npos) << body;
+  EXPECT_NE(body.find("\"deadline_ms\":600000"), std::string::npos) << body;
+  EXPECT_NE(body.find("\"halted\":true"), std::string::npos) << body;
+  const auto back = fleet::parse_desired_state(body);
+  ASSERT_TRUE(back);
+  ASSERT_TRUE(back->waves);
+  EXPECT_EQ(back->waves->bake, std::chrono::milliseconds(30000));
+  EXPECT_EQ(back->waves->deadline, std::chrono::minutes(10));
+  EXPECT_TRUE(back->waves_halted());
+  s.phase = fleet::rollout_phase::canary;
+  EXPECT_FALSE(s.waves_halted());
+  EXPECT_NE(fleet::to_json(s).find("\"halted\":false"), std::string::npos);
 }
 
 TEST(DesiredState, RoundTrip) {

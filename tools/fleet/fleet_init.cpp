@@ -1,7 +1,8 @@
-// `cubridge fleet init` (fleet_init.hpp): certificates through OpenSSL 3's C API, bcrypt hashes
-// of the passwords through libcrypt (nats-server checks a "$2b$" hash itself), keys through
+// `cubridge fleet init` (fleet_init.hpp): the options checked, the servers' configuration, the
+// files written; certificates and password hashes come from fleet_init_pki.hpp, keys from
 // cubridge's own key functions, credentials files through fleet/connection.hpp.
 #include "fleet/fleet_init.hpp"
+#include "fleet/fleet_init_pki.hpp"
 
 #include "exit_codes.hpp"
 #include "update/arguments.hpp"
@@ -13,14 +14,7 @@
 #include <cubridge/fleet/subjects.hpp>
 
 #include <arpa/inet.h>
-#include <crypt.h>
 #include <fcntl.h>
-#include <openssl/bio.h>
-#include <openssl/bn.h>
-#include <openssl/err.h>
-#include <openssl/evp.h>
-#include <openssl/pem.h>
-#include <openssl/rand.h>
 #include <openssl/x509v3.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -39,58 +33,16 @@ namespace {
 
 namespace fs = std::filesystem;
 using detail::printable;
+using namespace fleet_init_internal;
 
 /// The most nodes one init writes (each costs a bcrypt hash, well under a millisecond at cost 4).
 constexpr std::size_t max_nodes = 1000;
-/// bcrypt's cost: the passwords are 256 random bits, so no cost makes guessing one any harder
-/// and the cost only slows every connect down, on the server (it checks the hash once per
-/// connect). At 10 it was ~50 ms of server CPU per connection: 100 nodes booting together
-/// timed out their handshakes on 2 cores and were closed for good. 4 is bcrypt's least
-/// (docs/fleet.md, "A connect storm", has the measured cost per connect).
-constexpr int bcrypt_cost = 4;
-/// Certificates live 10 years (a new init makes new ones).
-constexpr long validity_days = 3652;
 /// Where the servers of a cluster reach one another.
 constexpr std::string_view route_host = "127.0.0.1";
 
 [[noreturn]] void fail_io(const std::string& call, const std::string& involved) {
   cubridge::detail::throw_errc(errc::io, call, involved);
 }
-
-// OpenSSL's reason for the last failure (its error queue emptied).
-std::string openssl_reason() {
-  const unsigned long code = ERR_get_error();
-  ERR_clear_error();
-  if (code == 0) return "no reason given";
-  char text[256];
-  ERR_error_string_n(code, text, sizeof text);
-  return text;
-}
-
-[[noreturn]] void fail_openssl(const char* call, const std::string& involved) {
-  fail_io(std::string(call) + " (" + openssl_reason() + ")", involved);
-}
-
-struct openssl_free {
-  void operator()(EVP_PKEY* p) const noexcept { EVP_PKEY_free(p); }
-  void operator()(X509* p) const noexcept { X509_free(p); }
-  void operator()(X509_EXTENSION* p) const noexcept { X509_EXTENSION_free(p); }
-  void operator()(BIO* p) const noexcept { BIO_free(p); }
-  void operator()(BIGNUM* p) const noexcept { BN_free(p); }
-};
-using key_ptr = std::unique_ptr<EVP_PKEY, openssl_free>;
-using certificate_ptr = std::unique_ptr<X509, openssl_free>;
-
-// Erases a secret held in a string before it goes.
-struct wiped_string {
-  std::string text;
-  wiped_string() = default;
-  explicit wiped_string(std::string t) : text(std::move(t)) {}
-  wiped_string(wiped_string&& other) noexcept : text(std::move(other.text)) {}
-  wiped_string(const wiped_string&) = delete;
-  wiped_string& operator=(const wiped_string&) = delete;
-  ~wiped_string() { OPENSSL_cleanse(text.data(), text.size()); }
-};
 
 // Writes a new file (one that exists is refused, a link is not followed) with exactly `mode`.
 void write_new_file(const fs::path& path, std::string_view text, mode_t mode) {
@@ -251,111 +203,6 @@ checked_options check(const fleet_init_options& o) {
   }
   c.node_account = o.node_account;
   return c;
-}
-
-// ---------------------------------------------------------------------------------------------
-// Keys and certificates.
-
-key_ptr make_ec_key(const std::string& what) {
-  key_ptr key(EVP_EC_gen("P-256"));
-  if (!key) fail_openssl("EVP_EC_gen", what);
-  return key;
-}
-
-std::string pem_of(const certificate_ptr& cert) {
-  std::unique_ptr<BIO, openssl_free> bio(BIO_new(BIO_s_mem()));
-  if (!bio || PEM_write_bio_X509(bio.get(), cert.get()) != 1)
-    fail_openssl("PEM_write_bio_X509", "a certificate");
-  char* data = nullptr;
-  const long size = BIO_get_mem_data(bio.get(), &data);
-  return std::string(data, static_cast<std::size_t>(size));
-}
-
-wiped_string pem_of(const key_ptr& key) {
-  std::unique_ptr<BIO, openssl_free> bio(BIO_new(BIO_s_secmem()));
-  if (!bio ||
-      PEM_write_bio_PrivateKey(bio.get(), key.get(), nullptr, nullptr, 0, nullptr, nullptr) != 1)
-    fail_openssl("PEM_write_bio_PrivateKey", "a private key");
-  char* data = nullptr;
-  const long size = BIO_get_mem_data(bio.get(), &data);
-  return wiped_string(std::string(data, static_cast<std::size_t>(size)));
-}
-
-void add_extension(X509* cert, X509* issuer, int nid, const std::string& value) {
-  X509V3_CTX ctx;
-  X509V3_set_ctx_nodb(&ctx);
-  X509V3_set_ctx(&ctx, issuer, cert, nullptr, nullptr, 0);
-  std::unique_ptr<X509_EXTENSION, openssl_free> extension(
-      X509V3_EXT_conf_nid(nullptr, &ctx, nid, value.c_str()));
-  if (!extension || X509_add_ext(cert, extension.get(), -1) != 1)
-    fail_openssl("X509V3_EXT_conf_nid", std::string(OBJ_nid2sn(nid)) + " = " + value);
-}
-
-// A certificate of `key` named `common_name`, signed by `issuer_key` (with `issuer` its
-// certificate; null: self-signed), with a random 127-bit serial.
-certificate_ptr make_certificate(EVP_PKEY* key, const std::string& common_name, X509* issuer,
-                                 EVP_PKEY* issuer_key,
-                                 const std::vector<std::pair<int, std::string>>& extensions) {
-  certificate_ptr cert(X509_new());
-  if (!cert) fail_openssl("X509_new", common_name);
-  unsigned char serial_bytes[16];
-  if (RAND_bytes(serial_bytes, sizeof serial_bytes) != 1)
-    fail_openssl("RAND_bytes", "a serial number");
-  serial_bytes[0] &= 0x7f;  // positive
-  serial_bytes[0] |= 0x40;  // and never shorter than 16 bytes
-  std::unique_ptr<BIGNUM, openssl_free> serial(
-      BN_bin2bn(serial_bytes, sizeof serial_bytes, nullptr));
-  X509_NAME* name = X509_get_subject_name(cert.get());
-  const auto add_name = [&](const char* field, const std::string& value) {
-    if (X509_NAME_add_entry_by_txt(name, field, MBSTRING_UTF8,
-                                   reinterpret_cast<const unsigned char*>(value.c_str()), -1, -1,
-                                   0) != 1)
-      fail_openssl("X509_NAME_add_entry_by_txt", value);
-  };
-  add_name("O", "cubridge fleet");
-  add_name("CN", common_name);
-  const bool ok =
-      serial && X509_set_version(cert.get(), X509_VERSION_3) == 1 &&
-      BN_to_ASN1_INTEGER(serial.get(), X509_get_serialNumber(cert.get())) &&
-      X509_gmtime_adj(X509_getm_notBefore(cert.get()), -300) &&
-      X509_time_adj_ex(X509_getm_notAfter(cert.get()), validity_days, 0, nullptr) &&
-      X509_set_pubkey(cert.get(), key) == 1 &&
-      X509_set_issuer_name(cert.get(), issuer ? X509_get_subject_name(issuer) : name) == 1;
-  if (!ok) fail_openssl("X509 fields", common_name);
-  X509* signer = issuer ? issuer : cert.get();
-  for (const auto& [nid, value] : extensions) add_extension(cert.get(), signer, nid, value);
-  if (X509_sign(cert.get(), issuer_key, EVP_sha256()) <= 0) fail_openssl("X509_sign", common_name);
-  return cert;
-}
-
-// ---------------------------------------------------------------------------------------------
-// Passwords.
-
-wiped_string random_password() {
-  unsigned char bytes[32];
-  if (RAND_bytes(bytes, sizeof bytes) != 1) fail_openssl("RAND_bytes", "a password");
-  static constexpr char digits[] = "0123456789abcdef";
-  wiped_string text;
-  text.text.reserve(2 * sizeof bytes);
-  for (const unsigned char b : bytes) {
-    text.text.push_back(digits[b >> 4]);
-    text.text.push_back(digits[b & 15]);
-  }
-  OPENSSL_cleanse(bytes, sizeof bytes);
-  return text;
-}
-
-// The bcrypt hash of `password` as nats-server takes it in place of the password.
-std::string bcrypt_hash(const wiped_string& password) {
-  char setting[CRYPT_GENSALT_OUTPUT_SIZE];
-  if (!crypt_gensalt_rn("$2b$", bcrypt_cost, nullptr, 0, setting, sizeof setting))
-    fail_io("crypt_gensalt_rn", std::string("a bcrypt salt: ") + std::strerror(errno));
-  const auto data = std::make_unique<crypt_data>();
-  const char* hash = crypt_rn(password.text.c_str(), setting, data.get(), sizeof *data);
-  std::string result = hash ? hash : "";
-  OPENSSL_cleanse(data.get(), sizeof *data);
-  if (!result.starts_with("$2b$")) fail_io("crypt_rn", "a bcrypt hash of a password");
-  return result;
 }
 
 // ---------------------------------------------------------------------------------------------
