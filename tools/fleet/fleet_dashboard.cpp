@@ -6,6 +6,8 @@
 #include "fleet/fleet_status.hpp"
 
 #include <cubridge/bundle/bundle.hpp>  // detail::format_time, parse_time
+#include <cubridge/fleet/desired_state.hpp>
+#include <cubridge/fleet/records.hpp>
 
 #include <httplib.h>
 #include <signal.h>
@@ -27,27 +29,11 @@ namespace {
 using json = nlohmann::json;
 using system_clock = std::chrono::system_clock;
 
-json health_json(const fleet::module_health& h) {
-  return {{"version", h.version},
-          {"launches", h.launches},
-          {"launch_failures", h.launch_failures},
-          {"sticky_error", h.sticky_error},
-          {"healthy", h.healthy},
-          {"values", h.values},
-          {"detail", h.detail}};
-}
-
-json plan_json(const fleet::wave_plan& p, bool halted) {
-  return {{"sizes", p.sizes},
-          {"nodes", p.nodes},
-          {"wave", p.wave},
-          {"started", p.started},
-          {"bake_ms", p.bake.count()},
-          {"deadline_ms", p.deadline.count()},
-          {"halted", halted},
-          {"candidate", p.candidate.version},
-          {"max_failure_rate", p.max_failure_rate},
-          {"max_metrics", p.max_metrics}};
+// What the page shows of a record is its wire JSON, as the library writes it (records.hpp,
+// desired_state.hpp): one writer of each record, however many readers.
+json wire_field(const std::string& record, const char* field) {
+  const auto parsed = json::parse(record, nullptr, false);
+  return parsed.is_object() && parsed.contains(field) ? parsed[field] : json(nullptr);
 }
 
 json timeline_json(const std::vector<fleet::desired_state>& history) {
@@ -122,15 +108,14 @@ json dashboard_state(const fleet::controller& control) {
       cubridge::detail::format_time(std::chrono::floor<std::chrono::seconds>(system_clock::now()));
   state["server"] = control.connected_server();
   for (std::size_t i = 0; i < reading.nodes.size(); ++i) {
-    json health = json::object();
-    if (const auto& beat = reading.nodes[i].beat)
-      for (const auto& [module, h] : beat->health) health[module] = health_json(h);
-    state["nodes"][i]["health"] = std::move(health);
+    const auto& beat = reading.nodes[i].beat;
+    auto health = beat ? wire_field(fleet::to_json(*beat), "health") : json(nullptr);
+    state["nodes"][i]["health"] = health.is_object() ? std::move(health) : json::object();
   }
   for (std::size_t i = 0; i < reading.modules.size(); ++i) {
     const auto& s = reading.modules[i].state;
     auto& m = state["modules"][i];
-    m["waves"] = s.waves ? plan_json(*s.waves, s.waves_halted()) : json(nullptr);
+    m["waves"] = wire_field(fleet::to_json(s), "waves");
     m["analysis"] =
         s.phase == fleet::rollout_phase::canary ? analysis_json(s, reading.nodes) : json(nullptr);
     m["timeline"] = timeline_json(control.desired_history(s.module));
