@@ -11,6 +11,8 @@
 #include <cubridge/isolation/mps_policy.hpp>
 #include <cubridge/swap/hot_module.hpp>
 #include <cubridge/swap/hot_module_group.hpp>
+#include <cubridge/update/update_gate.hpp>
+#include <cubridge/update_swap/hot_module_sink.hpp>
 
 #include <nanobind/nanobind.h>
 
@@ -18,6 +20,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -55,6 +58,51 @@ void bind_sandbox(nanobind::module_& m);
 [[nodiscard]] mps_policy mps_policy_named(const std::string& name, const std::string& who);
 /// UpdateEndpoint (endpoint.cpp).
 void bind_update_endpoint(nanobind::module_& m);
+
+/// What UpdateGate takes besides its modules and keys (the update_gate_options a Python service
+/// sets), also taken by UpdateEndpoint and FleetAgent when they build a private gate.
+struct gate_settings {
+  std::string state_file;
+  bool persist_state = true;  // as update_gate_options: the default file unless state_file
+  std::map<std::string, std::uint64_t> version_floor;
+  bool require_expiry = false;
+  std::optional<double> max_bundle_age_s;
+  double rollback_window_s = 300;
+  bool operator==(const gate_settings&) const = default;
+};
+/// The update_gate_options of `s` and `keys`. @throws error (errc::precondition) naming `who`
+/// for a duration that is not positive.
+[[nodiscard]] update_gate_options gate_options_of(const gate_settings& s,
+                                                  const std::vector<public_key>& keys,
+                                                  const char* who);
+
+/// cubridge.UpdateGate (gate.cpp): a node's one gate and the sink of its HotModules, whose
+/// Python objects it keeps alive. Shared by reference between its doors.
+class py_update_gate {
+ public:
+  /// A gate over `hot_modules` (None, a HotModule, a HotModuleGroup or an iterable of them).
+  py_update_gate(nanobind::handle hot_modules, const std::vector<public_key>& keys,
+                 const gate_settings& settings, const char* who);
+  /// Serves one more HotModule or HotModuleGroup. @throws error (errc::precondition) otherwise.
+  void add(nanobind::handle hot_module);
+  [[nodiscard]] update_gate& gate() const noexcept { return *gate_; }
+  [[nodiscard]] const std::shared_ptr<update_gate>& shared() const noexcept { return gate_; }
+  [[nodiscard]] nanobind::list modules() const;
+
+ private:
+  std::vector<nanobind::object> modules_;  // the Python objects of what the sink holds
+  std::shared_ptr<hot_module_sink> sink_;
+  std::shared_ptr<update_gate> gate_;
+  std::string who_;
+};
+/// The UpdateGate a door uses: `gate` when given (then `hot_modules` and `keys` must be None),
+/// else a private one over `hot_modules` and `keys` with `settings`. @throws error
+/// (errc::precondition) naming `who` for both or neither.
+[[nodiscard]] nanobind::object gate_for(nanobind::handle gate, nanobind::handle hot_modules,
+                                        nanobind::handle keys, const gate_settings& settings,
+                                        const char* who);
+/// UpdateGate (gate.cpp).
+void bind_update_gate(nanobind::module_& m);
 
 /// A hot module as Python holds it: the module and the kernel names of its first version (the
 /// interface, for resolve_kernel_name).

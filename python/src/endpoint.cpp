@@ -29,42 +29,24 @@ namespace nb = nanobind;
 namespace cubridge::python {
 namespace {
 
-/// What UpdateEndpoint takes besides the modules and keys (the update_endpoint_options a
-/// Python service sets; the rest keep their C++ defaults).
+/// What UpdateEndpoint takes besides its gate (the update_endpoint_options a Python service
+/// sets; the rest keep their C++ defaults).
 struct endpoint_settings {
   std::string host;
   std::uint16_t port = 0;
   std::size_t threads = 4;
   std::size_t max_body_bytes = std::size_t{64} << 20;
-  std::string state_file;
-  bool persist_state = true;  // as update_endpoint_options: the default file unless state_file
-  std::map<std::string, std::uint64_t> version_floor;
-  bool require_expiry = false;
-  std::optional<double> max_bundle_age_s;
-  double rollback_window_s = 300;
   bool serve_metrics = false;
   std::string tls_certificate, tls_private_key;
 };
 
-update_endpoint_options options_of(const endpoint_settings& s,
-                                   const std::vector<public_key>& keys) {
+update_endpoint_options options_of(const endpoint_settings& s) {
   update_endpoint_options o;
   o.bind_address = s.host;
   o.port = s.port;
-  for (const auto& k : keys) o.keys.add(k);
   o.threads = s.threads;
   o.max_body_bytes = s.max_body_bytes;
   o.max_buffered_body_bytes = std::max(o.max_buffered_body_bytes, s.max_body_bytes);
-  o.state_file = s.state_file;
-  o.persist_state = s.persist_state;
-  o.version_floor.insert(s.version_floor.begin(), s.version_floor.end());
-  o.require_expiry = s.require_expiry;
-  if (s.max_bundle_age_s) {
-    CUBRIDGE_EXPECTS(*s.max_bundle_age_s > 0, "UpdateEndpoint max_bundle_age_s must be > 0");
-    o.max_bundle_age = std::chrono::seconds(static_cast<std::int64_t>(*s.max_bundle_age_s));
-  }
-  CUBRIDGE_EXPECTS(s.rollback_window_s > 0, "UpdateEndpoint rollback_window_s must be > 0");
-  o.rollback_window = std::chrono::seconds(static_cast<std::int64_t>(s.rollback_window_s));
   o.serve_metrics = s.serve_metrics;
   o.tls_certificate = s.tls_certificate;
   o.tls_private_key = s.tls_private_key;
@@ -73,34 +55,18 @@ update_endpoint_options options_of(const endpoint_settings& s,
 
 class py_update_endpoint {
  public:
-  py_update_endpoint(nb::handle hot_modules, const std::vector<public_key>& keys,
-                     const endpoint_settings& settings, bool start_now)
-      : sink_(std::make_shared<hot_module_sink>()),
-        endpoint_(std::make_unique<update_endpoint>(sink_, options_of(settings, keys))) {
-    if (nb::isinstance<py_hot_module>(hot_modules) ||
-        nb::isinstance<py_hot_module_group>(hot_modules)) {
-      add(hot_modules);
-    } else {
-      for (nb::handle h : hot_modules) add(h);
-    }
+  /// An endpoint in front of `gate` (an UpdateGate, shared or private).
+  py_update_endpoint(nb::object gate, const endpoint_settings& settings, bool start_now)
+      : gate_(std::move(gate)),
+        endpoint_(std::make_unique<update_endpoint>(this->gate().shared(), options_of(settings))) {
     if (start_now) start();
   }
   py_update_endpoint(const py_update_endpoint&) = delete;
   py_update_endpoint& operator=(const py_update_endpoint&) = delete;
   ~py_update_endpoint() { stop(); }
 
-  /// Serves `hot_module` too (its serving version's label is where versions start).
-  void add(nb::handle hot_module) {
-    if (nb::isinstance<py_hot_module>(hot_module))
-      sink_->add(nb::cast<py_hot_module&>(hot_module).hot);
-    else if (nb::isinstance<py_hot_module_group>(hot_module))
-      sink_->add(nb::cast<py_hot_module_group&>(hot_module).group);  // every member at once
-    else
-      detail::throw_errc(errc::precondition, "cubridge.UpdateEndpoint",
-                         std::string("a ") + Py_TYPE(hot_module.ptr())->tp_name +
-                             " is no HotModule or HotModuleGroup: the endpoint serves those");
-    modules_.push_back(nb::borrow(hot_module));
-  }
+  /// Serves `hot_module` too, through the gate (every door of it).
+  void add(nb::handle hot_module) { gate().add(hot_module); }
 
   void start() {
     nb::gil_scoped_release unlocked;
@@ -111,17 +77,11 @@ class py_update_endpoint {
     endpoint_->stop();
   }
   [[nodiscard]] const update_endpoint& get() const { return *endpoint_; }
-  [[nodiscard]] nb::list modules() const {
-    nb::list out;
-    for (const auto& m : modules_) out.append(m);
-    return out;
-  }
+  [[nodiscard]] py_update_gate& gate() const { return nb::cast<py_update_gate&>(gate_); }
+  [[nodiscard]] nb::object gate_object() const { return gate_; }
 
  private:
-  // The sink holds handles of the modules themselves; these are the Python objects, for
-  // hot_modules.
-  std::vector<nb::object> modules_;
-  std::shared_ptr<hot_module_sink> sink_;
+  nb::object gate_;  // the UpdateGate: declared first, released after the endpoint stopped
   std::unique_ptr<update_endpoint> endpoint_;
 };
 
@@ -148,44 +108,45 @@ void bind_update_endpoint(nb::module_& m) {
       "context manager (stops on exit).")
       .def(
           "__init__",
-          [](py_update_endpoint* self, nb::handle hot_modules, const std::vector<public_key>& keys,
+          [](py_update_endpoint* self, nb::handle hot_modules, nb::handle keys, nb::handle gate,
              std::string host, std::uint16_t port, bool start, std::size_t threads,
              std::size_t max_body_bytes, std::string state_file, bool persist_state,
              std::map<std::string, std::uint64_t> version_floor, bool require_expiry,
              std::optional<double> max_bundle_age_s, double rollback_window_s, bool serve_metrics,
              std::string tls_certificate, std::string tls_private_key) {
+            const gate_settings private_gate{std::move(state_file),    persist_state,
+                                             std::move(version_floor), require_expiry,
+                                             max_bundle_age_s,         rollback_window_s};
+            auto g = gate_for(gate, hot_modules, keys, private_gate, "UpdateEndpoint");
             const endpoint_settings settings{std::move(host),
                                              port,
                                              threads,
                                              max_body_bytes,
-                                             std::move(state_file),
-                                             persist_state,
-                                             std::move(version_floor),
-                                             require_expiry,
-                                             max_bundle_age_s,
-                                             rollback_window_s,
                                              serve_metrics,
                                              std::move(tls_certificate),
                                              std::move(tls_private_key)};
-            new (self) py_update_endpoint(hot_modules, keys, settings, start);
+            new (self) py_update_endpoint(std::move(g), settings, start);
           },
-          nb::arg("hot_modules"), nb::arg("public_keys"), nb::kw_only(),
-          nb::arg("host") = "127.0.0.1", nb::arg("port") = 0, nb::arg("start") = true,
-          nb::arg("threads") = 4, nb::arg("max_body_bytes") = std::size_t{64} << 20,
-          nb::arg("state_file") = "", nb::arg("persist_state") = true,
+          nb::arg("hot_modules") = nb::none(), nb::arg("public_keys") = nb::none(), nb::kw_only(),
+          nb::arg("gate") = nb::none(), nb::arg("host") = "127.0.0.1", nb::arg("port") = 0,
+          nb::arg("start") = true, nb::arg("threads") = 4,
+          nb::arg("max_body_bytes") = std::size_t{64} << 20, nb::arg("state_file") = "",
+          nb::arg("persist_state") = true,
           nb::arg("version_floor") = std::map<std::string, std::uint64_t>{},
           nb::arg("require_expiry") = false, nb::arg("max_bundle_age_s") = nb::none(),
           nb::arg("rollback_window_s") = 300.0, nb::arg("serve_metrics") = false,
           nb::arg("tls_certificate") = "", nb::arg("tls_private_key") = "",
-          "An endpoint over `hot_modules` (a HotModule or a list of them; each serves updates "
-          "under its name, from its label on) accepting bundles signed by "
+          "An endpoint in front of `gate` (an UpdateGate shared with the node's other doors), or "
+          "of a private gate over `hot_modules` (a HotModule or a list of them; each serves "
+          "updates under its name, from its label on) accepting bundles signed by "
           "`public_keys`. Binds `host`:`port` (0: a free port, see .port) and starts unless "
-          "start=False. state_file: the replay state kept across restarts; without one it is "
-          "kept in $CUBRIDGE_STATE_DIR (else $XDG_STATE_HOME/cubridge, else "
-          "~/.local/state/cubridge)/update-state.json, locked while the endpoint lives, unless "
+          "start=False. The private gate's state_file: the replay state kept across restarts; "
+          "without one it is kept in $CUBRIDGE_STATE_DIR (else $XDG_STATE_HOME/cubridge, else "
+          "~/.local/state/cubridge)/update-state.json, locked while the gate lives, unless "
           "persist_state=False (memory only: tests, demos); version_floor: {name: version} "
-          "refused as replays; TLS with both tls_ files. Raises IOFailure when the address cannot "
-          "be bound or the state file is another endpoint's.")
+          "refused as replays (these belong to UpdateGate when gate= is given). TLS with both "
+          "tls_ files. Raises IOFailure when the address cannot be bound or the state file is "
+          "another gate's.")
       .def("add", &py_update_endpoint::add, nb::arg("hot_module"),
            "Serves one more HotModule (also while running).")
       .def("start", &py_update_endpoint::start,
@@ -217,7 +178,10 @@ void bind_update_endpoint(nb::module_& m) {
       .def_prop_ro(
           "stats", [](const py_update_endpoint& e) { return stats_of(e.get()); },
           "{'applied', 'refused', 'rolled_back', 'connections_refused', 'open_connections'}.")
-      .def_prop_ro("hot_modules", &py_update_endpoint::modules, "The HotModules served.");
+      .def_prop_ro(
+          "hot_modules", [](const py_update_endpoint& e) { return e.gate().modules(); },
+          "The HotModules served (its gate's).")
+      .def_prop_ro("gate", &py_update_endpoint::gate_object, "The UpdateGate it decides with.");
 }
 
 }  // namespace cubridge::python

@@ -95,10 +95,6 @@ struct agent_settings {
   std::string cohort;
   double heartbeat_interval_s = 5;
   double resync_interval_s = 2;
-  std::string state_file;
-  bool persist_state = true;
-  std::map<std::string, std::uint64_t> version_floor;
-  bool require_expiry = false;
 };
 
 class py_fleet_agent;
@@ -128,21 +124,9 @@ live_agents& live() {
 
 class py_fleet_agent {
  public:
-  py_fleet_agent(nb::handle hot_modules, const std::vector<public_key>& keys,
-                 const agent_settings& s, nb::object probe)
-      : probe_(std::move(probe)), sink_(std::make_shared<hot_module_sink>()) {
-    if (nb::isinstance<py_hot_module>(hot_modules) ||
-        nb::isinstance<py_hot_module_group>(hot_modules)) {
-      add(hot_modules);
-    } else {
-      for (nb::handle h : hot_modules) add(h);
-    }
-    update_gate_options g;
-    for (const auto& k : keys) g.keys.add(k);
-    g.state_file = s.state_file;
-    g.persist_state = s.persist_state;
-    g.version_floor.insert(s.version_floor.begin(), s.version_floor.end());
-    g.require_expiry = s.require_expiry;
+  /// An agent deciding with `gate` (an UpdateGate, shared or private).
+  py_fleet_agent(nb::object gate, const agent_settings& s, nb::object probe)
+      : probe_(std::move(probe)), gate_(std::move(gate)) {
     fleet_agent_options o;
     o.bus = bus_options_of(s.bus);
     o.node = s.node;
@@ -157,7 +141,7 @@ class py_fleet_agent {
                        "FleetAgent health_probe must be callable(module, version)");
       o.health_probe = python_probe(probe_.ptr());
     }
-    agent_ = std::make_unique<fleet_agent>(update_gate::create(sink_, std::move(g)), std::move(o));
+    agent_ = std::make_unique<fleet_agent>(this->gate().shared(), std::move(o));
     without_gil([this] {
       std::lock_guard lock(live().mutex);
       live().agents.insert(this);
@@ -183,11 +167,8 @@ class py_fleet_agent {
     without_gil([this] { agent_->stop(); });
   }
   [[nodiscard]] const fleet_agent& get() const { return *agent_; }
-  [[nodiscard]] nb::list modules() const {
-    nb::list out;
-    for (const auto& m : modules_) out.append(m);
-    return out;
-  }
+  [[nodiscard]] py_update_gate& gate() const { return nb::cast<py_update_gate&>(gate_); }
+  [[nodiscard]] nb::object gate_object() const { return gate_; }
 
   /// Every live agent stopped (atexit). The lock is taken without the GIL, as the destructor
   /// takes it: a thread destroying an agent holds the lock while it waits for that agent's
@@ -200,22 +181,10 @@ class py_fleet_agent {
   }
 
  private:
-  void add(nb::handle hot_module) {
-    if (nb::isinstance<py_hot_module>(hot_module))
-      sink_->add(nb::cast<py_hot_module&>(hot_module).hot);
-    else if (nb::isinstance<py_hot_module_group>(hot_module))
-      sink_->add(nb::cast<py_hot_module_group&>(hot_module).group);
-    else
-      detail::throw_errc(errc::precondition, "cubridge.FleetAgent",
-                         std::string("a ") + type_name(hot_module.ptr()) +
-                             " is no HotModule or HotModuleGroup: the agent serves those");
-    modules_.push_back(nb::borrow(hot_module));
-  }
-
-  // Declared first, destroyed last: the agent's threads call the probe until agent_ is gone.
+  // Declared first, destroyed last: the agent's threads call the probe and the gate's sink
+  // until agent_ is gone.
   nb::object probe_;
-  std::vector<nb::object> modules_;
-  std::shared_ptr<hot_module_sink> sink_;
+  nb::object gate_;  // the UpdateGate
   std::unique_ptr<fleet_agent> agent_;
 };
 
@@ -269,7 +238,10 @@ void bind_agent_state(nb::class_<py_fleet_agent>& c) {
       .def(
           "metrics_text", [](const py_fleet_agent& a) { return a.get().metrics_text(); },
           "The agent's Prometheus text: versions per module, promotions, refusals, connection.")
-      .def_prop_ro("hot_modules", &py_fleet_agent::modules, "The HotModules reconciled.");
+      .def_prop_ro(
+          "hot_modules", [](const py_fleet_agent& a) { return a.gate().modules(); },
+          "The HotModules reconciled (its gate's).")
+      .def_prop_ro("gate", &py_fleet_agent::gate_object, "The UpdateGate it decides with.");
 }
 
 }  // namespace
@@ -285,13 +257,17 @@ void bind_fleet_agent(nb::module_& m) {
       "(stops on exit).");
   c.def(
       "__init__",
-      [](py_fleet_agent* self, nb::handle hot_modules, const std::vector<public_key>& keys,
+      [](py_fleet_agent* self, nb::handle hot_modules, nb::handle keys, nb::handle gate,
          std::string node, std::string node_key_file, std::string servers, std::string credentials,
          std::string ca_file, std::string api_prefix, nb::object health_probe,
          std::vector<std::string> modules, std::string cohort, double heartbeat_interval_s,
          double resync_interval_s, std::string state_file, bool persist_state,
          std::map<std::string, std::uint64_t> version_floor, bool require_expiry,
          bool allow_readable_key, bool start) {
+        const gate_settings private_gate{
+            std::move(state_file), persist_state, std::move(version_floor),
+            require_expiry,        std::nullopt,  gate_settings{}.rollback_window_s};
+        auto g = gate_for(gate, hot_modules, keys, private_gate, "FleetAgent");
         const agent_settings s{{std::move(servers), std::move(credentials), std::move(ca_file),
                                 std::move(api_prefix), 1},
                                std::move(node),
@@ -300,21 +276,17 @@ void bind_fleet_agent(nb::module_& m) {
                                std::move(modules),
                                std::move(cohort),
                                heartbeat_interval_s,
-                               resync_interval_s,
-                               std::move(state_file),
-                               persist_state,
-                               std::move(version_floor),
-                               require_expiry};
-        new (self) py_fleet_agent(hot_modules, keys, s, std::move(health_probe));
+                               resync_interval_s};
+        new (self) py_fleet_agent(std::move(g), s, std::move(health_probe));
         if (start) self->start();
       },
-      nb::arg("hot_modules"), nb::arg("public_keys"), nb::kw_only(), nb::arg("node"),
-      nb::arg("node_key_file"), nb::arg("servers") = "nats://127.0.0.1:4222",
-      nb::arg("credentials") = "", nb::arg("ca_file") = "", nb::arg("api_prefix") = "",
-      nb::arg("health_probe") = nb::none(), nb::arg("modules") = std::vector<std::string>{},
-      nb::arg("cohort") = "all", nb::arg("heartbeat_interval_s") = 5.0,
-      nb::arg("resync_interval_s") = 2.0, nb::arg("state_file") = "",
-      nb::arg("persist_state") = true,
+      nb::arg("hot_modules") = nb::none(), nb::arg("public_keys") = nb::none(), nb::kw_only(),
+      nb::arg("gate") = nb::none(), nb::arg("node"), nb::arg("node_key_file"),
+      nb::arg("servers") = "nats://127.0.0.1:4222", nb::arg("credentials") = "",
+      nb::arg("ca_file") = "", nb::arg("api_prefix") = "", nb::arg("health_probe") = nb::none(),
+      nb::arg("modules") = std::vector<std::string>{}, nb::arg("cohort") = "all",
+      nb::arg("heartbeat_interval_s") = 5.0, nb::arg("resync_interval_s") = 2.0,
+      nb::arg("state_file") = "", nb::arg("persist_state") = true,
       nb::arg("version_floor") = std::map<std::string, std::uint64_t>{},
       nb::arg("require_expiry") = false, nb::arg("allow_readable_key") = false,
       nb::arg("start") = true,
@@ -324,8 +296,9 @@ void bind_fleet_agent(nb::module_& m) {
       "answers: the agent connects and catches up by itself). health_probe: called on the "
       "heartbeat thread with the GIL, answers True/False or {'healthy': bool, 'values': {name: "
       "number}, 'detail': str}; what it raises or answers otherwise reads as unhealthy. "
-      "state_file, persist_state, version_floor, require_expiry: the replay state and policy, "
-      "as UpdateEndpoint's.");
+      "gate: an UpdateGate shared with the node's other doors (an UpdateEndpoint), instead of "
+      "hot_modules and public_keys; state_file, persist_state, version_floor, require_expiry: "
+      "the private gate's replay state and policy, as UpdateEndpoint's.");
   c.def("start", &py_fleet_agent::start,
         "Starts the agent's threads. Raises PreconditionError when running already or for a bad "
         "node id or module name, IOFailure for an unreadable key or credentials file.")

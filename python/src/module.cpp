@@ -69,6 +69,7 @@ NB_MODULE(_cubridge, m) {
   bind_hot_module_groups(m);
   bind_isolation(m);
   bind_sandbox(m);
+  bind_update_gate(m);
   bind_update_endpoint(m);
 #if CUBRIDGE_PYTHON_FLEET
   bind_fleet_controller(m);
