@@ -18,9 +18,4 @@ inline constexpr error_domain update_error_domain{"update", update_error_codes};
 template <>
 inline constexpr const error_domain* error_domain_of<update_errc> = &update_error_domain;
 
-/// "CUBRIDGE_BAD_BUNDLE".
-[[nodiscard]] constexpr std::string_view to_string(update_errc code) noexcept {
-  return update_error_domain.name(static_cast<int>(code));
-}
-
 }  // namespace cubridge

@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 namespace cubridge {
 
@@ -94,6 +95,13 @@ inline constexpr const error_domain* error_domain_of<errc> = &core_error_domain;
 
 /// Name of a core code, e.g. "CUBRIDGE_BAD_IMAGE".
 [[nodiscard]] std::string_view to_string(errc code) noexcept;
+/// Name of any other layer's code, e.g. "CUBRIDGE_VERSION_REJECTED" (swap_errc), through the
+/// domain its layer registered as error_domain_of<Code>: one definition for every layer.
+template <class Code>
+requires std::is_enum_v<Code> &&(error_domain_of<Code> != nullptr)
+    [[nodiscard]] constexpr std::string_view to_string(Code code) noexcept {
+  return error_domain_of<Code>->name(static_cast<int>(code));
+}
 
 /// Every failure cubridge reports. what() reads like
 /// "cuModuleUnload CUDA_ERROR_INVALID_HANDLE (invalid resource handle): unloading module 'filters'

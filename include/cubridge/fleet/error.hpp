@@ -40,9 +40,4 @@ inline constexpr error_domain fleet_error_domain{"fleet", fleet_error_codes};
 template <>
 inline constexpr const error_domain* error_domain_of<fleet_errc> = &fleet_error_domain;
 
-/// "CUBRIDGE_FLEET_UNREACHABLE".
-[[nodiscard]] constexpr std::string_view to_string(fleet_errc code) noexcept {
-  return fleet_error_domain.name(static_cast<int>(code));
-}
-
 }  // namespace cubridge

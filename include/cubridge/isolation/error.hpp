@@ -26,9 +26,4 @@ inline constexpr error_domain isolation_error_domain{"isolation", isolation_erro
 template <>
 inline constexpr const error_domain* error_domain_of<isolation_errc> = &isolation_error_domain;
 
-/// "CUBRIDGE_GUEST_DAMAGE", "CUBRIDGE_SANDBOX_FAILURE", "CUBRIDGE_MPS_ACTIVE".
-[[nodiscard]] constexpr std::string_view to_string(isolation_errc code) noexcept {
-  return isolation_error_domain.name(static_cast<int>(code));
-}
-
 }  // namespace cubridge

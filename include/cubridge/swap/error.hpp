@@ -18,11 +18,6 @@ inline constexpr error_domain swap_error_domain{"swap", swap_error_codes};
 template <>
 inline constexpr const error_domain* error_domain_of<swap_errc> = &swap_error_domain;
 
-/// "CUBRIDGE_VERSION_REJECTED".
-[[nodiscard]] constexpr std::string_view to_string(swap_errc code) noexcept {
-  return swap_error_domain.name(static_cast<int>(code));
-}
-
 /// Raised when a staged module version fails validation (missing kernel, changed parameters,
 /// resources, smoke test), or a promote or rollback is refused. The version that was serving
 /// keeps serving.
