@@ -175,13 +175,7 @@ struct fleet_agent::impl {
     return clock ? clock() : std::chrono::system_clock::now();
   }
   std::chrono::milliseconds backoff(int failures) const {
-    auto delay = options.retry_first;
-    for (int i = 1; i < failures && delay < options.retry_longest; ++i) delay *= 2;
-    delay = std::min(delay, options.retry_longest);
-    // Up to half again, at random: nodes that failed together do not retry together.
-    thread_local std::minstd_rand random{std::random_device{}()};
-    return delay + std::chrono::milliseconds(
-                       std::uniform_int_distribution<std::int64_t>(0, delay.count() / 2)(random));
+    return nats::jittered_backoff(failures, options.retry_first, options.retry_longest);
   }
   void note_problem(std::string text) {
     std::lock_guard lock(state_mutex);

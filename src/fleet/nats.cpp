@@ -182,13 +182,18 @@ void fail(fleet_errc code, std::string description, std::string_view call,
               std::string(involved), where);
 }
 
-std::chrono::milliseconds reconnect_delay(int attempt) noexcept {
-  constexpr int64_t first = 250, longest = 2000;
-  const int doublings = std::clamp(attempt - 1, 0, 3);
-  const int64_t base = std::min(longest, first << doublings);
+std::chrono::milliseconds jittered_backoff(int attempt, std::chrono::milliseconds first,
+                                           std::chrono::milliseconds longest) noexcept {
+  auto delay = std::max(first, std::chrono::milliseconds(1));
+  for (int i = 1; i < attempt && delay < longest; ++i) delay *= 2;
+  delay = std::min(delay, longest);
   thread_local std::minstd_rand random{std::random_device{}()};
-  const int64_t jitter = std::uniform_int_distribution<int64_t>(0, base / 4)(random);
-  return std::chrono::milliseconds(std::min(longest, base + jitter));
+  return delay + std::chrono::milliseconds(
+                     std::uniform_int_distribution<int64_t>(0, delay.count() / 2)(random));
+}
+
+std::chrono::milliseconds reconnect_delay(int attempt) noexcept {
+  return jittered_backoff(attempt, std::chrono::milliseconds(250), std::chrono::seconds(2));
 }
 
 options_ptr make_options(const connect_options& options) {

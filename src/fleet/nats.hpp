@@ -74,8 +74,13 @@ struct connect_options {
 /// The first try of each server of a list of several, before a try with the full timeout.
 inline constexpr std::chrono::milliseconds quick_connect_timeout{400};
 
-/// The delay before reconnect attempt `attempt` (1, 2, ...): 250 ms doubling to 2 s, each
-/// shortened by a random jitter of up to a quarter.
+/// The delay before try `attempt` (1, 2, ...) of something that keeps failing: `first`, doubling
+/// up to `longest`, plus a random share of up to half of that, so that clients that failed
+/// together (a server restart, a storm) do not try again together. The one backoff of the fleet:
+/// reconnects, the agent's retries, watches and publishes.
+[[nodiscard]] std::chrono::milliseconds jittered_backoff(
+    int attempt, std::chrono::milliseconds first, std::chrono::milliseconds longest) noexcept;
+/// The delay before reconnect attempt `attempt`: jittered_backoff from 250 ms to 2 s.
 [[nodiscard]] std::chrono::milliseconds reconnect_delay(int attempt) noexcept;
 
 /// natsOptions for `options`: every server of the list (tried in order), the credentials, TLS

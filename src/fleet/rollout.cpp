@@ -97,12 +97,8 @@ rollout_report controller::rollout(std::span<const std::byte> bytes, const canar
 
   const auto deadline = steady::now() + policy.window;
   canary_tally tally{report, p.ref.digest};
-  take_stored_results(d.js.get(), module, report.canaries, registry, deadline, tally);
-  while (tally.applied.size() < wanted && report.halt_reason.empty())
-    if (auto record = watch.next(deadline))
-      tally(std::move(*record));
-    else
-      break;
+  collect_canary_results(d.js.get(), watch, module, registry, tally, wanted, deadline,
+                         policy.window, [] { return true; });
   if (report.halt_reason.empty() && tally.applied.size() < wanted)
     report.halt_reason = std::to_string(tally.applied.size()) + " of " + std::to_string(wanted) +
                          " canary results `applied` within " + seconds_text(policy.window);

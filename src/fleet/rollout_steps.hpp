@@ -121,4 +121,26 @@ void take_stored_results(jsCtx* js, std::string_view module, std::span<const std
   }
 }
 
+// Feeds `tally` its canaries' stored results for `module`, then those `watch` brings, until
+// `wanted` of them applied, a failure halted the rollout, or `deadline`: the one wait of a
+// canary rollout and of a wave. `between()` runs whenever no result came for `poll`, and ends the
+// wait when it returns false (a wave looks at its canaries' heartbeats there).
+template <class Between>
+void collect_canary_results(jsCtx* js, result_watch& watch, std::string_view module,
+                            const node_registry& registry, canary_tally& tally, std::size_t wanted,
+                            steady::time_point deadline, std::chrono::milliseconds poll,
+                            Between between) {
+  take_stored_results(js, module, tally.report.canaries, registry, deadline, tally);
+  auto look = steady::now() + poll;
+  while (tally.applied.size() < wanted && tally.report.halt_reason.empty()) {
+    if (auto record = watch.next(std::min(deadline, look))) {
+      tally(std::move(*record));
+      continue;
+    }
+    if (steady::now() >= deadline) return;
+    look = steady::now() + poll;
+    if (!between()) return;
+  }
+}
+
 }  // namespace cubridge::fleet::rollout_steps

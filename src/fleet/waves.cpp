@@ -101,14 +101,15 @@ class wave_run {
             std::to_string(report_.desired.canaries.size()) + " node(s) on v" +
                 std::to_string(candidate.version));
       const auto started = cubridge::detail::parse_time(plan.started);
-      deadline_ = (started ? system_clock::time_point(*started) : system_clock::now()) +
-                  plan.deadline;
+      deadline_ =
+          (started ? system_clock::time_point(*started) : system_clock::now()) + plan.deadline;
       runs_at_start_ = runs_of(control_.nodes());
       if (!wait_until_applied(wave) || !bake(wave)) return;
       event(wave, rollout_step::passed, "healthy for " + seconds_text(plan.bake));
       if (wave + 2 >= plan.sizes.size()) {  // the next wave is every node: the candidate is stable
         write([&](desired_state& s) { make_stable(s, candidate); });
-        event(wave + 1, rollout_step::completed, "v" + std::to_string(candidate.version) + " stable");
+        event(wave + 1, rollout_step::completed,
+              "v" + std::to_string(candidate.version) + " stable");
         report_.completed = true;
         return;
       }
@@ -154,25 +155,19 @@ class wave_run {
     report_.canaries = report_.desired.canaries;
     report_.results.clear();
     canary_tally tally{report_, report_.desired.waves->candidate.digest};
-    const auto until = steady_deadline();
     const auto asked = system_clock::now();
-    take_stored_results(d_.js.get(), module_, report_.canaries, registry_, until, tally);
     // A canary that dies before its result is as lost as one that dies in the bake: its
     // heartbeats are looked at between results, never only the deadline awaited.
-    auto look = steady::now() + timing_.poll;
-    while (tally.applied.size() < report_.canaries.size() && report_.halt_reason.empty()) {
-      if (auto record = watch_.next(std::min(until, look))) {
-        tally(std::move(*record));
-        continue;
-      }
-      if (steady::now() >= until) break;
-      look = steady::now() + timing_.poll;
-      if (const auto proof =
-              check_evidence(control_.nodes(), asked, system_clock::now(), evidence_of::liveness);
-          proof.signal != halt_signal::none) {
-        halt_at(wave, proof.signal, proof.node, proof.reason + " (before its result came)");
-        return false;
-      }
+    evidence lost;
+    collect_canary_results(d_.js.get(), watch_, module_, registry_, tally, report_.canaries.size(),
+                           steady_deadline(), timing_.poll, [&] {
+                             lost = check_evidence(control_.nodes(), asked, system_clock::now(),
+                                                   evidence_of::liveness);
+                             return lost.signal == halt_signal::none;
+                           });
+    if (lost.signal != halt_signal::none) {
+      halt_at(wave, lost.signal, lost.node, lost.reason + " (before its result came)");
+      return false;
     }
     if (!report_.halt_reason.empty()) {
       const auto reason = report_.halt_reason;
@@ -181,14 +176,15 @@ class wave_run {
       return false;
     }
     if (tally.applied.size() < report_.canaries.size()) {
-      halt_at(
-          wave, halt_signal::deadline, "",
-          std::to_string(tally.applied.size()) + " of " + std::to_string(report_.canaries.size()) +
-              " node(s) applied the candidate before the wave's deadline (" +
-              seconds_text(report_.desired.waves->deadline) + ")");
+      halt_at(wave, halt_signal::deadline, "",
+              std::to_string(tally.applied.size()) + " of " +
+                  std::to_string(report_.canaries.size()) +
+                  " node(s) applied the candidate before the wave's deadline (" +
+                  seconds_text(report_.desired.waves->deadline) + ")");
       return false;
     }
-    event(wave, rollout_step::applied, std::to_string(tally.applied.size()) + " node(s) run the candidate");
+    event(wave, rollout_step::applied,
+          std::to_string(tally.applied.size()) + " node(s) run the candidate");
     return true;
   }
 
@@ -241,8 +237,8 @@ class wave_run {
           (n->restarts > mark->second.restarts ||
            (!mark->second.boot.empty() && n->beat->boot != mark->second.boot)))
         fail(halt_signal::canary_restarted, "restarted during the wave (run " + mark->second.boot +
-                                     " became " + n->beat->boot +
-                                     "): a version that kills its process fails");
+                                                " became " + n->beat->boot +
+                                                "): a version that kills its process fails");
       if (now - heard > allowed)
         fail(halt_signal::canary_lost,
              "sent no heartbeat for " +
@@ -259,8 +255,9 @@ class wave_run {
       const auto h = n->beat->versions.find(report_.desired.module);
       const auto serving = h == n->beat->versions.end() ? 0 : h->second;
       if (serving != plan.candidate.version)
-        fail(halt_signal::canary_left, "left the candidate v" + std::to_string(plan.candidate.version) +
-                                ": it serves v" + std::to_string(serving));
+        fail(halt_signal::canary_left, "left the candidate v" +
+                                           std::to_string(plan.candidate.version) +
+                                           ": it serves v" + std::to_string(serving));
     }
     return e;
   }
@@ -320,6 +317,18 @@ class wave_run {
   system_clock::time_point deadline_;
   std::map<std::string, run_mark, std::less<>> runs_at_start_;
 };
+
+// The desired state of `module` with its wave rollout, for `verb` ("resume", "abort");
+// fleet_errc::invalid_state when it has none.
+desired_state wave_rollout_of(const std::optional<detail::kv_value>& current,
+                              std::string_view module, const trusted_keys& keys,
+                              std::string_view verb) {
+  auto s = parse_current(current, module, keys);
+  if (!s.waves)
+    detail::fail(fleet_errc::invalid_state, "has no wave rollout to " + std::string(verb),
+                 std::string(verb), "desired state of module '" + std::string(module) + "'");
+  return s;
+}
 
 // The plan of `policy` for `p` over the nodes that qualify now, starting at wave 0.
 wave_plan plan_for(const prepared_bundle& p, const wave_policy& policy,
@@ -486,10 +495,7 @@ rollout_report controller::resume(std::string_view module, const secret_key& ope
   rollout_report report;
   wave_run run(*this, d, keys, operator_key, std::string(module), report);
   d.write_desired(module, [&](const auto& current) {
-    auto s = parse_current(current, module, keys);
-    if (!s.waves)
-      detail::fail(fleet_errc::invalid_state, "has no wave rollout to resume", "resume",
-                   "desired state of module '" + std::string(module) + "'");
+    auto s = wave_rollout_of(current, module, keys, "resume");
     report.version = s.waves->candidate.version;
     if (!s.waves_halted()) {  // under way, its controller gone: carried on as it is
       report.desired = s;
@@ -515,10 +521,7 @@ desired_state controller::abort(std::string_view module, const secret_key& opera
   const auto keys = d.keys_with(operator_key);
   desired_state written;
   d.write_desired(module, [&](const auto& current) {
-    auto s = parse_current(current, module, keys);
-    if (!s.waves)
-      detail::fail(fleet_errc::invalid_state, "has no wave rollout to abort", "abort",
-                   "desired state of module '" + std::string(module) + "'");
+    auto s = wave_rollout_of(current, module, keys, "abort");
     const auto& plan = *s.waves;
     halt(s, plan.candidate,
          "aborted by the operator at wave " + std::to_string(plan.wave + 1) + " of " +

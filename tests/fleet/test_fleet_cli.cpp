@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -117,6 +118,26 @@ struct FleetCli : ::testing::Test {
     return args;
   }
 };
+
+// The fleet's one backoff (reconnects, the agent's retries): doubling to its longest, each
+// delay plus up to half again, so that nodes that failed together spread out.
+TEST(JitteredBackoff, DoublesToItsLongestPlusUpToHalfAgain) {
+  using std::chrono::milliseconds;
+  for (int attempt = 1; attempt <= 8; ++attempt) {
+    const auto base =
+        std::min(milliseconds(100) * (1 << std::min(attempt - 1, 6)), milliseconds(2000));
+    std::set<std::int64_t> seen;
+    for (int i = 0; i < 200; ++i) {
+      const auto d = cubridge::fleet::detail::jittered_backoff(attempt, 100ms, 2000ms);
+      EXPECT_GE(d, base) << attempt;
+      EXPECT_LE(d, base + base / 2) << attempt;
+      seen.insert(d.count());
+    }
+    EXPECT_GT(seen.size(), 10u) << "attempt " << attempt << " is not spread out";
+  }
+  EXPECT_LE(cubridge::fleet::detail::reconnect_delay(1), 375ms);
+  EXPECT_GE(cubridge::fleet::detail::reconnect_delay(1), 250ms);
+}
 
 TEST_F(FleetCli, PublishStoresTheBundleAndMakesItDesired) {
   ASSERT_EQ(run_tool({"sign", "filters.cubin", "--key", "k.key", "--version", "3", "--out",

@@ -68,14 +68,14 @@ struct fleet_agent_options {
   /// connection is made again; this bounds how late a node sees a change even then).
   std::chrono::milliseconds resync_interval{2000};
   /// Backoff of transient failures: the first retry after `retry_first`, doubling to
-  /// `retry_longest`.
+  /// `retry_longest`, each plus up to half again at random.
   std::chrono::milliseconds retry_first{100};
   std::chrono::milliseconds retry_longest{2000};
   /// The first connection is made after a random delay up to this, so that nodes booting
   /// together (a rack powered on) do not all knock at once. A connection the client library
   /// closes for good (repeated authentication timeouts on a server swamped by a connect storm)
-  /// is replaced by a new one, with jittered exponential backoff (250 ms doubling to 2 s),
-  /// forever; the last problem is logged, in metrics_text() and in the heartbeat.
+  /// is replaced by a new one, with jittered exponential backoff (250 ms doubling to 2 s, plus up
+  /// to half again), forever; the last problem is logged, in metrics_text() and in the heartbeat.
   std::chrono::milliseconds connect_jitter{1000};
   /// The service's own health check (its error counter, an output check on sampled requests, a
   /// latency figure); none: every module reads healthy, with the launch counters only.
