@@ -43,8 +43,8 @@ state_file_lock::state_file_lock(const std::filesystem::path& state_file) {
   auto lock_file = state_file;
   lock_file += ".lock";
   // O_NOFOLLOW: the lock is never taken through a link someone else placed there.
-  fd_ = ::open(lock_file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
-  if (fd_ < 0) {
+  fd_.reset(::open(lock_file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
+  if (!fd_) {
     const int error = errno;
     throw update_state_error(
         update_state_reason::unreadable, "update_gate::start",
@@ -52,12 +52,11 @@ state_file_lock::state_file_lock(const std::filesystem::path& state_file) {
   }
   int result;
   do {
-    result = ::flock(fd_, LOCK_EX | LOCK_NB);
+    result = ::flock(fd_.get(), LOCK_EX | LOCK_NB);
   } while (result != 0 && errno == EINTR);
   if (result == 0) return;
   const int error = errno;
-  ::close(fd_);
-  fd_ = -1;
+  fd_.reset();
   if (error == EWOULDBLOCK)
     throw update_state_error(update_state_reason::locked, "update_gate::start",
                              quoted(state_file) +
@@ -65,21 +64,6 @@ state_file_lock::state_file_lock(const std::filesystem::path& state_file) {
                                  "state_file or CUBRIDGE_STATE_DIR");
   throw update_state_error(update_state_reason::unreadable, "update_gate::start",
                            "cannot lock " + quoted(lock_file) + ": " + std::strerror(error));
-}
-
-state_file_lock::state_file_lock(state_file_lock&& other) noexcept
-    : fd_(std::exchange(other.fd_, -1)) {}
-
-state_file_lock& state_file_lock::operator=(state_file_lock&& other) noexcept {
-  if (this != &other) {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = std::exchange(other.fd_, -1);
-  }
-  return *this;
-}
-
-state_file_lock::~state_file_lock() {
-  if (fd_ >= 0) ::close(fd_);  // releases the flock
 }
 
 }  // namespace cubridge::update_internal
