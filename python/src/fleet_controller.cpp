@@ -193,7 +193,8 @@ class py_fleet_controller {
 
 using controller_ref = fleet::controller&;
 
-void bind_controller_calls(nb::class_<py_fleet_controller>& c) {
+// The calls that start a rollout: publish, rollout (canaries) and rollout_waves.
+void bind_controller_rollouts(nb::class_<py_fleet_controller>& c) {
   c.def(
        "publish",
        [](py_fleet_controller& self, nb::handle bundle, const secret_key& key) {
@@ -250,15 +251,19 @@ void bind_controller_calls(nb::class_<py_fleet_controller>& c) {
           "review unless baseline_breach='bake_on'. "
           "Blocks until it completes or halts (the plan is desired state: a process killed "
           "meanwhile loses nothing, resume() carries on). Returns the rollout report: "
-          "'completed', 'halt_signal', 'halt_node', 'halt_reason', 'last_verdict', 'timeline'.")
-      .def(
-          "resume",
-          [](py_fleet_controller& self, const std::string& module, const secret_key& key) {
-            return report_dict(self.run([&](controller_ref c) { return c.resume(module, key); }));
-          },
-          nb::arg("module"), nb::arg("operator_key"),
-          "Carries on the module's wave rollout: a halted one from the wave that failed, one "
-          "under way from its wave. Raises FleetError (reason 'invalid_state') when there is none.")
+          "'completed', 'halt_signal', 'halt_node', 'halt_reason', 'last_verdict', 'timeline'.");
+}
+
+// The calls that act on a module's rollout once started: resume, abort and rollback.
+void bind_controller_recovery(nb::class_<py_fleet_controller>& c) {
+  c.def(
+       "resume",
+       [](py_fleet_controller& self, const std::string& module, const secret_key& key) {
+         return report_dict(self.run([&](controller_ref c) { return c.resume(module, key); }));
+       },
+       nb::arg("module"), nb::arg("operator_key"),
+       "Carries on the module's wave rollout: a halted one from the wave that failed, one "
+       "under way from its wave. Raises FleetError (reason 'invalid_state') when there is none.")
       .def(
           "abort",
           [](py_fleet_controller& self, const std::string& module, const secret_key& key) {
@@ -382,7 +387,8 @@ void bind_fleet_controller(nb::module_& m) {
       "Connects to `servers` (comma-separated nats:// or tls:// URLs, tried in order) with the "
       "credentials file of `cubridge fleet init` and the fleet's CA; desired states are believed "
       "when signed by one of operator_keys or by the key a call signs with.");
-  bind_controller_calls(c);
+  bind_controller_rollouts(c);
+  bind_controller_recovery(c);
   bind_controller_reads(c);
   c.def("close", &py_fleet_controller::close, "Closes the connection; later calls raise.")
       .def("__enter__", [](nb::handle self) { return nb::borrow(self); })

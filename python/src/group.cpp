@@ -128,18 +128,25 @@ nb::dict generation_dict(const generation& g) {
   return d;
 }
 
-}  // namespace
-
-void bind_hot_module_groups(nb::module_& m) {
+// StagedGroup: a version staged on every member.
+void bind_staged_group(nb::module_& m) {
   nb::class_<staged_group>(m, "StagedGroup",
                            "A version staged on every member of a HotModuleGroup, not serving "
                            "yet: promote it or drop it (dropping unloads it everywhere).")
       .def_prop_ro("size", &staged_group::size, "The member count.");
+}
+
+// PinnedGeneration: the generation HotModuleGroup.pin() holds for launch_pinned.
+void bind_pinned_generation(nb::module_& m) {
   nb::class_<pinned_generation>(m, "PinnedGeneration",
                                 "One generation of a HotModuleGroup pinned on every member "
                                 "(HotModuleGroup.pin()): launches through it run that generation.")
       .def_prop_ro("id", &pinned_generation::id, "The generation's id.")
       .def_prop_ro("size", &pinned_generation::size, "The member count.");
+}
+
+// GroupKernel, with its METH_FASTCALL launch and launch_pinned.
+void bind_group_kernel(nb::module_& m) {
   auto kernel = nb::class_<py_group_kernel>(
                     m, "GroupKernel",
                     "A kernel of a HotModuleGroup: each launch goes to the member of its "
@@ -149,7 +156,10 @@ void bind_hot_module_groups(nb::module_& m) {
                         "The name the image exports (mangled for C++ kernels).");
   add_fast_method(kernel, launch_group_method);
   add_fast_method(kernel, launch_group_pinned_method);
+}
 
+// HotModuleGroup: loading, stage, promote, rollback, its kernels and its members.
+void bind_hot_module_group(nb::module_& m) {
   nb::class_<py_hot_module_group>(
       m, "HotModuleGroup",
       "One hot module over a context on each device: stage, promote and rollback cover every "
@@ -217,6 +227,16 @@ void bind_hot_module_groups(nb::module_& m) {
             return g.group.reclaim();
           },
           "Unloads every member's retired versions that can be unloaded now; returns how many.");
+}
+
+}  // namespace
+
+void bind_hot_module_groups(nb::module_& m) {
+  // The classes HotModuleGroup's signatures use are registered before it.
+  bind_staged_group(m);
+  bind_pinned_generation(m);
+  bind_group_kernel(m);
+  bind_hot_module_group(m);
 }
 
 }  // namespace cubridge::python

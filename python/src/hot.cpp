@@ -230,24 +230,79 @@ nb::dict versions_dict(const held_versions& v) {
   return d;
 }
 
-void bind_hot_modules(nb::module_& m) {
-  bind_staged(m);
-  bind_hot_kernel(m);
+namespace {
+
+// HotReloader: the watcher HotModule.reload_from returns.
+void bind_hot_reloader(nb::module_& m) {
   nb::class_<py_hot_reloader>(m, "HotReloader",
                               "Promotes every good file dropped into a directory (.cu, .ptx, "
                               ".cubin, .fatbin). A context manager; close() stops it.")
       .def("close", &py_hot_reloader::close, "Stops watching (waits for a file being handled).")
       .def("__enter__", [](nb::handle self) { return nb::borrow(self); })
       .def("__exit__", [](py_hot_reloader& r, nb::args) { r.close(); });
+}
 
-  nb::class_<py_hot_module>(m, "HotModule",
-                            "A named, versioned module whose kernels keep launching while "
-                            "versions are staged, promoted and rolled back.")
-      .def(nb::new_(&load_hot), nb::arg("name"), nb::arg("image"), nb::arg("context") = nb::none(),
-           nb::kw_only(), nb::arg("label") = 0,
-           "Loads the first version (bytes or a path) into `context` (default: current). Its "
-           "kernels are the interface every later version must keep. `label`: the version's "
-           "number where it came from (its bundle version for an UpdateEndpoint; 0: none).")
+// HotModule's serving state: stats, versions, name, context and read_global.
+void bind_hot_module_state(nb::class_<py_hot_module>& c) {
+  c.def_prop_ro(
+       "stats", [](const py_hot_module& h) { return h.hot.stats(); },
+       "The counters (HotModuleStats).")
+      .def_prop_ro(
+          "versions", [](const py_hot_module& h) { return versions_dict(h.hot.versions()); },
+          "{'serving': ..., 'rollback_target': ... or None, 'retired': [...]}: each "
+          "version's id, label (its bundle version, 0: none), signer (the signing key's id), "
+          "source and staged_at.")
+      .def_prop_ro(
+          "name", [](const py_hot_module& h) { return h.hot.name(); }, "The module's name.")
+      .def_prop_ro(
+          "context", [](const py_hot_module& h) { return h.hot.context(); },
+          "The context it is loaded into (a ContextRef).")
+      .def(
+          "read_global",
+          [](const py_hot_module& h, const std::string& name, std::size_t nbytes) {
+            std::vector<std::byte> out(nbytes);
+            h.hot.read_global(name, out);
+            return to_bytes(out);
+          },
+          nb::arg("name"), nb::arg("nbytes"),
+          "The serving version's __device__ variable `name` (nbytes long) as bytes.");
+}
+
+// HotModule's upkeep: reclaim, and reload_from (a HotReloader on a watched directory).
+void bind_hot_module_upkeep(nb::class_<py_hot_module>& c) {
+  c.def(
+       "reclaim",
+       [](const py_hot_module& h) {
+         nb::gil_scoped_release unlocked;
+         return h.hot.reclaim();
+       },
+       "Unloads the retired versions that can be unloaded now; returns how many.")
+      .def(
+          "reload_from",
+          [](nb::object self, const std::string& directory, nb::object smoke_test,
+             nb::object on_promoted, nb::object on_refused, unsigned debounce_ms,
+             std::vector<std::string> options) {
+            return std::make_unique<py_hot_reloader>(
+                std::move(self), directory, std::move(smoke_test), std::move(on_promoted),
+                std::move(on_refused), debounce_ms, std::move(options));
+          },
+          nb::arg("directory"), nb::kw_only(), nb::arg("smoke_test") = nb::none(),
+          nb::arg("on_promoted") = nb::none(), nb::arg("on_refused") = nb::none(),
+          nb::arg("debounce_ms") = 200, nb::arg("options") = std::vector<std::string>{},
+          "Watches `directory` and promotes every good file dropped there. on_promoted(path, "
+          "id) and on_refused(path, error) run on the watcher thread.");
+}
+
+// HotModule: loading, stage, promote, rollback and its kernels; then its state and upkeep.
+void bind_hot_module(nb::module_& m) {
+  nb::class_<py_hot_module> c(m, "HotModule",
+                              "A named, versioned module whose kernels keep launching while "
+                              "versions are staged, promoted and rolled back.");
+  c.def(nb::new_(&load_hot), nb::arg("name"), nb::arg("image"), nb::arg("context") = nb::none(),
+        nb::kw_only(), nb::arg("label") = 0,
+        "Loads the first version (bytes or a path) into `context` (default: current). Its "
+        "kernels are the interface every later version must keep. `label`: the version's "
+        "number where it came from (its bundle version for an UpdateEndpoint; 0: none).")
       .def("stage", &stage, nb::arg("image"), nb::kw_only(), nb::arg("smoke_test") = nb::none(),
            nb::arg("source_name") = "", nb::arg("carry_globals") = std::vector<std::string>{},
            "Loads and validates a new version without serving it. smoke_test(staged) may "
@@ -275,50 +330,18 @@ void bind_hot_modules(nb::module_& m) {
             auto signature = signature_of(k.name(), parameters);
             return py_hot_kernel{std::move(k), std::move(signature)};
           },
-          nb::arg("name"), "A kernel of the interface (by its image name or C++ name).")
-      .def_prop_ro(
-          "stats", [](const py_hot_module& h) { return h.hot.stats(); },
-          "The counters (HotModuleStats).")
-      .def_prop_ro(
-          "versions", [](const py_hot_module& h) { return versions_dict(h.hot.versions()); },
-          "{'serving': ..., 'rollback_target': ... or None, 'retired': [...]}: each "
-          "version's id, label (its bundle version, 0: none), signer (the signing key's id), "
-          "source and staged_at.")
-      .def_prop_ro(
-          "name", [](const py_hot_module& h) { return h.hot.name(); }, "The module's name.")
-      .def_prop_ro(
-          "context", [](const py_hot_module& h) { return h.hot.context(); },
-          "The context it is loaded into (a ContextRef).")
-      .def(
-          "read_global",
-          [](const py_hot_module& h, const std::string& name, std::size_t nbytes) {
-            std::vector<std::byte> out(nbytes);
-            h.hot.read_global(name, out);
-            return to_bytes(out);
-          },
-          nb::arg("name"), nb::arg("nbytes"),
-          "The serving version's __device__ variable `name` (nbytes long) as bytes.")
-      .def(
-          "reclaim",
-          [](const py_hot_module& h) {
-            nb::gil_scoped_release unlocked;
-            return h.hot.reclaim();
-          },
-          "Unloads the retired versions that can be unloaded now; returns how many.")
-      .def(
-          "reload_from",
-          [](nb::object self, const std::string& directory, nb::object smoke_test,
-             nb::object on_promoted, nb::object on_refused, unsigned debounce_ms,
-             std::vector<std::string> options) {
-            return std::make_unique<py_hot_reloader>(
-                std::move(self), directory, std::move(smoke_test), std::move(on_promoted),
-                std::move(on_refused), debounce_ms, std::move(options));
-          },
-          nb::arg("directory"), nb::kw_only(), nb::arg("smoke_test") = nb::none(),
-          nb::arg("on_promoted") = nb::none(), nb::arg("on_refused") = nb::none(),
-          nb::arg("debounce_ms") = 200, nb::arg("options") = std::vector<std::string>{},
-          "Watches `directory` and promotes every good file dropped there. on_promoted(path, "
-          "id) and on_refused(path, error) run on the watcher thread.");
+          nb::arg("name"), "A kernel of the interface (by its image name or C++ name).");
+  bind_hot_module_state(c);
+  bind_hot_module_upkeep(c);
+}
+
+}  // namespace
+
+void bind_hot_modules(nb::module_& m) {
+  bind_staged(m);
+  bind_hot_kernel(m);
+  bind_hot_reloader(m);
+  bind_hot_module(m);
 }
 
 }  // namespace cubridge::python

@@ -94,62 +94,18 @@ nb::object call_in_guest(const py_guest_context& g, nb::handle fn, const nb::arg
   return result;
 }
 
-void bind_guest_context(nb::module_& m) {
-  nb::class_<py_guest_context>(
-      m, "GuestContext",
-      "A context of its own for third-party CUDA code (cuCtxCreate), with the checks that say "
-      "what a call broke in the host's state. `with guest:` runs the block with the guest's "
-      "context current on this thread; leaving restores the caller's context stack exactly and "
-      "raises GuestError for what the block broke (the watched primary context reset, a "
-      "watched buffer gone, a sticky error) unless the block raised itself.")
-      .def(nb::new_([](nb::handle dev, std::string name, bool synchronize_after_call,
-                       bool watch_active_primary, const std::string& mps) {
-             guest_options options;
-             options.name = std::move(name);
-             options.synchronize_after_call = synchronize_after_call;
-             options.watch_active_primary = watch_active_primary;
-             options.mps = mps_policy_named(mps, "GuestContext");
-             const device d = device_of(dev);
-             nb::gil_scoped_release unlocked;
-             auto guest = guest_context::create(d, std::move(options));
-             return py_guest_context{std::make_shared<guest_owner>(std::move(guest))};
-           }),
-           nb::arg("device") = 0, nb::arg("name") = "guest", nb::kw_only(),
-           nb::arg("synchronize_after_call") = true, nb::arg("watch_active_primary") = true,
-           nb::arg("mps") = "warn",
-           "A guest context on `device` (an ordinal or a Device). synchronize_after_call: "
-           "wait for the work a call issued so that its faults show at that call. "
-           "watch_active_primary: watch the device's primary context (torch's, CuPy's) if it "
-           "is active now. mps: under NVIDIA MPS a guest context contains nothing: 'warn' "
-           "(one line on stderr), 'refuse' (raise) or 'allow'.")
-      .def(
-          "__enter__",
-          [](nb::handle self) {
-            enter_guest(nb::cast<const py_guest_context&>(self));
-            return nb::borrow(self);
-          },
-          "Makes the guest's context current on this thread (guest_scope) until the block ends.")
-      .def(
-          "__exit__",
-          [](const py_guest_context& g, nb::handle exc_type, nb::handle, nb::handle) {
-            exit_guest(g, exc_type);
-          },
-          nb::arg("exc_type").none(), nb::arg("exc_value").none(), nb::arg("traceback").none(),
-          "Restores the caller's context stack; unless the block raised, checks the host and "
-          "raises GuestError for what broke.")
-      .def("call", &call_in_guest, nb::arg("fn"), nb::arg("args"), nb::arg("kwargs"),
-           "fn(*args, **kwargs) with the guest context current; returns what fn returned. "
-           "Raises GuestError for what the call broke; what fn raises propagates unchecked.")
-      .def(
-          "watch",
-          [](const py_guest_context& g, std::string name, nb::handle array) {
-            const auto range = as_device_range(array, "buffer '" + name + "'");
-            g.get().watch(std::move(name), range.address, range.bytes);
-          },
-          nb::arg("name"), nb::arg("buffer"),
-          "Watches a host buffer (a torch or CuPy tensor, DeviceView, SharedMemory, "
-          "__cuda_array_interface__ or DLPack array): after each call it must still be the same "
-          "allocation. Unwatch it before freeing it.")
+// GuestContext's checks of the host state: watch, watch_primary, unwatch and check_host.
+void bind_guest_checks(nb::class_<py_guest_context>& c) {
+  c.def(
+       "watch",
+       [](const py_guest_context& g, std::string name, nb::handle array) {
+         const auto range = as_device_range(array, "buffer '" + name + "'");
+         g.get().watch(std::move(name), range.address, range.bytes);
+       },
+       nb::arg("name"), nb::arg("buffer"),
+       "Watches a host buffer (a torch or CuPy tensor, DeviceView, SharedMemory, "
+       "__cuda_array_interface__ or DLPack array): after each call it must still be the same "
+       "allocation. Unwatch it before freeing it.")
       .def(
           "watch_primary",
           [](const py_guest_context& g, const primary_context& primary) { g.get().watch(primary); },
@@ -168,11 +124,15 @@ void bind_guest_context(nb::module_& m) {
       .def(
           "check_host", [](const py_guest_context& g) { g.get().check_host(); },
           nb::call_guard<nb::gil_scoped_release>(),
-          "Checks the watched host state now; raises GuestError naming what broke.")
-      .def_prop_ro(
-          "context", [](const py_guest_context& g) { return g.get().ref(); },
-          "The guest's own context as a ContextRef (pass the GuestContext itself where a "
-          "context is taken, to keep it alive).")
+          "Checks the watched host state now; raises GuestError naming what broke.");
+}
+
+// GuestContext's own state, as properties, and its repr.
+void bind_guest_state(nb::class_<py_guest_context>& c) {
+  c.def_prop_ro(
+       "context", [](const py_guest_context& g) { return g.get().ref(); },
+       "The guest's own context as a ContextRef (pass the GuestContext itself where a "
+       "context is taken, to keep it alive).")
       .def_prop_ro(
           "name", [](const py_guest_context& g) { return g.get().name(); },
           "The name messages use.")
@@ -182,6 +142,57 @@ void bind_guest_context(nb::module_& m) {
       .def("__repr__", [](const py_guest_context& g) {
         return "<cubridge.GuestContext '" + g.get().name() + "' " + g.get().ref().describe() + ">";
       });
+}
+
+// GuestContext: creation, with-blocks and call; then its checks and its state.
+void bind_guest_context(nb::module_& m) {
+  nb::class_<py_guest_context> c(
+      m, "GuestContext",
+      "A context of its own for third-party CUDA code (cuCtxCreate), with the checks that say "
+      "what a call broke in the host's state. `with guest:` runs the block with the guest's "
+      "context current on this thread; leaving restores the caller's context stack exactly and "
+      "raises GuestError for what the block broke (the watched primary context reset, a "
+      "watched buffer gone, a sticky error) unless the block raised itself.");
+  c.def(nb::new_([](nb::handle dev, std::string name, bool synchronize_after_call,
+                    bool watch_active_primary, const std::string& mps) {
+          guest_options options;
+          options.name = std::move(name);
+          options.synchronize_after_call = synchronize_after_call;
+          options.watch_active_primary = watch_active_primary;
+          options.mps = mps_policy_named(mps, "GuestContext");
+          const device d = device_of(dev);
+          nb::gil_scoped_release unlocked;
+          auto guest = guest_context::create(d, std::move(options));
+          return py_guest_context{std::make_shared<guest_owner>(std::move(guest))};
+        }),
+        nb::arg("device") = 0, nb::arg("name") = "guest", nb::kw_only(),
+        nb::arg("synchronize_after_call") = true, nb::arg("watch_active_primary") = true,
+        nb::arg("mps") = "warn",
+        "A guest context on `device` (an ordinal or a Device). synchronize_after_call: "
+        "wait for the work a call issued so that its faults show at that call. "
+        "watch_active_primary: watch the device's primary context (torch's, CuPy's) if it "
+        "is active now. mps: under NVIDIA MPS a guest context contains nothing: 'warn' "
+        "(one line on stderr), 'refuse' (raise) or 'allow'.")
+      .def(
+          "__enter__",
+          [](nb::handle self) {
+            enter_guest(nb::cast<const py_guest_context&>(self));
+            return nb::borrow(self);
+          },
+          "Makes the guest's context current on this thread (guest_scope) until the block ends.")
+      .def(
+          "__exit__",
+          [](const py_guest_context& g, nb::handle exc_type, nb::handle, nb::handle) {
+            exit_guest(g, exc_type);
+          },
+          nb::arg("exc_type").none(), nb::arg("exc_value").none(), nb::arg("traceback").none(),
+          "Restores the caller's context stack; unless the block raised, checks the host and "
+          "raises GuestError for what broke.")
+      .def("call", &call_in_guest, nb::arg("fn"), nb::arg("args"), nb::arg("kwargs"),
+           "fn(*args, **kwargs) with the guest context current; returns what fn returned. "
+           "Raises GuestError for what the call broke; what fn raises propagates unchecked.");
+  bind_guest_checks(c);
+  bind_guest_state(c);
 }
 
 // --- SharedMemory -------------------------------------------------------------------------------

@@ -298,9 +298,8 @@ class py_sandbox {
   std::map<const shared_device_memory*, std::shared_ptr<share_entry>> shares_;
 };
 
-}  // namespace
-
-void bind_sandbox(nb::module_& m) {
+// The Sandbox class's docstring, naming every option of sandbox_option_table.
+const std::string& sandbox_doc() {
   static const std::string doc = [] {
     std::string d =
         "Runs a shared library in a worker process and calls its entry points "
@@ -315,32 +314,12 @@ void bind_sandbox(nb::module_& m) {
            "A context manager; close() ends the worker. Raises SandboxError(reason="
            "'start_failed') when the worker cannot start or load the library.";
   }();
-  nb::class_<py_sandbox>(m, "Sandbox", doc.c_str())
-      .def(
-          "__init__",
-          [](py_sandbox* self, nb::handle library, const nb::kwargs& options) {
-            new (self) py_sandbox(sandbox_options_of(library, options));
-          },
-          nb::arg("library"), nb::arg("options"), nb::sig(sandbox_signature()))
-      .def("call", &py_sandbox::call, nb::arg("entry"),
-           nb::arg("request").sig("b''") = nb::bytes(""), nb::arg("buffers") = nb::tuple(),
-           nb::arg("reply_capacity") = std::size_t{65536}, nb::arg("timeout_ms") = 0,
-           "Calls `entry` in the worker: returns (status, reply bytes). buffers: SharedMemory "
-           "objects (exportable), handed to the entry as args->buffers in order; each is shared "
-           "on its first use and stays shared until unshare() or close(). timeout_ms: 0 for "
-           "the sandbox's call_timeout_ms. Raises SandboxError (.reason, .restarted, "
-           ".restart_ms) and PreconditionError for a buffer that cannot be shared.")
-      .def("unshare", &py_sandbox::unshare, nb::arg("memory"),
-           "Ends the share of a SharedMemory (unmapped in the worker); no effect if not shared.")
-      .def("restart", &py_sandbox::restart, "Kills the worker and starts a fresh one.")
-      .def("close", &py_sandbox::close, "Ends the shares and the worker. Idempotent.")
-      .def(
-          "__enter__", [](nb::handle self) { return nb::borrow(self); }, "Returns the Sandbox.")
-      .def(
-          "__exit__", [](py_sandbox& s, nb::handle, nb::handle, nb::handle) { s.close(); },
-          nb::arg("exc_type").none(), nb::arg("exc_value").none(), nb::arg("traceback").none(),
-          "close().")
-      .def_prop_ro("closed", &py_sandbox::closed, "True after close().")
+  return doc;
+}
+
+// The Sandbox's workers: its state as properties, and wait_for_standby.
+void bind_sandbox_state(nb::class_<py_sandbox>& c) {
+  c.def_prop_ro("closed", &py_sandbox::closed, "True after close().")
       .def_prop_ro(
           "worker_pid",
           [](const py_sandbox& s) {
@@ -396,6 +375,37 @@ void bind_sandbox(nb::module_& m) {
           nb::arg("timeout_s") = 30.0,
           "Waits until every spare is ready (at start-up, before taking traffic); False if the "
           "timeout passed first.");
+}
+
+}  // namespace
+
+void bind_sandbox(nb::module_& m) {
+  nb::class_<py_sandbox> c(m, "Sandbox", sandbox_doc().c_str());
+  c.def(
+       "__init__",
+       [](py_sandbox* self, nb::handle library, const nb::kwargs& options) {
+         new (self) py_sandbox(sandbox_options_of(library, options));
+       },
+       nb::arg("library"), nb::arg("options"), nb::sig(sandbox_signature()))
+      .def("call", &py_sandbox::call, nb::arg("entry"),
+           nb::arg("request").sig("b''") = nb::bytes(""), nb::arg("buffers") = nb::tuple(),
+           nb::arg("reply_capacity") = std::size_t{65536}, nb::arg("timeout_ms") = 0,
+           "Calls `entry` in the worker: returns (status, reply bytes). buffers: SharedMemory "
+           "objects (exportable), handed to the entry as args->buffers in order; each is shared "
+           "on its first use and stays shared until unshare() or close(). timeout_ms: 0 for "
+           "the sandbox's call_timeout_ms. Raises SandboxError (.reason, .restarted, "
+           ".restart_ms) and PreconditionError for a buffer that cannot be shared.")
+      .def("unshare", &py_sandbox::unshare, nb::arg("memory"),
+           "Ends the share of a SharedMemory (unmapped in the worker); no effect if not shared.")
+      .def("restart", &py_sandbox::restart, "Kills the worker and starts a fresh one.")
+      .def("close", &py_sandbox::close, "Ends the shares and the worker. Idempotent.")
+      .def(
+          "__enter__", [](nb::handle self) { return nb::borrow(self); }, "Returns the Sandbox.")
+      .def(
+          "__exit__", [](py_sandbox& s, nb::handle, nb::handle, nb::handle) { s.close(); },
+          nb::arg("exc_type").none(), nb::arg("exc_value").none(), nb::arg("traceback").none(),
+          "close().");
+  bind_sandbox_state(c);
 }
 
 }  // namespace cubridge::python

@@ -36,8 +36,8 @@ struct health_report {
   bool healthy = true;
   /// Named figures ("wrong_answers", "p99_us"; names as module names), compared by the
   /// controller with the nodes still on the old version (`fleet publish --max-metric`).
-  std::map<std::string, double, std::less<>> values;
-  std::string detail;
+  std::map<std::string, double, std::less<>> values{};
+  std::string detail{};
 };
 
 /// Asked for each followed module at each heartbeat, on the heartbeat thread, with the version
@@ -48,18 +48,18 @@ using health_probe_fn =
 
 struct fleet_agent_options {
   /// The bus: servers (several, comma-separated, tried in order), credentials, CA.
-  fleet::bus_options bus;
+  fleet::bus_options bus{};
   /// This node's id: 1 to 64 of [A-Za-z0-9_-] (fleet::check_fleet_name), unique in the fleet,
   /// enrolled in the registry with the public half of `node_key_file`.
-  std::string node;
+  std::string node{};
   /// The node's Ed25519 secret key file (cubridge key format): signs its results and
   /// heartbeats. Required.
-  std::filesystem::path node_key_file;
+  std::filesystem::path node_key_file{};
   /// Sign with a key file that group or others may read (refused otherwise).
   bool allow_readable_key = false;
   /// The modules to follow; empty: every module the gate's sink reports at start() whose name
   /// the fleet takes.
-  std::vector<std::string> modules;
+  std::vector<std::string> modules{};
   /// The label a heartbeat carries (the registry's labels choose cohorts; this is informative).
   std::string cohort = "all";
   /// How often a heartbeat goes out.
@@ -79,7 +79,7 @@ struct fleet_agent_options {
   std::chrono::milliseconds connect_jitter{1000};
   /// The service's own health check (its error counter, an output check on sampled requests, a
   /// latency figure); none: every module reads healthy, with the launch counters only.
-  health_probe_fn health_probe;
+  health_probe_fn health_probe{};
 };
 
 /// Counters, for reports, metrics and tests.

@@ -20,17 +20,17 @@ struct bus_options {
   /// are taken but never printed; prefer `credentials`.
   std::string servers = "nats://127.0.0.1:4222";
   /// A credentials file (read_credentials_file); empty: none (an open server, a demo only).
-  std::filesystem::path credentials;
+  std::filesystem::path credentials{};
   /// The CA certificate (PEM) that signed the servers' certificates. Given, or a tls:// URL:
   /// the connection is TLS and the server's certificate is verified.
-  std::filesystem::path ca_file;
+  std::filesystem::path ca_file{};
   /// Replicas of the streams and the bucket this side creates (1; 3 in a 3-server cluster).
   int replicas = 1;
   /// The JetStream API prefix; empty: the credentials file's `api_prefix`, else "$JS.API". A node
   /// of `cubridge fleet init` (an account of its own, which reaches the fleet's streams only
   /// through exports) uses "cubridge.api", written into its credentials file
   /// (docs/fleet-security.md).
-  std::string api_prefix;
+  std::string api_prefix{};
 };
 
 /// The URLs of a server list, each checked: a scheme of nats:// or tls://, a host, a port
@@ -46,9 +46,9 @@ struct bus_options {
 /// A user and password of the bus (users of the server's own configuration), and the JetStream
 /// API prefix that identity reaches JetStream through (empty: "$JS.API").
 struct bus_credentials {
-  std::string user;
-  std::string password;
-  std::string api_prefix;
+  std::string user{};
+  std::string password{};
+  std::string api_prefix{};
 };
 
 /// Largest credentials file read, in bytes.

@@ -31,7 +31,7 @@ namespace cubridge::fleet {
 
 /// Where the server is, who the operator is, and how long to wait.
 struct controller_options {
-  bus_options bus;
+  bus_options bus{};
   /// The client's name, as the server's monitoring shows it.
   std::string client_name = "cubridge-fleet";
   /// How long opening the connection may take.
@@ -41,7 +41,7 @@ struct controller_options {
   /// How long storing a bundle may take; 0: request_timeout plus 1 s per MiB of the bundle.
   std::chrono::milliseconds publish_timeout{0};
   /// Keys whose desired-state records are believed (the key a command signs with is added).
-  trusted_keys operator_keys;
+  trusted_keys operator_keys{};
   /// The longest a whole read of the fleet (nodes(), status) may take, whatever the bus holds;
   /// what was not read by then is reported as not read.
   std::chrono::milliseconds read_deadline{10000};
@@ -51,11 +51,11 @@ struct controller_options {
 /// of the stream, verified with the node's key, in the server's order; one that goes back is
 /// refused).
 struct node_state {
-  std::string node;
-  std::map<std::string, std::string, std::less<>> labels;
+  std::string node{};
+  std::map<std::string, std::string, std::less<>> labels{};
   /// The newest heartbeat that verified with the node's key and did not go back; nullopt when
   /// none did.
-  std::optional<heartbeat> beat;
+  std::optional<heartbeat> beat{};
   /// When the server received it (the stream's timestamp, the server's clock).
   std::chrono::system_clock::time_point received{};
   /// Now minus `received` (0 when the server's clock is ahead of this one).
@@ -71,24 +71,24 @@ struct node_state {
   std::uint64_t restarts = 0;
   std::uint64_t replayed = 0;
   /// Why no heartbeat counts (none, refused and why, not read before the deadline).
-  std::string problem;
+  std::string problem{};
 };
 
 /// A module's desired state as read, with the bucket revision it was read at.
 struct desired_entry {
-  desired_state state;
+  desired_state state{};
   std::uint64_t bucket_revision = 0;
 };
 
 /// What reading the fleet found besides nodes and modules.
 struct read_report {
   /// Streams or buckets configured otherwise than docs/fleet.md's (used as they are).
-  std::vector<std::string> warnings;
+  std::vector<std::string> warnings{};
   /// Heartbeats (since this controller first read them) and desired-state records refused (not
   /// signed by the enrolled or operator key, going back,
   /// malformed, naming another node), with a count per reason. Subjects of nodes not enrolled
   /// are never read, so nothing of theirs is counted here.
-  std::map<std::string, std::uint64_t, std::less<>> refused;
+  std::map<std::string, std::uint64_t, std::less<>> refused{};
   /// Whether everything was read before read_deadline.
   bool complete = true;
 };
@@ -100,7 +100,7 @@ struct canary_policy {
   /// K: `applied` results needed from the canaries; 0 means N.
   std::size_t successes = 0;
   /// Canaries only from nodes whose registry label "cohort" is this; empty: any.
-  std::string cohort;
+  std::string cohort{};
   /// How long to wait for them.
   std::chrono::milliseconds window{std::chrono::seconds(60)};
 };
@@ -114,16 +114,16 @@ struct wave_policy {
   /// "N" nodes or "P%" of the nodes that qualify, each counted from the start (cumulative, as
   /// Argo Rollouts' setWeight); every wave adds at least one node while any is left. The last
   /// wave is "100%", added when missing.
-  std::vector<std::string> waves;
+  std::vector<std::string> waves{};
   /// How long a wave's nodes must stay healthy after the last of them applied the candidate.
   std::chrono::milliseconds bake{std::chrono::seconds(30)};
   /// How long one wave may take, from its start; past it the rollout halts (Kubernetes'
   /// progressDeadlineSeconds, per wave).
   std::chrono::milliseconds deadline{std::chrono::minutes(10)};
   /// Waves only from nodes labelled cohort=C; empty: any.
-  std::string cohort;
+  std::string cohort{};
   /// The limits the waves are held to, against the nodes still on the old version.
-  health_limits limits;
+  health_limits limits{};
   /// How often the nodes' heartbeats are read during a bake.
   std::chrono::milliseconds poll{std::chrono::milliseconds(500)};
   /// The most heartbeat intervals a node of the wave may stay silent during the bake before it
@@ -133,10 +133,10 @@ struct wave_policy {
 
 /// One step of a rollout as it happened, for its timeline.
 struct rollout_event {
-  std::chrono::system_clock::time_point time;
+  std::chrono::system_clock::time_point time{};
   std::size_t wave = 0;
   rollout_step what = rollout_step::started;
-  std::string detail;
+  std::string detail{};
 };
 
 /// The waves' sizes as given ("1", "10%"), checked: 1 to max_waves, each a whole number of nodes
@@ -152,8 +152,8 @@ struct rollout_event {
 /// baseline is there from the first look. The wave itself passes only on evidence (every node of
 /// it heard from throughout the bake, in one run, on the candidate: rollout_waves).
 struct wave_samples {
-  std::vector<health_sample> canaries;
-  std::vector<health_sample> baseline;
+  std::vector<health_sample> canaries{};
+  std::vector<health_sample> baseline{};
 };
 [[nodiscard]] wave_samples sample_wave(const desired_state& state,
                                        const std::vector<node_state>& nodes,
@@ -169,12 +169,12 @@ struct rollout_report {
   bool completed = false;
   std::uint64_t version = 0;
   /// The desired state written last (its revision: what results answer).
-  desired_state desired;
-  std::vector<std::string> canaries;
+  desired_state desired{};
+  std::vector<std::string> canaries{};
   /// The canaries' results for this revision and digest, in arrival order.
-  std::vector<result_record> results;
+  std::vector<result_record> results{};
   /// Why the rollout halted; empty when it completed.
-  std::string halt_reason;
+  std::string halt_reason{};
   /// True when the desired state named this bundle already (a retried publish): nothing new
   /// was written.
   bool already_desired = false;
@@ -183,10 +183,10 @@ struct rollout_report {
   /// the rollout's steps. A change of the desired state by another writer ends a run with
   /// fleet_errc::conflict instead.
   fleet::halt_signal halt_signal = fleet::halt_signal::none;
-  std::string halt_metric;
-  std::string halt_node;
-  wave_verdict last_verdict;
-  std::vector<rollout_event> timeline;
+  std::string halt_metric{};
+  std::string halt_node{};
+  wave_verdict last_verdict{};
+  std::vector<rollout_event> timeline{};
 };
 
 /// The control side's connection. Not thread-safe: one thread uses a controller.

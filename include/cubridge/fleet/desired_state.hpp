@@ -24,10 +24,10 @@ namespace cubridge::fleet {
 struct bundle_ref {
   std::uint64_t version = 0;
   /// Lower-case hex SHA-256 of the whole bundle (64 characters).
-  std::string digest;
+  std::string digest{};
   std::uint64_t size = 0;
   /// The signed target GPU ("sm_90").
-  std::string target;
+  std::string target{};
   friend bool operator==(const bundle_ref&, const bundle_ref&) = default;
 };
 
@@ -60,15 +60,15 @@ inline constexpr std::uint32_t max_missed_heartbeats_limit = 100;
 /// the candidate becomes stable for every node.
 struct wave_plan {
   /// The bundle the waves carry (also the record's candidate while they run).
-  bundle_ref candidate;
+  bundle_ref candidate{};
   /// The waves as asked ("1", "10%", "50%"), and the nodes each one adds, in order; the last wave
   /// is every node (the candidate becomes stable), listed with no nodes.
-  std::vector<std::string> sizes;
-  std::vector<std::vector<std::string>> nodes;
+  std::vector<std::string> sizes{};
+  std::vector<std::vector<std::string>> nodes{};
   /// The running wave, 0-based; when halted, the wave that failed.
   std::size_t wave = 0;
   /// When the running wave started, RFC 3339 UTC.
-  std::string started;
+  std::string started{};
   /// How long a wave's nodes must stay healthy after the last of them applied the candidate
   /// (on the wire: bake_ms).
   std::chrono::milliseconds bake{0};
@@ -78,7 +78,7 @@ struct wave_plan {
   /// Launch failures / launches above which a wave fails (negative: no limit).
   double max_failure_rate = -1;
   /// Per probe value, the most a wave's nodes may report on average.
-  std::map<std::string, double, std::less<>> max_metrics;
+  std::map<std::string, double, std::less<>> max_metrics{};
   /// A baseline that breaches a limit on its own halts the rollout for review (true) or is taken
   /// for a fleet-wide dip, and the wave bakes on (false). Missing in a record: true.
   bool baseline_breach_halts = true;
@@ -92,7 +92,7 @@ struct wave_plan {
 
 /// A module's desired state.
 struct desired_state {
-  std::string module;
+  std::string module{};
   /// 1 for the first record, then one more than the highest revision the key's history holds
   /// (so an old record written back is never outnumbered by the next write): a node acts on a
   /// record only if its revision is above every revision it saw, and a result counts only for
@@ -100,22 +100,22 @@ struct desired_state {
   std::uint64_t revision = 0;
   rollout_phase phase = rollout_phase::complete;
   /// What every node runs (none: no version desired yet, e.g. during the first canary rollout).
-  std::optional<bundle_ref> stable;
+  std::optional<bundle_ref> stable{};
   /// During a canary rollout, what the canaries run.
-  std::optional<bundle_ref> candidate;
+  std::optional<bundle_ref> candidate{};
   /// The canaries, by node id, sorted.
-  std::vector<std::string> canaries;
+  std::vector<std::string> canaries{};
   /// Why the rollout halted or was rolled back; the version it was about.
-  std::string reason;
+  std::string reason{};
   std::uint64_t reason_version = 0;
   /// Earlier stable bundles, oldest first, at most max_desired_history.
-  std::vector<bundle_ref> history;
+  std::vector<bundle_ref> history{};
   /// When the operator wrote it, RFC 3339 UTC.
-  std::string time;
+  std::string time{};
   /// What wrote it, "cubridge 0.1.0" (software_text()); empty in a record that predates it.
-  std::string software;
+  std::string software{};
   /// The wave rollout in progress or halted; none for a plain publish or canary rollout.
-  std::optional<wave_plan> waves;
+  std::optional<wave_plan> waves{};
 
   /// The bundle `node` should run: the candidate for a canary during a rollout, else stable.
   [[nodiscard]] const bundle_ref* target_for(std::string_view node) const;

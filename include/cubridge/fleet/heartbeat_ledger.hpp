@@ -47,14 +47,14 @@ class heartbeat_ledger {
 
   /// A node as its heartbeats taken show it.
   struct entry {
-    heartbeat beat;       ///< the last one taken
-    time_point received;  ///< when the server received it
+    heartbeat beat{};       ///< the last one taken
+    time_point received{};  ///< when the server received it
     /// Restarts seen since the ledger first heard of the node.
     std::uint64_t restarts = 0;
     /// Heartbeats refused as going back.
     std::uint64_t refused = 0;
     /// Runs replaced, newest last.
-    std::deque<std::string> retired;
+    std::deque<std::string> retired{};
   };
 
   /// Takes `beat`, verified as node `beat.node`'s, received by the server at `received`, in the

@@ -35,21 +35,21 @@ inline constexpr std::chrono::milliseconds max_heartbeat_interval{std::chrono::h
 
 /// What one node did about one revision of a module's desired state.
 struct result_record {
-  std::string node;
-  std::string module;
+  std::string node{};
+  std::string module{};
   /// The desired state's revision and the bundle's digest this result answers: a result counts
   /// only for the revision and digest it names.
   std::uint64_t revision = 0;
-  std::string digest;
+  std::string digest{};
   /// The desired bundle's version.
   std::uint64_t version = 0;
   /// The version serving on the node after the message.
   std::uint64_t serving_version = 0;
   gate_outcome outcome = gate_outcome::refused;
   /// Empty for applied and rolled_back; else the gate's reason (bad_signature, too_large, ...).
-  std::string reason;
+  std::string reason{};
   /// What exactly, printable ASCII, at most max_record_detail bytes (and "..." when cut).
-  std::string detail;
+  std::string detail{};
   /// Time verifying, and in the sink (stage, smoke test and promote are one module_sink call).
   double verify_ms = 0;
   double apply_ms = 0;
@@ -71,48 +71,48 @@ struct module_health {
   std::uint64_t launch_failures = 0;
   /// The driver's name of a launch failure that poisoned the context ("CUDA_ERROR_ILLEGAL_
   /// ADDRESS"); empty when none did.
-  std::string sticky_error;
+  std::string sticky_error{};
   /// The probe's verdict (true when the service registered no probe).
   bool healthy = true;
   /// The probe's named values ("wrong_answers": 3, "p99_us": 420), names as module names.
-  std::map<std::string, double, std::less<>> values;
+  std::map<std::string, double, std::less<>> values{};
   /// The probe's words, printable, at most max_health_detail bytes.
-  std::string detail;
+  std::string detail{};
   friend bool operator==(const module_health&, const module_health&) = default;
 };
 
 /// A node's periodic state.
 struct heartbeat {
-  std::string node;
+  std::string node{};
   /// The node's own label ("all" unless configured); the canary cohort is chosen by the
   /// publisher.
   std::string cohort = "all";
   /// The node's GPU ("sm_90"), empty when the sink knows none.
-  std::string gpu;
+  std::string gpu{};
   /// The interval the node sends heartbeats at, so that a reader can tell a silent node.
   std::chrono::milliseconds interval{0};
   std::chrono::sys_seconds time{};
   /// What the node runs, "cubridge 0.1.0" (software_text()); empty from a node that predates it.
-  std::string software;
+  std::string software{};
   /// Per module, its health (optional: a node that predates it sends none).
-  std::map<std::string, module_health, std::less<>> health;
+  std::map<std::string, module_health, std::less<>> health{};
   /// Per module, the version serving.
-  std::map<std::string, std::uint64_t, std::less<>> versions;
+  std::map<std::string, std::uint64_t, std::less<>> versions{};
   /// Per module, the desired revision the node last acted on (0: none seen).
-  std::map<std::string, std::uint64_t, std::less<>> revisions;
+  std::map<std::string, std::uint64_t, std::less<>> revisions{};
   bool connected = true;
-  std::optional<result_record> last_result;
+  std::optional<result_record> last_result{};
   /// Which run of the node sent it: 16 lower-case hex digits drawn at random when the agent
   /// starts, and the heartbeat's number within that run (1, 2, ...), so that a reader refuses a
   /// heartbeat that goes back (an older one written again) and sees a restart. Empty and 0 from
   /// a node that predates them.
-  std::string boot;
+  std::string boot{};
   std::uint64_t sequence = 0;
   /// When that run started (the node's clock): of two runs, the later one is the newer.
   std::chrono::sys_seconds started{};
   /// The agent's last problem (a refused desired state, a connection it could not make), in
   /// words; empty when none.
-  std::string problem;
+  std::string problem{};
 };
 
 /// Whether `boot` is what a heartbeat's boot id must be: 16 lower-case hex digits.

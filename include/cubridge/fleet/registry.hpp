@@ -20,17 +20,17 @@ inline constexpr std::size_t max_node_labels = 16;
 
 /// One enrolled node.
 struct enrolled_node {
-  public_key key;
+  public_key key{};
   /// Labels: "cohort" chooses canaries by cohort (`publish --cohort`); names and values are
   /// fleet names (check_fleet_name).
-  std::map<std::string, std::string, std::less<>> labels;
+  std::map<std::string, std::string, std::less<>> labels{};
 };
 
 /// The registry.
 struct node_registry {
   /// One more for each write (compare-and-set as the desired state).
   std::uint64_t revision = 0;
-  std::map<std::string, enrolled_node, std::less<>> nodes;
+  std::map<std::string, enrolled_node, std::less<>> nodes{};
 
   /// The node's entry, or nullptr.
   [[nodiscard]] const enrolled_node* find(std::string_view node) const;

@@ -35,14 +35,14 @@ enum class record_kind { desired_state, registry, result, heartbeat };
 
 /// A record that verified: its body and who signed it.
 struct opened_record {
-  std::string body;
+  std::string body{};
   key_id signer{};
 };
 
 /// Why a record was refused, in words naming the check ("signature does not verify with key
 /// 0123abcd...").
 struct record_refusal {
-  std::string why;
+  std::string why{};
 };
 
 /// Verifies `text` as a signed record of `kind` by one of `keys`; the body when it verifies,

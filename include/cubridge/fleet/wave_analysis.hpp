@@ -27,7 +27,7 @@ struct health_limits {
   /// Launch failures per launch above which a wave fails; negative: no limit.
   double max_failure_rate = -1;
   /// Per probe value, the most the nodes may report on average.
-  std::map<std::string, double, std::less<>> max_metrics;
+  std::map<std::string, double, std::less<>> max_metrics{};
   /// What a baseline that breaches a limit on its own (its median node) does: halt the rollout
   /// for review (true), or excuse the canaries as a fleet-wide dip and bake on (false).
   bool baseline_breach_halts = true;
@@ -35,8 +35,8 @@ struct health_limits {
 
 /// One node's figures for the module.
 struct health_sample {
-  std::string node;
-  module_health health;
+  std::string node{};
+  module_health health{};
 };
 
 /// Launch counters of a baseline node at the start of the window.
@@ -52,16 +52,16 @@ struct wave_verdict {
   /// with the metric's name; baseline_unhealthy when the baseline breached on its own and the
   /// limits halt on that, with the first baseline node that breached) and a sentence with the
   /// values of both sides.
-  std::string node;
+  std::string node{};
   halt_signal signal = halt_signal::none;
-  std::string metric;
-  std::string reason;
+  std::string metric{};
+  std::string reason{};
   /// Canary and baseline figures of every signal evaluated, by signal name (for the record and
   /// the dashboard): "failure_rate", "unhealthy", "sticky", "metric:<name>".
-  std::map<std::string, double, std::less<>> canary;
-  std::map<std::string, double, std::less<>> baseline;
+  std::map<std::string, double, std::less<>> canary{};
+  std::map<std::string, double, std::less<>> baseline{};
   /// The baseline nodes that breached a limit themselves, by node id (whatever the verdict).
-  std::vector<std::string> baseline_breaching;
+  std::vector<std::string> baseline_breaching{};
 };
 
 /// How many of `count` baseline nodes a share leaves out, worst first: a tenth, at least one.

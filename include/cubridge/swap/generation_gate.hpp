@@ -30,7 +30,7 @@ namespace cubridge {
 struct generation {
   /// 1 for the versions loaded first, +1 per promote; a rollback returns to the previous id.
   std::uint64_t id = 0;
-  std::vector<std::uint64_t> member_versions;
+  std::vector<std::uint64_t> member_versions{};
   friend bool operator==(const generation&, const generation&) = default;
 };
 

@@ -67,9 +67,9 @@ struct version_launch_counters {
 /// order, and its launch counters (shared: a version keeps its counts while it moves through the
 /// chain).
 struct hot_version {
-  module loaded;
-  std::vector<kernel> kernels;
-  std::vector<kernel_limits> limits;
+  module loaded;  // always given: a module has no empty state
+  std::vector<kernel> kernels{};
+  std::vector<kernel_limits> limits{};
   std::shared_ptr<version_launch_counters> counters = std::make_shared<version_launch_counters>();
 };
 
@@ -80,7 +80,7 @@ struct launch_tally {
   std::uint64_t launches = 0;
   std::uint64_t failures = 0;
   /// The driver's name of the last failure ("CUDA_ERROR_ILLEGAL_ADDRESS"), empty if none.
-  std::string last_failure;
+  std::string last_failure{};
   /// Whether that failure is one that poisons the context (an illegal address, a launch
   /// failure, a hardware exception): every later call in it fails the same way.
   bool sticky = false;
@@ -135,17 +135,17 @@ class staged_version {
 struct stage_options {
   /// Runs on the staged module before it can be promoted (e.g. launch a kernel on known input and
   /// compare); throwing anything rejects the version.
-  std::function<void(const module&)> smoke_test;
+  std::function<void(const module&)> smoke_test{};
   /// Name for messages (e.g. the file it came from); the version's origin().source.
-  std::string source_name;
+  std::string source_name{};
   /// The version's label (origin().label); 0: none. The update layer's sink
   /// (hot_module_sink.hpp) sets the signed bundle version and reads it back from the chain.
   std::uint64_t label = 0;
   /// Who vouched for the code (origin().signer); the sink sets the signing key's id in hex.
-  std::string signer;
+  std::string signer{};
   /// `__device__` variables whose contents promote() copies from the serving version into this
   /// one just before the switch (counters, tables). Each must exist in both with the same size.
-  std::vector<std::string> carry_globals;
+  std::vector<std::string> carry_globals{};
 };
 
 /// Counters for reports.
@@ -168,7 +168,7 @@ struct hot_module_stats {
   /// unload that never happens.
   std::uint64_t reclaim_failures = 0;
   /// The latest of them, as given to hot_module_options::on_reclaim_failure; empty if none.
-  std::string last_reclaim_failure;
+  std::string last_reclaim_failure{};
 };
 
 /// How a hot module reports what its background thread cannot throw.
@@ -180,11 +180,11 @@ struct hot_module_options {
   /// throws are ignored. It must not launch this module's kernels (it may run under a
   /// version's lock); reading stats() is fine. After a failure the background thread retries
   /// every 100 ms, not 1 ms.
-  std::function<void(const std::string& message)> on_reclaim_failure;
+  std::function<void(const std::string& message)> on_reclaim_failure{};
   /// Where the first version came from, e.g. {.label = 1} when its image is bundle
   /// version 1 (the update endpoint then refuses pushes of version 1 or below). An empty source
   /// becomes "load"; an unset staged_at, the load time.
-  version_origin origin;
+  version_origin origin{};
 };
 
 class hot_kernel;

@@ -86,7 +86,7 @@ struct hot_module_group_stats {
   std::uint64_t rollbacks = 0;   ///< rollback() calls that switched
   /// Group versions refused: by stage() on any member (counted once), or by promote().
   std::uint64_t rejected = 0;
-  std::vector<hot_module_stats> members;  ///< in member order
+  std::vector<hot_module_stats> members{};  ///< in member order
 };
 
 class group_kernel;

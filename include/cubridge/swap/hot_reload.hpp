@@ -48,13 +48,13 @@ class hot_reloader {
  public:
   struct options {
     std::chrono::milliseconds debounce{200};
-    compile_options compile;  ///< for .cu files; architecture is set from the device
+    compile_options compile{};  ///< for .cu files; architecture is set from the device
     /// Optional; shared with the reloader, which keeps it while it watches.
-    std::shared_ptr<compile_cache> cache;
+    std::shared_ptr<compile_cache> cache{};
     /// Smoke test etc.; source_name is set to the file, label to label_of_file() and signer
     /// to empty (a dropped file is no signed bundle): the chain records the version's origin as
     /// that file; the update endpoint sees an unlabelled one as serving no bundle version.
-    stage_options stage;
+    stage_options stage{};
     /// Called with the file and the promoted version's chain id (hot_module_stats::current_id).
     std::function<void(const std::filesystem::path&, std::uint64_t id)> on_promoted;
     std::function<void(const std::filesystem::path&, std::exception_ptr)> on_refused;

@@ -67,7 +67,7 @@ struct swap_counters {
   /// name of the last failure and whether it poisons the context (hot_module::launches()).
   std::uint64_t launches = 0;
   std::uint64_t launch_failures = 0;
-  std::string last_launch_failure;
+  std::string last_launch_failure{};
   bool sticky_error = false;
 };
 

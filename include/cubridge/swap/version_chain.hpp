@@ -49,9 +49,9 @@ struct version_origin {
   std::uint64_t label = 0;
   /// Who vouched for the code, in words (the update layer: the signing key's id in hex); empty
   /// when nobody did.
-  std::string signer;
+  std::string signer{};
   /// Where the code came from, in words: a file, "bundle v7", "load".
-  std::string source;
+  std::string source{};
   /// When it was staged (loaded and validated); the epoch when unknown.
   std::chrono::system_clock::time_point staged_at{};
 };
@@ -60,12 +60,12 @@ struct version_origin {
 /// never a bundle version) and where it came from.
 struct held_version {
   std::uint64_t id = 0;
-  version_origin origin;
+  version_origin origin{};
 };
 
 /// The versions of a chain at one instant.
 struct held_versions {
-  held_version serving;                         ///< the current version
+  held_version serving{};                       ///< the current version
   std::optional<held_version> rollback_target;  ///< what rollback() would make current
   std::vector<held_version> retired;  ///< replaced, not yet destroyed (pinned or GPU work left)
 };
@@ -91,10 +91,10 @@ class version_chain {
    private:
     friend class version_chain;
     mutable std::atomic<long> leases{0};  // live leases; reclaim reads it with acquire
-    mutable std::mutex mutex;
+    mutable std::mutex mutex{};
     // Streams this version's launches used, each with the token of its latest work, or none
     // yet (then reclaim() makes one: an event recorded once no launch can add more work).
-    mutable std::vector<std::pair<StreamKey, std::optional<Token>>> pending;
+    mutable std::vector<std::pair<StreamKey, std::optional<Token>>> pending{};
   };
 
   /// A launch's pin on one version. Cheap to move; copy it into whatever outlives the launch.

@@ -30,8 +30,8 @@ enum class metric_type { counter, gauge };
 
 /// One label of a sample; the value is escaped by the writer.
 struct metric_label {
-  std::string_view name;
-  std::string_view value;
+  std::string_view name{};
+  std::string_view value{};
 };
 
 /// Whether `name` is a metric name: [a-zA-Z_:][a-zA-Z0-9_:]*.

@@ -47,7 +47,7 @@ struct sink_result {
   /// to): the answer to "which version serves?" that comes with the apply.
   std::uint64_t serving_version = 0;
   /// For a refusal: what went wrong, in words (a compiler log, a validation failure).
-  std::string detail;
+  std::string detail{};
 };
 
 /// The refusal for a version `version` that is not above `serving`: replayed_version when equal,
@@ -72,24 +72,24 @@ struct module_counters {
   /// the context (a sticky error: hot_module::launches()).
   std::uint64_t launches = 0;
   std::uint64_t launch_failures = 0;
-  std::string last_launch_failure;
+  std::string last_launch_failure{};
   bool sticky_error = false;
 };
 
 /// One module as a sink reports it.
 struct module_report {
-  std::string name;
+  std::string name{};
   /// The bundle version serving now; 0 when none (e.g. a version not from a bundle).
   std::uint64_t current_version = 0;
   /// Bundle versions a rollback could use: the rollback target (if any), then the serving one;
   /// 0 for a version not from a bundle.
-  std::vector<std::uint64_t> versions_held;
+  std::vector<std::uint64_t> versions_held{};
   /// Old versions not yet unloaded: pinned by launches or GPU work in flight.
   std::uint64_t in_flight = 0;
   /// The last refusal or failure of this module, empty when none.
-  std::string last_error;
+  std::string last_error{};
   /// The module's counters, where the sink has them (hot_module_sink does); else empty.
-  std::optional<module_counters> counters;
+  std::optional<module_counters> counters{};
 };
 
 /// The loading side of the update endpoint. The gate serialises its calls per module (never two

@@ -88,7 +88,7 @@ struct update_endpoint_options {
   /// Port to bind; 0 picks a free one (update_endpoint::port() tells which).
   std::uint16_t port = 0;
   /// Keys whose bundles and rollback requests are accepted. Empty: everything is refused.
-  trusted_keys keys;
+  trusted_keys keys{};
   /// Largest body of a push, in bytes (a bundle with its payload), checked against the
   /// Content-Length before the body is read.
   std::size_t max_body_bytes = std::size_t{64} << 20;
@@ -118,8 +118,8 @@ struct update_endpoint_options {
   /// Pending connections the kernel queues before accept.
   int listen_backlog = 128;
   /// HTTPS when both are set: PEM certificate chain and private key files (OpenSSL).
-  std::filesystem::path tls_certificate;
-  std::filesystem::path tls_private_key;
+  std::filesystem::path tls_certificate{};
+  std::filesystem::path tls_private_key{};
   /// Rollback requests are accepted when created within this much of the endpoint's clock.
   std::chrono::seconds rollback_window{300};
 
@@ -128,20 +128,20 @@ struct update_endpoint_options {
   /// changes them; locked (`<state_file>.lock`) while the endpoint's gate lives. Empty: the
   /// default file, default_state_directory() / "update-state.json" (state_location.hpp), while
   /// persist_state.
-  std::filesystem::path state_file;
+  std::filesystem::path state_file{};
   /// Keep the replay state in the default file when state_file is empty. false (tests, demos):
   /// in memory only, so after a restart the endpoint accepts captured old bundles and rollback
   /// requests again (as far as version_floor and expiry do not stop them).
   bool persist_state = true;
   /// Per module, a version at or below which every bundle is refused as a replay (409), e.g.
   /// from the service's own configuration; merged into the replay state at start().
-  std::map<std::string, std::uint64_t, std::less<>> version_floor;
+  std::map<std::string, std::uint64_t, std::less<>> version_floor{};
   /// Refuse (403 expired_bundle) bundles that carry no `expires` field.
   bool require_expiry = false;
   /// Refuse (403 expired_bundle) bundles whose signed `created` is older than this.
-  std::optional<std::chrono::seconds> max_bundle_age;
+  std::optional<std::chrono::seconds> max_bundle_age{};
   /// The clock for bundle expiry and the rollback window; empty: the system clock.
-  std::function<std::chrono::system_clock::time_point()> clock;
+  std::function<std::chrono::system_clock::time_point()> clock{};
   /// Answer GET /metrics (Prometheus text format 0.0.4, docs/update-endpoint.md "Metrics"):
   /// the sink's modules and the endpoint's counters. Off by default: like GET /v1/modules it
   /// asks for no key, and a service decides whether its address may show them.

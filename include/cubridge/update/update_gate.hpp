@@ -33,26 +33,26 @@ namespace cubridge {
 /// What a gate accepts (the policy half of update_endpoint_options, which hands these over).
 struct update_gate_options {
   /// Keys whose bundles and rollback requests are accepted. Empty: everything is refused.
-  trusted_keys keys;
+  trusted_keys keys{};
   /// Largest bundle, in bytes; a larger one is refused (too_large) without being parsed.
   std::size_t max_bundle_bytes = std::size_t{64} << 20;
   /// The replay state file (update_state.hpp). Empty: default_state_directory() /
   /// "update-state.json" (state_location.hpp) while persist_state, else in memory only.
-  std::filesystem::path state_file;
+  std::filesystem::path state_file{};
   /// Keep the replay state in the default file when state_file is empty. false is the explicit
   /// opt-out (tests, demos): after a restart, old bundles and rollback requests are accepted
   /// again as far as version_floor and expiry do not stop them.
   bool persist_state = true;
   /// Per module, a version at or below which every bundle is refused; merged at start().
-  std::map<std::string, std::uint64_t, std::less<>> version_floor;
+  std::map<std::string, std::uint64_t, std::less<>> version_floor{};
   /// Refuse (expired_bundle) bundles that carry no `expires` field.
   bool require_expiry = false;
   /// Refuse (expired_bundle) bundles whose signed `created` is older than this.
-  std::optional<std::chrono::seconds> max_bundle_age;
+  std::optional<std::chrono::seconds> max_bundle_age{};
   /// Rollback requests are accepted when created within this much of the gate's clock.
   std::chrono::seconds rollback_window{300};
   /// The clock for bundle expiry and the rollback window; empty: the system clock.
-  std::function<std::chrono::system_clock::time_point()> clock;
+  std::function<std::chrono::system_clock::time_point()> clock{};
 };
 
 /// What became of a bundle or a rollback request.
@@ -86,7 +86,7 @@ struct push_authority {
   /// version below the serving one is refused (older_version) as without authority, so two
   /// doors racing never take the serving version down.
   bool below_serving = false;
-  std::string source;  ///< "desired state of 'm' revision 7"
+  std::string source{};  ///< "desired state of 'm' revision 7"
 };
 
 /// A gate's answer.
@@ -97,9 +97,9 @@ struct gate_decision {
   gate_reason reason = gate_reason::none;
   /// What exactly, at most 4 KiB (cut at a UTF-8 boundary, saying how much was cut). Not escaped:
   /// escape it (core/detail/printable.hpp) before it reaches a terminal or a log line.
-  std::string detail;
+  std::string detail{};
   /// The module as signed; empty when the request did not pass verification.
-  std::string module;
+  std::string module{};
   /// The bundle's version; for a rollback the version rolled back to (when done).
   std::uint64_t version = 0;
   /// The version serving before the request, and after it.
@@ -108,7 +108,7 @@ struct gate_decision {
   /// For replayed_version and older_version: the highest version seen (serving or floor).
   std::uint64_t highest_version = 0;
   /// The verified manifest of a pushed bundle; nullopt when it did not verify.
-  std::optional<bundle_manifest> manifest;
+  std::optional<bundle_manifest> manifest{};
   module_note note = module_note::none;
   /// Time spent verifying, and in the sink (module_sink::apply stages, smoke-tests and
   /// promotes in one call; rollback: module_sink::rollback).

@@ -1,4 +1,5 @@
-// The options and results of the core, compile, isolation and bundle layers, brace-initialised
+// The options and results of the core, compile, isolation, bundle, swap and update layers,
+// brace-initialised
 // the documented way (designated initializers naming only what differs from the defaults), built
 // with the flags users build with: -Wall -Wextra -Werror, so -Wmissing-field-initializers too
 // (CMakeLists.txt). Each member of a public aggregate has a default member initializer, which is
@@ -15,6 +16,9 @@
 #include <cubridge/core/module.hpp>
 #include <cubridge/isolation/guest_context.hpp>
 #include <cubridge/isolation/sandbox.hpp>
+#include <cubridge/swap/hot_module.hpp>
+#include <cubridge/update/update_endpoint.hpp>
+#include <cubridge/update/update_gate.hpp>
 
 #include <chrono>
 #include <cstdio>
@@ -56,6 +60,11 @@ int main() {
   // bundle
   const cubridge::bundle_manifest_input manifest{.name = "filters", .version = 3};
   const cubridge::verify_limits limits{.require_expiry = true};
+  // swap and update
+  const cubridge::stage_options stage{.label = 7};
+  const cubridge::hot_module_options hot{.origin = {.label = 1}};
+  const cubridge::update_gate_options gate{.persist_state = false};
+  const cubridge::update_endpoint_options endpoint{.port = 8080, .threads = 2};
 
   const bool defaults_kept =
       launch.dynamic_shared_bytes == 0 && blocks_only.grid == cubridge::dims{} &&
@@ -64,7 +73,8 @@ int main() {
       compile.search_toolkit_headers && !hermetic.search_toolkit_headers &&
       link.extra_options.empty() && build.cache == nullptr && sandbox.standby == 1 &&
       guarded.environment.reset_guard && request.buffers.empty() && guest.flags == 0 &&
-      manifest.target.empty() && !limits.now;
+      manifest.target.empty() && !limits.now && stage.signer.empty() && !stage.smoke_test &&
+      hot.origin.signer.empty() && gate.state_file.empty() && endpoint.bind_address == "127.0.0.1";
   if (!defaults_kept) {
     std::printf("cubridge consumer aggregates: a default was not kept\n");
     return 1;
