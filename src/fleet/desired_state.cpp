@@ -103,19 +103,19 @@ std::chrono::milliseconds milliseconds_of(std::uint64_t count) {
 
 // `halted` goes on the wire as records of 0.1.0 have it; a reader takes it from the phase.
 json plan_json(const wave_plan& p, bool halted) {
-  return {{"candidate", ref_json(p.candidate)},
-          {"sizes", p.sizes},
-          {"nodes", p.nodes},
-          {"wave", p.wave},
-          {"started", p.started},
-          {"bake_ms", static_cast<std::uint64_t>(std::max<std::int64_t>(p.bake.count(), 0))},
-          {"deadline_ms",
-           static_cast<std::uint64_t>(std::max<std::int64_t>(p.deadline.count(), 0))},
-          {"max_failure_rate", p.max_failure_rate},
-          {"max_metrics", p.max_metrics},
-          {"baseline_breach", p.baseline_breach_halts ? "halt" : "bake_on"},
-          {"max_missed_heartbeats", p.max_missed_heartbeats},
-          {"halted", halted}};
+  return {
+      {"candidate", ref_json(p.candidate)},
+      {"sizes", p.sizes},
+      {"nodes", p.nodes},
+      {"wave", p.wave},
+      {"started", p.started},
+      {"bake_ms", static_cast<std::uint64_t>(std::max<std::int64_t>(p.bake.count(), 0))},
+      {"deadline_ms", static_cast<std::uint64_t>(std::max<std::int64_t>(p.deadline.count(), 0))},
+      {"max_failure_rate", p.max_failure_rate},
+      {"max_metrics", p.max_metrics},
+      {"baseline_breach", p.baseline_breach_halts ? "halt" : "bake_on"},
+      {"max_missed_heartbeats", p.max_missed_heartbeats},
+      {"halted", halted}};
 }
 
 // The plan's settings for the baseline and the canaries' evidence; both optional: a record of
@@ -228,19 +228,19 @@ const bundle_ref* desired_state::target_for(std::string_view node) const {
 std::string to_json(const desired_state& s) {
   json history = json::array();
   for (const auto& r : s.history) history.push_back(ref_json(r));
-  const json j{{"module", s.module},
-               {"revision", s.revision},
-               {"phase", std::string(to_string(s.phase))},
-               {"stable", optional_ref(s.stable)},
-               {"candidate", optional_ref(s.candidate)},
-               {"canaries", s.canaries},
-               {"reason", text_of(s.reason, max_reason_bytes)},
-               {"reason_version", s.reason_version},
-               {"history", std::move(history)},
-               {"time", s.time},
-               {"software", text_of(s.software, 64)},
-               {"waves", s.waves ? plan_json(*s.waves, s.phase == rollout_phase::halted)
-                                 : json(nullptr)}};
+  const json j{
+      {"module", s.module},
+      {"revision", s.revision},
+      {"phase", std::string(to_string(s.phase))},
+      {"stable", optional_ref(s.stable)},
+      {"candidate", optional_ref(s.candidate)},
+      {"canaries", s.canaries},
+      {"reason", text_of(s.reason, max_reason_bytes)},
+      {"reason_version", s.reason_version},
+      {"history", std::move(history)},
+      {"time", s.time},
+      {"software", text_of(s.software, 64)},
+      {"waves", s.waves ? plan_json(*s.waves, s.phase == rollout_phase::halted) : json(nullptr)}};
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
