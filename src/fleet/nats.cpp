@@ -383,6 +383,7 @@ std::string ensure_result_stream(jsCtx* js, int replicas, std::span<const std::s
                         spec.subjects.size() != static_cast<std::size_t>(info->Config->SubjectsLen);
   if ((!missing && !outdated) || spec.subjects.empty()) return mismatch_of(spec, *info);
   std::vector<const char*> subjects;
+  subjects.reserve(spec.subjects.size());
   for (const auto& s : spec.subjects) subjects.push_back(s.c_str());
   jsStreamConfig config = *info->Config;  // the rest as the stream has it
   config.Subjects = subjects.data();
