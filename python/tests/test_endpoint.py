@@ -9,27 +9,18 @@ from __future__ import annotations
 
 import inspect
 import json
-import urllib.error
 import urllib.request
 
 import pytest
 
 import cubridge
+from endpoint_support import put
 
 needs_driver = pytest.mark.skipif(not cubridge.driver_available(), reason="no CUDA driver here")
 
 KERNEL = 'extern "C" __global__ void tag(int* out) { out[threadIdx.x] = VERSION; }'
 
 
-def put(endpoint, name: str, body: bytes) -> tuple[int, dict]:
-    """PUT /v1/modules/NAME with `body`: the HTTP status and the JSON answer."""
-    request = urllib.request.Request(f"{endpoint.url}/v1/modules/{name}", data=body, method="PUT",
-                                     headers={"Content-Type": "application/octet-stream"})
-    try:
-        with urllib.request.urlopen(request, timeout=60) as answer:
-            return answer.status, json.loads(answer.read())
-    except urllib.error.HTTPError as refused:
-        return refused.code, json.loads(refused.read())
 
 
 def modules(endpoint) -> dict:

@@ -7,25 +7,15 @@ over it decides with it; the old constructors still build a private gate.
 from __future__ import annotations
 
 import inspect
-import json
-import urllib.error
-import urllib.request
 
 import pytest
 
 import cubridge
+from endpoint_support import put
 
 KERNEL = b'extern "C" __global__ void tag(int* out) { out[threadIdx.x] = 2; }'
 
 
-def put(endpoint, name: str, body: bytes) -> tuple[int, dict]:
-    request = urllib.request.Request(f"{endpoint.url}/v1/modules/{name}", data=body, method="PUT",
-                                     headers={"Content-Type": "application/octet-stream"})
-    try:
-        with urllib.request.urlopen(request, timeout=60) as answer:
-            return answer.status, json.loads(answer.read())
-    except urllib.error.HTTPError as refused:
-        return refused.code, json.loads(refused.read())
 
 
 @pytest.fixture(scope="module")

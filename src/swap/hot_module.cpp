@@ -151,20 +151,9 @@ std::uint64_t hot_module::rollback() {
 apply_result hot_module::stage_and_promote(std::span<const std::byte> image, const image_info* info,
                                            const stage_options& options,
                                            promote_condition condition) {
-  // Asked first too, so that a version certain to be refused is never loaded; what counts is
-  // the compare inside promote().
-  if (condition == promote_condition::label_above_serving) {
-    const auto serving = versions().serving;
-    if (options.label <= serving.origin.label)
-      return {apply_outcome::not_newer, serving.origin.label, serving.id};
-  }
-  auto staged = info ? stage(image, *info, options) : stage(image, options);
-  try {
-    const auto id = promote(std::move(staged), {}, condition);
-    return {apply_outcome::promoted, options.label, id};
-  } catch (const hot_module_internal::not_newer& refused) {
-    return {apply_outcome::not_newer, refused.serving_label, refused.serving_id};
-  }
+  return hot_module_internal::stage_and_promote(
+      *this, image, info, options, condition,
+      [&](staged_version staged) { return promote(std::move(staged), {}, condition); });
 }
 
 std::uint64_t hot_module::rollback(const std::function<void()>& inner) {

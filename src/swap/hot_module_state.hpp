@@ -15,6 +15,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <utility>
@@ -60,6 +61,27 @@ struct not_newer : std::exception {
   std::uint64_t serving_label;
   std::uint64_t serving_id;
 };
+
+/// swap_target::stage_and_promote for a hot module or a group: `target.versions()` is asked
+/// first, so that a version certain to be refused is never loaded; what counts is the compare
+/// inside `promote(staged)`, whose not_newer becomes the refusal.
+template <class Target, class Promote>
+apply_result stage_and_promote(const Target& target, std::span<const std::byte> image,
+                               const image_info* info, const stage_options& options,
+                               promote_condition condition, Promote promote) {
+  if (condition == promote_condition::label_above_serving) {
+    const auto serving = target.versions().serving;
+    if (options.label <= serving.origin.label)
+      return {apply_outcome::not_newer, serving.origin.label, serving.id};
+  }
+  auto staged = info ? target.stage(image, *info, options) : target.stage(image, options);
+  try {
+    const auto id = promote(std::move(staged));
+    return {apply_outcome::promoted, options.label, id};
+  } catch (const not_newer& refused) {
+    return {apply_outcome::not_newer, refused.serving_label, refused.serving_id};
+  }
+}
 
 }  // namespace hot_module_internal
 

@@ -16,9 +16,15 @@ struct hot_module_sink::entry {
 
 namespace {
 module_counters counters_of(const swap_counters& c) {
-  return {c.promotions,      c.rollbacks,           c.rejected,
-          c.unloaded,        c.reclaim_failures,    c.launches,
-          c.launch_failures, c.last_launch_failure, c.sticky_error};
+  return {.promotions = c.promotions,
+          .rollbacks = c.rollbacks,
+          .rejected = c.rejected,
+          .unloaded = c.unloaded,
+          .reclaim_failures = c.reclaim_failures,
+          .launches = c.launches,
+          .launch_failures = c.launch_failures,
+          .last_launch_failure = c.last_launch_failure,
+          .sticky_error = c.sticky_error};
 }
 }  // namespace
 

@@ -441,6 +441,15 @@ class bus : public ::testing::TestWithParam<bool> {
     set_up_fleet(js.get());
     return op;
   }
+  // The control side as the operator runs it: only what fleet init wrote for it.
+  [[nodiscard]] fleet::controller_options operator_controller() const {
+    fleet::controller_options co;
+    co.bus.servers = server_->tls_url();
+    co.bus.credentials = d_ / "operator.creds";
+    co.bus.ca_file = d_ / "ca.pem";
+    co.operator_keys.add(read_public_key_file(d_ / "operator.pub"));
+    return co;
+  }
   [[nodiscard]] std::size_t violations() const {
     const auto log = server_->log_text();
     std::size_t n = 0;
@@ -645,12 +654,7 @@ class serving_sink final : public module_sink {
 // published bundle is applied and answered, and the server logs no violation.
 TEST_P(bus, an_agent_given_only_its_credentials_file_applies_a_publish) {
   const std::string m(test_module);
-  fleet::controller_options co;
-  co.bus.servers = server_->tls_url();
-  co.bus.credentials = d_ / "operator.creds";
-  co.bus.ca_file = d_ / "ca.pem";
-  co.operator_keys.add(read_public_key_file(d_ / "operator.pub"));
-  fleet::controller control(co);
+  fleet::controller control(operator_controller());
   const auto operator_key = read_secret_key_file(d_ / "operator.key");
   control.enroll("node-1", read_public_key_file(d_ / "nodes/node-1.pub"), {}, operator_key);
 
@@ -688,12 +692,7 @@ TEST_P(bus, an_agent_given_only_its_credentials_file_applies_a_publish) {
 // stream stores only modules with a desired state, so a node's share is results_kept per module.
 TEST_P(bus, a_node_cannot_evict_another_nodes_results) {
   const std::string m(test_module);
-  fleet::controller_options co;
-  co.bus.servers = server_->tls_url();
-  co.bus.credentials = d_ / "operator.creds";
-  co.bus.ca_file = d_ / "ca.pem";
-  co.operator_keys.add(read_public_key_file(d_ / "operator.pub"));
-  fleet::controller control(co);
+  fleet::controller control(operator_controller());
   const auto operator_key = read_secret_key_file(d_ / "operator.key");
   (void)control.publish(source_bundle(m, 1, operator_key), operator_key);
   auto op = connect_to(as(operator_));
