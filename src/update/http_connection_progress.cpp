@@ -55,7 +55,7 @@ void connection_service::receive(connection& c) {
   if (!read_request(c)) return;
   if (!c.framing) {
     if (c.in.size() >= options_.max_header_bytes)
-      return refuse(c, {431, "headers_too_large",
+      return refuse(c, {transport_reason::headers_too_large,
                         "request line and headers over " +
                             std::to_string(options_.max_header_bytes) + " bytes"});
     if (c.peer_closed) close_now(c);  // an unfinished request: nothing to answer
@@ -67,8 +67,8 @@ void connection_service::receive(connection& c) {
   }
   if (!c.out.empty()) return;  // the 100 Continue first
   if (!submit(c))
-    refuse(c,
-           {503, "busy", "all workers busy and the wait queue (max_queued_connections) is full"});
+    refuse(c, {transport_reason::busy,
+               "all workers busy and the wait queue (max_queued_connections) is full"});
 }
 
 // Reads what the socket has, up to the head's limit or the framing's end, at most round_limit
@@ -117,7 +117,7 @@ bool connection_service::scan_head(connection& c) {
   c.scanned = std::max(upto, c.scanned);
   if (end == std::string::npos) {
     if (c.lines > options_.max_header_count + 1)
-      refuse(c, {431, "headers_too_large",
+      refuse(c, {transport_reason::headers_too_large,
                  "more than " + std::to_string(options_.max_header_count) + " header lines"});
     return c.lines <= options_.max_header_count + 1;
   }
@@ -136,9 +136,9 @@ bool connection_service::take_head(connection& c, std::size_t head_size) {
   const auto framing = std::get<request_framing>(decided);
   if (framing.body_size > 0) {
     if (framing.body_size > options_.max_buffered_body_bytes - buffered_) {
-      refuse(c, {503, "busy",
-                 "bodies being received fill max_buffered_body_bytes (" +
-                     std::to_string(options_.max_buffered_body_bytes) + " bytes)"});
+      refuse(c, {transport_reason::busy, "bodies being received fill max_buffered_body_bytes (" +
+                                             std::to_string(options_.max_buffered_body_bytes) +
+                                             " bytes)"});
       return false;
     }
     buffered_ += framing.body_size;
@@ -163,11 +163,11 @@ void connection_service::release(connection& c) {
 
 // Answers `r` (then closes): a refusal the transport decides.
 void connection_service::refuse(connection& c, const transport_refusal& r) {
-  if (r.status == 503) {
+  if (r.reason == transport_reason::busy) {
     ++counters_.connections_refused;
   } else {
     ++counters_.refused;
-    if (counters_.refused_because) counters_.refused_because(r.error);
+    if (counters_.refused_because) counters_.refused_because(to_string(r.reason));
   }
   release(c);
   c.out += refusal_text(r);

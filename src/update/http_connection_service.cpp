@@ -238,8 +238,8 @@ void connection_service::accept_all() {
 // Answers 503 busy to a connection over max_connections and closes it. Never blocks. A client
 // that sent its request already may see a reset instead.
 void connection_service::refuse_at_accept(int fd) {
-  static const std::string busy =
-      refusal_text({503, "busy", "the endpoint holds max_connections connections already"});
+  static const std::string busy = refusal_text(
+      {transport_reason::busy, "the endpoint holds max_connections connections already"});
   ++counters_.connections_refused;  // counted before the client can see the answer
   ::send(fd, busy.data(), busy.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
   ::shutdown(fd, SHUT_RDWR);
@@ -278,7 +278,7 @@ void connection_service::expire(steady::time_point now) {
       continue;
     }
     const bool whole = now >= c->request_deadline;
-    refuse(*c, {408, "timeout",
+    refuse(*c, {transport_reason::timeout,
                 whole ? "request not complete within request_timeout (" +
                             std::to_string(options_.request_timeout.count()) + " ms) of " +
                             (c->served == 0 ? "accepting the connection" : "the previous answer")

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <charconv>
 #include <cstdint>
@@ -16,27 +17,39 @@
 namespace cubridge::http_internal {
 namespace {
 
-using json = nlohmann::json;
+struct transport_word {
+  transport_reason reason;
+  int status;
+  std::string_view name;    // the "error" field
+  std::string_view phrase;  // the status line's reason phrase
+};
 
-std::string_view reason_phrase(int status) {
-  switch (status) {
-    case 400:
-      return "Bad Request";
-    case 408:
-      return "Request Timeout";
-    case 411:
-      return "Length Required";
-    case 413:
-      return "Payload Too Large";
-    case 415:
-      return "Unsupported Media Type";
-    case 431:
-      return "Request Header Fields Too Large";
-    case 503:
-      return "Service Unavailable";
-  }
-  return "Error";
+// The one table: every transport_reason with its status and words.
+constexpr std::array<transport_word, 8> transport_words{{
+    {transport_reason::bad_request, 400, "bad_request", "Bad Request"},
+    {transport_reason::timeout, 408, "timeout", "Request Timeout"},
+    {transport_reason::length_required, 411, "length_required", "Length Required"},
+    {transport_reason::too_large, 413, "too_large", "Payload Too Large"},
+    {transport_reason::unsupported_encoding, 415, "unsupported_encoding", "Unsupported Media Type"},
+    {transport_reason::unsupported_media_type, 415, "unsupported_media_type",
+     "Unsupported Media Type"},
+    {transport_reason::headers_too_large, 431, "headers_too_large",
+     "Request Header Fields Too Large"},
+    {transport_reason::busy, 503, "busy", "Service Unavailable"},
+}};
+
+constexpr bool table_in_enum_order() {
+  for (std::size_t i = 0; i < transport_words.size(); ++i)
+    if (static_cast<std::size_t>(transport_words[i].reason) != i) return false;
+  return true;
 }
+static_assert(table_in_enum_order(), "transport_words lists every reason in enum order");
+
+const transport_word& word_of(transport_reason reason) noexcept {
+  return transport_words[static_cast<std::size_t>(reason)];
+}
+
+using json = nlohmann::json;
 
 bool iequals(std::string_view a, std::string_view b) {
   return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
@@ -67,7 +80,7 @@ std::string excerpt(std::string_view text) {
 }
 
 transport_refusal bad_request(std::string detail) {
-  return transport_refusal{400, "bad_request", std::move(detail)};
+  return transport_refusal{transport_reason::bad_request, std::move(detail)};
 }
 
 // Every line ends in CRLF and there is no NUL: httplib would read anything else differently.
@@ -168,11 +181,11 @@ std::variant<body_headers, transport_refusal> read_headers(
 std::variant<std::size_t, transport_refusal> body_size_of(const body_headers& h, std::size_t limit,
                                                           const std::string& route) {
   if (h.transfer_encoding)
-    return transport_refusal{411, "length_required",
+    return transport_refusal{transport_reason::length_required,
                              "Transfer-Encoding is not accepted (no chunked bodies): send the "
                              "body with a Content-Length"};
   if (h.lengths == 0 && limit > 0)
-    return transport_refusal{411, "length_required",
+    return transport_refusal{transport_reason::length_required,
                              route + " takes a body: send it with a Content-Length"};
   if (h.lengths > 1) return bad_request(std::to_string(h.lengths) + " Content-Length headers");
   if (h.lengths == 0) return std::size_t{0};
@@ -187,7 +200,7 @@ std::variant<std::size_t, transport_refusal> body_size_of(const body_headers& h,
       digits.size() > 19 ||
       (std::from_chars(digits.data(), digits.data() + digits.size(), size), size > limit);
   if (over)
-    return transport_refusal{413, "too_large",
+    return transport_refusal{transport_reason::too_large,
                              "body of " + excerpt(length) + " bytes, limit " +
                                  std::to_string(limit) + " for " + route +
                                  (limit == 0 ? " (it takes no body)" : "")};
@@ -199,11 +212,11 @@ std::optional<transport_refusal> check_content_headers(const body_headers& h) {
   for (const auto& e : h.encodings)
     if (!iequals(trim_whitespace(e), "identity"))
       return transport_refusal{
-          415, "unsupported_encoding",
+          transport_reason::unsupported_encoding,
           "Content-Encoding '" + excerpt(e) + "' is not accepted: send the body as it is"};
   for (const auto& t : h.types)
     if (istarts_with(trim_whitespace(t), "multipart/"))
-      return transport_refusal{415, "unsupported_media_type",
+      return transport_refusal{transport_reason::unsupported_media_type,
                                "Content-Type '" + excerpt(t) +
                                    "': multipart bodies are not accepted, send the bundle itself "
                                    "as the body (any other Content-Type)"};
@@ -212,14 +225,22 @@ std::optional<transport_refusal> check_content_headers(const body_headers& h) {
 
 }  // namespace
 
+std::string_view to_string(transport_reason reason) noexcept {
+  return word_of(reason).name;
+}
+
+int http_status(transport_reason reason) noexcept {
+  return word_of(reason).status;
+}
+
 std::string refusal_text(const transport_refusal& r) {
-  const std::string body = json{{"error", r.error}, {"detail", r.detail}}.dump(
+  const transport_word& word = word_of(r.reason);
+  const std::string body = json{{"error", word.name}, {"detail", r.detail}}.dump(
                                -1, ' ', false, json::error_handler_t::replace) +
                            "\n";
-  std::string out = "HTTP/1.1 " + std::to_string(r.status) + " " +
-                    std::string(reason_phrase(r.status)) +
+  std::string out = "HTTP/1.1 " + std::to_string(word.status) + " " + std::string(word.phrase) +
                     "\r\nContent-Type: application/json\r\nConnection: close\r\n";
-  if (r.status == 503) out += "Retry-After: 1\r\n";
+  if (r.reason == transport_reason::busy) out += "Retry-After: 1\r\n";
   return out + "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
 }
 
@@ -228,7 +249,7 @@ std::variant<request_framing, transport_refusal> decide_framing(
   if (auto r = check_line_ends(head)) return std::move(*r);
   const std::vector<std::string_view> lines = head_lines(head);
   if (lines.size() - 1 > max_header_count)
-    return transport_refusal{431, "headers_too_large",
+    return transport_refusal{transport_reason::headers_too_large,
                              std::to_string(lines.size() - 1) + " header lines, limit " +
                                  std::to_string(max_header_count)};
   auto parsed_line = parse_request_line(lines.front());

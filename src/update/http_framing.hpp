@@ -11,11 +11,29 @@
 
 namespace cubridge::http_internal {
 
+/// Why the transport refused a request before httplib saw it: a closed set with one table
+/// (http_framing.cpp) that gives each its HTTP status and its wire word, as gate_reason does
+/// for the gate's refusals. The words are documented (docs/update-endpoint.md).
+enum class transport_reason {
+  bad_request,             ///< 400: the head does not parse strictly
+  timeout,                 ///< 408: the request did not arrive in time
+  length_required,         ///< 411: a body without a Content-Length
+  too_large,               ///< 413: a body over the route's limit
+  unsupported_encoding,    ///< 415: a Content-Encoding
+  unsupported_media_type,  ///< 415: a multipart body
+  headers_too_large,       ///< 431: too many or too long header lines
+  busy,                    ///< 503: no room for the connection or its body now
+};
+
+/// "bad_request", "timeout", ... (the "error" field of the answer).
+[[nodiscard]] std::string_view to_string(transport_reason reason) noexcept;
+/// 400, 408, ... (the answer's status).
+[[nodiscard]] int http_status(transport_reason reason) noexcept;
+
 /// A refusal the reception thread writes itself, before httplib sees the request: JSON like
 /// every other refusal, and the connection closes after it.
 struct transport_refusal {
-  int status;
-  std::string error;
+  transport_reason reason = transport_reason::bad_request;
   std::string detail;
 };
 

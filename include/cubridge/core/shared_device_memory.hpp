@@ -22,6 +22,12 @@ enum class memory_export {
 /// Owning, move-only VMM allocation of at least `bytes` (rounded up to the device's allocation
 /// granularity), readable and writable from every context on the device. It belongs to no
 /// context, so it outlives any of them.
+///
+/// Not an owning_handle<Traits>: that template owns one native handle with one release call,
+/// and this owns three driver objects that are made and released as a unit, in order (the
+/// physical allocation, the reserved address range, the mapping between them: unmap, free the
+/// range, release). A failure between them releases what was made; no state in between is a
+/// value a caller could hold.
 class shared_device_memory {
  public:
   /// @throws error naming the device and the size (e.g. CUDA_ERROR_OUT_OF_MEMORY, or
