@@ -3,6 +3,7 @@
 #include <cubridge/core/driver.hpp>
 #include <cubridge/core/error.hpp>
 #include <cubridge/core/log.hpp>
+#include <cubridge/core/process_health.hpp>
 
 #include <cuda_runtime_api.h>
 
@@ -95,6 +96,7 @@ std::string driver_error_name(CUresult result) {
 
 void throw_driver_error(CUresult result, const char* call, std::string involved,
                         std::source_location where) {
+  note_cuda_result(result, call);
   std::string description;
   if (driver::available()) {
     const char* text = nullptr;
@@ -110,6 +112,8 @@ void throw_driver_error(CUresult result, const char* call, std::string involved,
 
 void throw_runtime_error(cudaError_t result, const char* call, std::string involved,
                          std::source_location where) {
+  // The runtime's sticky codes (cudaErrorIllegalAddress = 700, ...) are the driver's numbers.
+  note_cuda_result(static_cast<CUresult>(result), call);
   throw error(error_source::runtime, result, cudaGetErrorName(result), cudaGetErrorString(result),
               call, std::move(involved), where);
 }
@@ -129,6 +133,10 @@ void throw_moved_from(std::string_view type, std::string_view consequence) {
 namespace cubridge::detail {
 void report_release_failure(CUresult result, const char* call) noexcept {
   if (result == CUDA_ERROR_DEINITIALIZED || result == CUDA_ERROR_CONTEXT_IS_DESTROYED) return;
+  // In a poisoned process every release fails with the sticky error: that is the process's
+  // state (process_health), not a bug in the release.
+  note_cuda_result(result, call);
+  if (is_sticky_error(result)) return;
   try {
     log::error(std::string(call) + " failed in a destructor: " + driver_error_name(result));
   } catch (...) {

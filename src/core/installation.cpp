@@ -32,6 +32,9 @@ namespace fs = std::filesystem;
 #ifndef CUBRIDGE_BUILD_TREE_SANDBOX_WORKER
 #define CUBRIDGE_BUILD_TREE_SANDBOX_WORKER ""
 #endif
+#ifndef CUBRIDGE_BUILD_TREE_PROBATION_ENTRY
+#define CUBRIDGE_BUILD_TREE_PROBATION_ENTRY ""
+#endif
 #ifndef CUBRIDGE_BUILD_TREE_RESET_GUARD
 #define CUBRIDGE_BUILD_TREE_RESET_GUARD ""
 #endif
@@ -48,6 +51,9 @@ helper_facts facts(helper_file which) {
   if (which == helper_file::sandbox_worker)
     return {"cubridge-sandbox-worker", "CUBRIDGE_SANDBOX_WORKER", CUBRIDGE_INSTALL_LIBEXECDIR,
             CUBRIDGE_BUILD_TREE_SANDBOX_WORKER, true};
+  if (which == helper_file::probation_entry)
+    return {"libcubridge_probation_entry.so", "CUBRIDGE_PROBATION_ENTRY", CUBRIDGE_INSTALL_LIBDIR,
+            CUBRIDGE_BUILD_TREE_PROBATION_ENTRY, false};
   return {"libcubridge_reset_guard.so", "CUBRIDGE_RESET_GUARD", CUBRIDGE_INSTALL_LIBDIR,
           CUBRIDGE_BUILD_TREE_RESET_GUARD, false};
 }
@@ -85,7 +91,15 @@ fs::path canonical_or_same(const fs::path& path) {
 }  // namespace
 
 std::string_view to_string(helper_file which) noexcept {
-  return which == helper_file::sandbox_worker ? "sandbox_worker" : "reset_guard";
+  switch (which) {
+    case helper_file::sandbox_worker:
+      return "sandbox_worker";
+    case helper_file::reset_guard:
+      return "reset_guard";
+    case helper_file::probation_entry:
+      return "probation_entry";
+  }
+  return "?";
 }
 
 fs::path code_location() {

@@ -70,6 +70,10 @@ void hot_kernel::finish(const chain::lease& lease, const launch_config& config) 
     noted_generation = generation;
   }
   note_usage(config);
+  // For a poison record's suspect (process_health): written only when another kernel launches,
+  // so that a serving loop of one kernel reads the line and never writes it.
+  if (state_->last_kernel.load(std::memory_order_relaxed) != index_)
+    state_->last_kernel.store(static_cast<std::uint32_t>(index_), std::memory_order_relaxed);
   lease.payload().counters->launches.fetch_add(1, std::memory_order_relaxed);
 }
 

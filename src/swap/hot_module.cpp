@@ -9,6 +9,7 @@
 #include <cubridge/core/driver.hpp>
 #include <cubridge/core/image.hpp>
 #include <cubridge/core/log.hpp>
+#include <cubridge/core/process_health.hpp>
 #include <cubridge/core/scoped_current.hpp>
 #include <cubridge/swap/detail/stream_listeners.hpp>
 #include <cubridge/swap/hot_module.hpp>
@@ -60,14 +61,18 @@ hot_module::state::state(context_arg c, std::string n, std::vector<std::string> 
       usage(kernel_names.size()),
       versions(std::move(first), first_origin(o.origin)),
       options(std::move(o)),
+      serving_label(options.origin.label),
       stream_listener(detail::add_stream_listener([this](CUstream s) { seal(s); })),
       reclaimer([this] {
         detail::run_reclaimer(
             signal, [this] { return reclaim_now(); }, std::chrono::milliseconds(1),
             std::chrono::milliseconds(100), [] {});
-      }) {}
+      }) {
+  register_live(this);
+}
 
 hot_module::state::~state() {
+  unregister_live(this);
   detail::remove_stream_listener(stream_listener);
   signal.stop();
   reclaimer.join();
@@ -79,6 +84,7 @@ hot_module hot_module::load(context_arg ctx, std::string name, std::span<const s
   auto names = interface_of(info, name);
   auto loaded = module::load(ctx, image, info, {.name = name + " v1"});
   hot_version first{std::move(loaded), {}, {}};
+  first.image = std::make_shared<const std::vector<std::byte>>(image.begin(), image.end());
   for (const auto& k : names) {
     first.kernels.push_back(first.loaded.get_kernel(k));
     first.limits.push_back(hot_module_internal::limits_of(first.kernels.back()));
@@ -137,6 +143,7 @@ std::uint64_t hot_module::promote(staged_version version, const std::function<vo
         s.run_inner(inner, from.payload);
       });
   for (auto& g : s.graphs) g->bound_version = id;
+  s.note_serving(id, s.versions.held().serving.origin.label);
   s.signal.notify();
   if (log::enabled(log::level::info))
     log::info("module '" + s.name + "' promoted the version from " + version.source_ +
@@ -176,6 +183,7 @@ std::uint64_t hot_module::rollback(const std::function<void()>& inner) {
   });
   s.rollbacks.fetch_add(1);
   for (auto& g : s.graphs) g->bound_version = id;
+  s.note_serving(id, s.versions.held().serving.origin.label);
   s.signal.notify();
   if (log::enabled(log::level::info))
     log::info("module '" + s.name + "' rolled back: version " + std::to_string(id) + " serves");
@@ -262,20 +270,7 @@ namespace {
 // The launch errors after which the context is unusable: every later call in it fails with the
 // same error (CUDA's "sticky" errors; the context must be destroyed).
 bool poisons_the_context(CUresult r) noexcept {
-  switch (r) {
-    case CUDA_ERROR_ILLEGAL_ADDRESS:
-    case CUDA_ERROR_LAUNCH_FAILED:
-    case CUDA_ERROR_HARDWARE_STACK_ERROR:
-    case CUDA_ERROR_ILLEGAL_INSTRUCTION:
-    case CUDA_ERROR_MISALIGNED_ADDRESS:
-    case CUDA_ERROR_INVALID_ADDRESS_SPACE:
-    case CUDA_ERROR_INVALID_PC:
-    case CUDA_ERROR_ECC_UNCORRECTABLE:
-    case CUDA_ERROR_CONTEXT_IS_DESTROYED:
-      return true;
-    default:
-      return false;
-  }
+  return is_sticky_error(r) || r == CUDA_ERROR_CONTEXT_IS_DESTROYED;
 }
 
 }  // namespace

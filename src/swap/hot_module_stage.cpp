@@ -137,6 +137,8 @@ staged_version hot_module::stage(std::span<const std::byte> image, const image_i
   if (const auto why = s.misfit(staged, "the new version"); !why.empty()) s.reject(source, why);
   s.check_carried_globals(current.payload().loaded, staged.loaded, options.carry_globals, source);
   s.run_smoke_test(options, staged.loaded, source);
+  staged.image = std::make_shared<const std::vector<std::byte>>(image.begin(), image.end());
+  s.run_probation(options, current.payload(), image, source);
   version_origin origin{options.label, options.signer, source, std::chrono::system_clock::now()};
   return staged_version(std::move(staged), options.carry_globals, source, std::move(origin),
                         s.serial, "module '" + s.name + "' in " + s.ctx.ref().describe());

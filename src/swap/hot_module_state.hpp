@@ -5,6 +5,7 @@
 // (tracked graphs) and hot_kernel_launch.cpp (the launch path and its per-thread cache).
 // Internal to the swap layer; not installed.
 
+#include <cubridge/core/process_health.hpp>
 #include <cubridge/core/scoped_current.hpp>
 #include <cubridge/swap/hot_module.hpp>
 
@@ -22,6 +23,10 @@
 #include <vector>
 
 namespace cubridge {
+
+namespace swap_internal {
+class probation_session;
+}  // namespace swap_internal
 
 namespace hot_module_internal {
 
@@ -123,6 +128,10 @@ struct hot_module::state {
   /// same size.
   void check_carried_globals(const module& serving, const module& staged,
                              const std::vector<std::string>& variables, const std::string& source);
+  /// Puts `candidate` (loaded from `image`) on probation against `serving` if `options` asks
+  /// for it (hot_module_probation.cpp); throws probation_error unless it passed.
+  void run_probation(const stage_options& options, const hot_version& serving,
+                     std::span<const std::byte> image, const std::string& source);
   /// Runs the smoke test of `options`, if any, on `staged`; rejects the version if it throws.
   void run_smoke_test(const stage_options& options, const module& staged,
                       const std::string& source);
@@ -193,6 +202,31 @@ struct hot_module::state {
   std::atomic<std::uint64_t> reclaim_failures{0};
   std::mutex failure_mutex;
   std::string last_reclaim_failure;
+
+  // What serves, for process_health's record (running_hot_versions): kept in atomics because
+  // the record is made inside a failing driver call, which may run under the chain's lock.
+  std::atomic<std::uint64_t> serving_label{0};
+  std::atomic<std::uint64_t> serving_id{1};
+  /// The interface index of the kernel launched last (written only when it changes).
+  std::atomic<std::uint32_t> last_kernel{UINT32_MAX};
+  // The live hot modules (hot_module_registry.cpp): the constructor lists this one (installing
+  // process_health's provider with the first), the destructor takes it off.
+  static void register_live(state* s);
+  static void unregister_live(state* s) noexcept;
+  /// What every live hot module serves; reads only atomics and names fixed at load, so it may
+  /// run inside any failing driver call, under any of a hot module's locks.
+  static std::vector<running_version> running_versions();
+  /// Sets serving_label and serving_id after a switch.
+  void note_serving(std::uint64_t id, std::uint64_t label) noexcept {
+    serving_label.store(label, std::memory_order_relaxed);
+    serving_id.store(id, std::memory_order_relaxed);
+  }
+
+  // The probation under way, if any (hot_module_probation.cpp). `mirroring` is what every launch
+  // reads; the session itself is taken under the mutex only by sampled launches' callers.
+  std::atomic<bool> mirroring{false};
+  std::mutex probation_mutex;
+  std::shared_ptr<swap_internal::probation_session> probation;
 
   std::uint64_t stream_listener;  // removed first in ~state, before anything it uses dies
 

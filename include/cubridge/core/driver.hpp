@@ -45,7 +45,8 @@ namespace cubridge::driver {
   X(cuGraphKernelNodeSetParams) X(cuGraphExecKernelNodeSetParams) X(cuGraphLaunch)              \
   X(cuGraphCreate) X(cuGraphDestroy) X(cuGraphInstantiateWithFlags) X(cuGraphExecDestroy)     \
   X(cuMemExportToShareableHandle) X(cuMemImportFromShareableHandle) X(cuMemsetD32)           \
-  X(cuMemHostRegister) X(cuMemHostUnregister)
+  X(cuMemHostRegister) X(cuMemHostUnregister)                                                \
+  X(cuMemGetAddressRange) X(cuMemcpyDtoD) X(cuMemcpyDtoDAsync) X(cuMemcpyDtoH)
 // clang-format on
 
 /// Cached pointers to the driver's entry points, one member per name above.

@@ -11,8 +11,9 @@
 namespace cubridge {
 
 enum class helper_file {
-  sandbox_worker,  ///< cubridge-sandbox-worker (isolation/sandbox.hpp)
-  reset_guard,     ///< libcubridge_reset_guard.so (tools/reset_guard)
+  sandbox_worker,   ///< cubridge-sandbox-worker (isolation/sandbox.hpp)
+  reset_guard,      ///< libcubridge_reset_guard.so (tools/reset_guard)
+  probation_entry,  ///< libcubridge_probation_entry.so (tools/probation_entry, swap/probation.hpp)
 };
 [[nodiscard]] std::string_view to_string(helper_file which) noexcept;
 

@@ -24,6 +24,7 @@
 #include <cubridge/core/kernel.hpp>
 #include <cubridge/core/module.hpp>
 #include <cubridge/swap/error.hpp>
+#include <cubridge/swap/probation.hpp>
 #include <cubridge/swap/swap_target.hpp>
 #include <cubridge/swap/version_chain.hpp>
 
@@ -31,6 +32,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -71,6 +73,8 @@ struct hot_version {
   std::vector<kernel> kernels{};
   std::vector<kernel_limits> limits{};
   std::shared_ptr<version_launch_counters> counters = std::make_shared<version_launch_counters>();
+  /// The image it was loaded from: what a probation's worker loads as the serving version.
+  std::shared_ptr<const std::vector<std::byte>> image{};
 };
 
 /// The serving version's launches since it was promoted (hot_module::launches()).
@@ -146,6 +150,11 @@ struct stage_options {
   /// `__device__` variables whose contents promote() copies from the serving version into this
   /// one just before the switch (counters, tables). Each must exist in both with the same size.
   std::vector<std::string> carry_globals{};
+  /// Put the version on probation (swap/probation.hpp) before stage() returns it: it must pass
+  /// on mirrored live launches in a sandbox worker, or stage() throws probation_error. stage()
+  /// blocks meanwhile (at most the policy's deadline); launches go on as before on other
+  /// threads.
+  std::optional<probation_policy> probation{};
 };
 
 /// Counters for reports.
@@ -360,6 +369,8 @@ class hot_kernel {
   std::uint64_t launch(const launch_config& config, const Args&... args) const {
     auto lease = acquire(config);
     try {
+      if (mirroring()) [[unlikely]]
+        mirror(lease, config, args...);
       lease.payload().kernels[index_].launch(config, args...);
     } catch (...) {
       count_failure(lease.payload());
@@ -415,6 +426,17 @@ class hot_kernel {
   [[nodiscard]] const chain::lease& checked_pin(const pinned_version& pinned,
                                                 const launch_config& config) const;
   void finish(const chain::lease& lease, const launch_config& config) const;
+  /// Whether a probation is mirroring launches now (one relaxed load: the unsampled path).
+  [[nodiscard]] bool mirroring() const noexcept;
+  /// Hands a launch of the serving version to the probation (hot_module_probation.cpp).
+  template <class... Args>
+  void mirror(const chain::lease& lease, const launch_config& config, const Args&... args) const {
+    const auto& k = lease.payload().kernels[index_];
+    (void)k.template typed<Args...>();  // the argument check, before anything is copied
+    detail::with_kernel_arguments([&](void** arguments) { mirror_raw(lease, config, arguments); },
+                                  args...);
+  }
+  void mirror_raw(const chain::lease& lease, const launch_config& config, void** arguments) const;
   /// Counts a launch that threw against its version (in a catch block: reads the exception).
   static void count_failure(const hot_version& version) noexcept;
   /// Raises the launch configuration a new version must fit (stage(), promote() and rollback()
