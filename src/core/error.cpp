@@ -7,7 +7,10 @@
 
 #include <cuda_runtime_api.h>
 
+#include <array>
 #include <string>
+#include <string_view>
+#include <utility>
 
 #ifndef CUBRIDGE_SOURCE_ROOT
 #define CUBRIDGE_SOURCE_ROOT ""
@@ -86,11 +89,36 @@ void throw_errc(errc code, std::string call, std::string involved, std::source_l
   }
 }
 
+namespace {
+
+// The names cubridge reports most, for machines without a driver (a CPU-only CI, a record
+// made before the driver loaded): the sticky errors and the start-up ones.
+constexpr std::array<std::pair<CUresult, std::string_view>, 14> known_driver_errors{{
+    {CUDA_SUCCESS, "CUDA_SUCCESS"},
+    {CUDA_ERROR_NO_DEVICE, "CUDA_ERROR_NO_DEVICE"},
+    {CUDA_ERROR_NOT_INITIALIZED, "CUDA_ERROR_NOT_INITIALIZED"},
+    {CUDA_ERROR_DEINITIALIZED, "CUDA_ERROR_DEINITIALIZED"},
+    {CUDA_ERROR_OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY"},
+    {CUDA_ERROR_CONTEXT_IS_DESTROYED, "CUDA_ERROR_CONTEXT_IS_DESTROYED"},
+    {CUDA_ERROR_ECC_UNCORRECTABLE, "CUDA_ERROR_ECC_UNCORRECTABLE"},
+    {CUDA_ERROR_ILLEGAL_ADDRESS, "CUDA_ERROR_ILLEGAL_ADDRESS"},
+    {CUDA_ERROR_HARDWARE_STACK_ERROR, "CUDA_ERROR_HARDWARE_STACK_ERROR"},
+    {CUDA_ERROR_ILLEGAL_INSTRUCTION, "CUDA_ERROR_ILLEGAL_INSTRUCTION"},
+    {CUDA_ERROR_MISALIGNED_ADDRESS, "CUDA_ERROR_MISALIGNED_ADDRESS"},
+    {CUDA_ERROR_INVALID_ADDRESS_SPACE, "CUDA_ERROR_INVALID_ADDRESS_SPACE"},
+    {CUDA_ERROR_INVALID_PC, "CUDA_ERROR_INVALID_PC"},
+    {CUDA_ERROR_LAUNCH_FAILED, "CUDA_ERROR_LAUNCH_FAILED"},
+}};
+
+}  // namespace
+
 std::string driver_error_name(CUresult result) {
   if (driver::available()) {
     const char* name = nullptr;
     if (driver::api().cuGetErrorName(result, &name) == CUDA_SUCCESS && name) return name;
   }
+  for (const auto& [code, name] : known_driver_errors)
+    if (code == result) return std::string(name);
   return "CUresult " + std::to_string(static_cast<int>(result));
 }
 

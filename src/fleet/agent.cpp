@@ -7,12 +7,16 @@
 // serves something else: fetch it by subject, check its digest, hand it to the gate with the
 // record's authority, and publish one signed result for the revision. Transient failures retry
 // with backoff; permanent ones wait for the next revision.
+//
+// Once the process is poisoned (core/process_health.hpp) the heartbeat thread sends at once a
+// heartbeat that says so, then a `failed` result (sticky_error) per module serving a version.
 #include "fleet/nats.hpp"
 
 #include <cubridge/bundle/detail/signing.hpp>
 #include <cubridge/core/detail/printable.hpp>
 #include <cubridge/core/error.hpp>
 #include <cubridge/core/log.hpp>
+#include <cubridge/core/process_health.hpp>
 #include <cubridge/fleet/agent.hpp>
 #include <cubridge/fleet/desired_state.hpp>
 #include <cubridge/fleet/signed_record.hpp>
@@ -29,6 +33,8 @@
 #include <random>
 #include <shared_mutex>
 #include <thread>
+#include <utility>
+#include <vector>
 
 namespace cubridge {
 namespace {
@@ -68,6 +74,18 @@ std::string new_boot_id() {
   std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(bits));
   return text;
 }
+
+// Where the agent's threads wait: for stop(), and the heartbeat thread for word that the process
+// was poisoned. Shared with the poison listener, which process_health may still call after
+// remove_poison_listener returned (it calls a copy, outside its own lock): a late call finds
+// this, never a destroyed agent.
+struct wake_signal {
+  std::mutex mutex;
+  std::condition_variable wake;
+  bool stopping = false;            // under mutex
+  bool poison_news = false;         // under mutex: ends the heartbeat thread's wait, once
+  bool poison_results_due = false;  // under mutex: the sticky_error results still to go out
+};
 
 }  // namespace
 
@@ -116,18 +134,18 @@ struct fleet_agent::impl {
 
   std::thread worker, heartbeater;
   std::atomic<bool> is_running{false};
-  std::mutex wake_mutex;
-  std::condition_variable wake;
-  bool stopping = false;  // under wake_mutex
+  std::shared_ptr<wake_signal> wakeup = std::make_shared<wake_signal>();
+  std::uint64_t poison_listener = 0;  // from start() to stop()
 
   mutable std::mutex state_mutex;  // what the other threads read
   std::optional<fleet::result_record> last;
-  std::map<std::string, std::uint64_t> rejects;   // by reason
-  std::map<std::string, std::uint64_t> acted_on;  // per module: the revision last acted on
-  std::map<std::string, bool> converged_now;      // per module
-  std::string problem;                            // why not ready
-  std::string last_problem;                       // the last one noted, kept once solved
-  steady::time_point last_logged{};               // when a problem was last logged
+  std::map<std::string, std::uint64_t> rejects;           // by reason
+  std::map<std::string, std::uint64_t> acted_on;          // per module: the revision last acted on
+  std::map<std::string, fleet::bundle_ref> acted_target;  // and the bundle it named for the node
+  std::map<std::string, bool> converged_now;              // per module
+  std::string problem;                                    // why not ready
+  std::string last_problem;                               // the last one noted, kept once solved
+  steady::time_point last_logged{};                       // when a problem was last logged
 
   // This run of the agent, as its heartbeats name it (records.hpp: boot, sequence, started).
   std::string boot;
@@ -139,8 +157,20 @@ struct fleet_agent::impl {
       links_replaced{0};
 
   bool pause(std::chrono::milliseconds delay) {
-    std::unique_lock lock(wake_mutex);
-    return wake.wait_for(lock, delay, [&] { return stopping; });
+    std::unique_lock lock(wakeup->mutex);
+    return wakeup->wake.wait_for(lock, delay, [&] { return wakeup->stopping; });
+  }
+  // As pause(), but word that the process was poisoned ends the wait too, once: the heartbeat
+  // that says so goes out at once, not at the next interval.
+  bool pause_heartbeat(std::chrono::milliseconds delay) {
+    std::unique_lock lock(wakeup->mutex);
+    wakeup->wake.wait_for(lock, delay, [&] { return wakeup->stopping || wakeup->poison_news; });
+    wakeup->poison_news = false;
+    return wakeup->stopping;
+  }
+  bool take_poison_results() {
+    std::lock_guard lock(wakeup->mutex);
+    return std::exchange(wakeup->poison_results_due, false);
   }
   // Waits up to `delay` for stop(); while the connection is down, returns as soon as it is up
   // again (looked at every link_poll) with `failures` reset, so that a set-up after a server
@@ -159,8 +189,8 @@ struct fleet_agent::impl {
     return false;
   }
   bool stop_requested() {
-    std::lock_guard lock(wake_mutex);
-    return stopping;
+    std::lock_guard lock(wakeup->mutex);
+    return wakeup->stopping;
   }
   bool link_up() const {
     std::shared_lock lock(link_mutex);
@@ -213,6 +243,9 @@ struct fleet_agent::impl {
   bool publish_record(module_follow& f);
   void run_heartbeats();
   fleet::heartbeat heartbeat_now();
+  void listen_for_poison();
+  std::vector<fleet::result_record> poisoned_results() const;
+  void publish_poisoned_results();
   fleet::module_health health_of(const module_report& report) const;
 };
 
@@ -554,6 +587,7 @@ void fleet_agent::impl::reconcile(module_follow& f) {
   {
     std::lock_guard lock(state_mutex);
     acted_on[f.module] = desired.revision;
+    acted_target[f.module] = *target;
     converged_now[f.module] = d.serving_version == target->version;
   }
   f.unpublished = record_of(f, *target, d);
@@ -691,11 +725,69 @@ fleet::heartbeat fleet_agent::impl::heartbeat_now() {
   h.connected = true;  // sent only while connected
   h.boot = boot;
   h.started = started;
+  if (const auto record = process_health())
+    h.poisoned = fleet::poison_report{record->error_name, record->call,
+                                      std::chrono::floor<std::chrono::seconds>(record->at)};
+  else if (process_poisoned())  // flagged without a record (no memory for one)
+    h.poisoned = fleet::poison_report{{}, {}, h.time};
   std::lock_guard lock(state_mutex);
   for (const auto& [m, revision] : acted_on) h.revisions[m] = revision;
   h.last_result = last;
   h.problem = problem;
   return h;
+}
+
+// A `failed` result (sticky_error) per followed module that serves a version, once the process
+// is poisoned: for the revision whose bundle serves when the node acted on one (so that a rollout
+// waiting for this node's answer halts on it), else for the revision last acted on, with no
+// digest (a record about no bundle).
+std::vector<fleet::result_record> fleet_agent::impl::poisoned_results() const {
+  const auto record = process_health();
+  const std::string what = record ? describe(*record) : "poisoned by a sticky CUDA error";
+  std::vector<fleet::result_record> out;
+  for (const auto& m : modules) {
+    fleet::result_record r;
+    r.version = r.serving_version = gate->serving(m);
+    if (r.version == 0) continue;  // nothing serves: nothing to fail
+    r.node = options.node;
+    r.module = m;
+    r.outcome = gate_outcome::failed;
+    r.reason = to_string(gate_reason::sticky_error);
+    r.detail = what;
+    r.time = std::chrono::floor<std::chrono::seconds>(now());
+    std::lock_guard lock(state_mutex);
+    if (const auto it = acted_on.find(m); it != acted_on.end()) r.revision = it->second;
+    if (const auto it = acted_target.find(m);
+        it != acted_target.end() && it->second.version == r.version)
+      r.digest = it->second.digest;
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+// Publishes poisoned_results() (the caller holds the link's shared lock); what cannot go out now
+// goes out after the next heartbeat. From the heartbeat thread, never from the poison listener:
+// publishing waits for the server, and the listener runs on whichever thread saw the error.
+void fleet_agent::impl::publish_poisoned_results() {
+  try {
+    for (const auto& r : poisoned_results()) {
+      const auto text =
+          fleet::sign_record(fleet::record_kind::result, fleet::to_json(r), *node_key);
+      nats::publish(js.get(), connection.get(), fleet::result_subject(r.module, options.node),
+                    std::as_bytes(std::span(text.data(), text.size())), "result record", {},
+                    api_wait);
+      ++records_published;
+      std::lock_guard lock(state_mutex);
+      last = r;
+    }
+  } catch (const std::exception& e) {
+    ++publish_failures;
+    {
+      std::lock_guard lock(wakeup->mutex);
+      wakeup->poison_results_due = true;
+    }
+    note_problem(std::string("sticky_error result not published yet: ") + e.what());
+  }
 }
 
 void fleet_agent::impl::run_heartbeats() {
@@ -714,12 +806,35 @@ void fleet_agent::impl::run_heartbeats() {
       nats::publish(js.get(), connection.get(), subject,
                     std::as_bytes(std::span(text.data(), text.size())), "heartbeat", {}, api_wait);
       ++heartbeats;
+      // Poisoned: the results follow the first heartbeat that says so.
+      if (beat.poisoned && take_poison_results()) publish_poisoned_results();
     } catch (const std::exception&) {
       // Missed; the next interval tries again.
     }
-  } while (!pause(link_up() && heartbeats > 0
-                      ? options.heartbeat_interval
-                      : std::min(options.heartbeat_interval, std::chrono::milliseconds(100))));
+  } while (
+      !pause_heartbeat(link_up() && heartbeats > 0
+                           ? options.heartbeat_interval
+                           : std::min(options.heartbeat_interval, std::chrono::milliseconds(100))));
+}
+
+// Before the threads start: the flags cleared, and the listener added, which only leaves word
+// for the heartbeat thread (publishing waits for the server, and the listener runs on whichever
+// thread saw the error). Called at once when the process is poisoned already.
+void fleet_agent::impl::listen_for_poison() {
+  {
+    std::lock_guard lock(wakeup->mutex);
+    wakeup->stopping = wakeup->poison_news = wakeup->poison_results_due = false;
+  }
+  poison_listener = add_poison_listener([wakeup = wakeup](const poison_record&) {
+    try {
+      {
+        std::lock_guard lock(wakeup->mutex);
+        wakeup->poison_news = wakeup->poison_results_due = true;
+      }
+      wakeup->wake.notify_all();
+    } catch (...) {  // a listener must not throw; the next heartbeat says poisoned anyway
+    }
+  });
 }
 
 // --- the agent --------------------------------------------------------------------------------
@@ -770,10 +885,7 @@ void fleet_agent::start() {
   c.name = "cubridge-agent-" + d.options.node;
   c.retry_on_failed_connect = true;  // a service starts while the server is down
   (void)nats::make_options(c);       // a CA or credentials file it cannot use: the caller's error
-  {
-    std::lock_guard lock(d.wake_mutex);
-    d.stopping = false;
-  }
+  d.listen_for_poison();
   d.worker = std::thread([&d] { d.run_worker(); });
   d.heartbeater = std::thread([&d] { d.run_heartbeats(); });
   d.is_running = true;
@@ -782,11 +894,12 @@ void fleet_agent::start() {
 void fleet_agent::stop() noexcept {
   auto& d = *impl_;
   if (!d.is_running) return;
+  remove_poison_listener(std::exchange(d.poison_listener, 0));
   {
-    std::lock_guard lock(d.wake_mutex);
-    d.stopping = true;
+    std::lock_guard lock(d.wakeup->mutex);
+    d.wakeup->stopping = true;
   }
-  d.wake.notify_all();
+  d.wakeup->wake.notify_all();
   d.worker.join();
   d.heartbeater.join();
   d.follows.clear();

@@ -175,6 +175,22 @@ std::optional<module_health> health_of(const json& j) {
   return h;
 }
 
+json poison_json(const poison_report& p) {
+  return {{"error", bounded(p.error, max_record_token)},
+          {"call", bounded(p.call, max_record_token)},
+          {"since", cubridge::detail::format_time(p.since)}};
+}
+
+// Exactly the three fields, as poison_json writes them.
+std::optional<poison_report> poison_of(const json& j) {
+  if (!j.is_object() || j.size() != 3) return std::nullopt;
+  const auto error = text_field(j, "error", max_record_token);
+  const auto call = text_field(j, "call", max_record_token);
+  const auto since = time_field(j, "since");
+  if (!error || !call || !since) return std::nullopt;
+  return poison_report{*error, *call, *since};
+}
+
 }  // namespace
 
 std::string software_text() {
@@ -226,6 +242,7 @@ std::string to_json(const heartbeat& beat) {
     j["started"] = cubridge::detail::format_time(beat.started);
   }
   if (!beat.problem.empty()) j["problem"] = bounded(beat.problem, max_record_detail);
+  if (beat.poisoned) j["poisoned"] = poison_json(*beat.poisoned);  // absent while healthy
   return dump(j);
 }
 
@@ -300,6 +317,10 @@ std::optional<heartbeat> parse_heartbeat(std::string_view text) {
     const auto problem = text_field(*j, "problem", max_record_detail);
     if (!problem) return std::nullopt;
     h.problem = *problem;
+  }
+  if (const auto poisoned = j->find("poisoned"); poisoned != j->end()) {  // optional: newer nodes
+    h.poisoned = poison_of(*poisoned);
+    if (!h.poisoned) return std::nullopt;
   }
   return h;
 }

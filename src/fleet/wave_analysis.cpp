@@ -35,7 +35,7 @@ template <class Has>
 share share_of(std::span<const health_sample> samples, Has has) {
   share s;
   for (const auto& sample : samples)
-    if (has(sample.health)) s.nodes.push_back(sample.node);
+    if (has(sample)) s.nodes.push_back(sample.node);
   if (!s.nodes.empty()) s.first = s.nodes.front();
   if (!samples.empty())
     s.fraction = static_cast<double>(s.nodes.size()) / static_cast<double>(samples.size());
@@ -157,22 +157,32 @@ void judge_share(const judging& j, const std::string& figure, Has has, halt_sign
     j.fail(c.first, signal, describe(c, c.fraction, base));
 }
 
-// A context poisoned on a canary: its service can no longer use the GPU.
+// A context poisoned on a canary, or its whole process (its heartbeat says so even when no
+// launch of the module saw the error): its service can no longer use the GPU.
+bool sticky(const health_sample& s) {
+  return !s.health.sticky_error.empty() || s.poisoned.has_value();
+}
+
+std::string sticky_text(const health_sample& s) {
+  if (!s.health.sticky_error.empty())
+    return "has a sticky CUDA error (" + s.health.sticky_error + ")";
+  return "is poisoned (" + (s.poisoned->error.empty() ? "a sticky CUDA error" : s.poisoned->error) +
+         (s.poisoned->call.empty() ? "" : " seen by " + s.poisoned->call) + ")";
+}
+
 void judge_sticky(const judging& j) {
-  judge_share(
-      j, "sticky", [](const module_health& h) { return !h.sticky_error.empty(); },
-      halt_signal::sticky_error,
-      [&j](const share& c, double canary, double base) {
-        return "canary " + c.first + " has a sticky CUDA error (" +
-               find(j.canaries, c.first)->health.sticky_error + "): " + number(canary * 100) +
-               "% of canaries" + j.baseline_text(number(base * 100) + "%");
-      });
+  judge_share(j, "sticky", sticky, halt_signal::sticky_error,
+              [&j](const share& c, double canary, double base) {
+                return "canary " + c.first + " " + sticky_text(*find(j.canaries, c.first)) + ": " +
+                       number(canary * 100) + "% of canaries" +
+                       j.baseline_text(number(base * 100) + "%");
+              });
 }
 
 // The service's own probe.
 void judge_probe(const judging& j) {
   judge_share(
-      j, "unhealthy", [](const module_health& h) { return !h.healthy; }, halt_signal::probe,
+      j, "unhealthy", [](const health_sample& s) { return !s.health.healthy; }, halt_signal::probe,
       [&j](const share& c, double canary, double base) {
         const auto& h = find(j.canaries, c.first)->health;
         std::string values;

@@ -372,9 +372,9 @@ wave_samples sample_wave(const desired_state& state, const std::vector<node_stat
     // same version; a baseline node's last one speaks of the stable version whenever it was made.
     if (canary && node.received <= since) continue;
     if (canary && h->second.version == state.waves->candidate.version)
-      out.canaries.push_back({node.node, h->second});
+      out.canaries.push_back({node.node, h->second, node.beat->poisoned});
     else if (!canary && stable != 0 && h->second.version == stable)
-      out.baseline.push_back({node.node, h->second});
+      out.baseline.push_back({node.node, h->second, node.beat->poisoned});
   }
   return out;
 }

@@ -7,7 +7,7 @@
 namespace cubridge {
 namespace {
 
-constexpr std::array<detail::enum_name<gate_reason>, 30> gate_reason_names{{
+constexpr std::array<detail::enum_name<gate_reason>, 35> gate_reason_names{{
     {gate_reason::none, "none"},
     {gate_reason::too_large, "too_large"},
     {gate_reason::bad_magic, "bad_magic"},
@@ -38,6 +38,11 @@ constexpr std::array<detail::enum_name<gate_reason>, 30> gate_reason_names{{
     {gate_reason::stage_refused, "stage_refused"},
     {gate_reason::apply_failed, "apply_failed"},
     {gate_reason::no_previous_version, "no_previous_version"},
+    {gate_reason::faulted_in_probation, "faulted_in_probation"},
+    {gate_reason::mismatch_in_probation, "mismatch_in_probation"},
+    {gate_reason::probation_incomplete, "probation_incomplete"},
+    {gate_reason::known_bad, "known_bad"},
+    {gate_reason::sticky_error, "sticky_error"},
 }};
 static_assert(detail::lists_values_in_order(gate_reason_names));
 

@@ -1,5 +1,5 @@
-// The Prometheus text format 0.0.4 writer (metrics_text.hpp) and the families of what a
-// module_sink reports.
+// The Prometheus text format 0.0.4 writer (metrics_text.hpp), the families of what a
+// module_sink reports and the process's health gauge.
 #include <cubridge/core/error.hpp>
 #include <cubridge/update/metrics_text.hpp>
 
@@ -156,6 +156,23 @@ void write_module_metrics(metrics_text_writer& out, const std::vector<module_rep
         out.sample((*r.counters).*c.member,
                    {{"module", r.name}, {"version", std::to_string(r.current_version)}});
   }
+}
+
+void write_process_health_metrics(
+    metrics_text_writer& out, bool poisoned,
+    std::optional<std::chrono::system_clock::time_point> poisoned_since) {
+  out.family("cubridge_process_poisoned",
+             "1 once a sticky CUDA error poisoned this process (only a new process recovers), "
+             "else 0.",
+             metric_type::gauge);
+  out.sample(poisoned ? std::uint64_t{1} : std::uint64_t{0});
+  if (!poisoned || !poisoned_since) return;
+  const auto seconds =
+      std::chrono::duration_cast<std::chrono::seconds>(poisoned_since->time_since_epoch()).count();
+  out.family("cubridge_process_poisoned_since_seconds",
+             "When the sticky CUDA error that poisoned this process was seen (unix time).",
+             metric_type::gauge);
+  out.sample(seconds > 0 ? static_cast<std::uint64_t>(seconds) : 0);
 }
 
 }  // namespace cubridge

@@ -1,4 +1,5 @@
 #include <cubridge/core/detail/enum_names.hpp>
+#include <cubridge/core/process_health.hpp>
 #include <cubridge/update/module_sink.hpp>
 
 #include <array>
@@ -16,6 +17,10 @@ static_assert(detail::lists_values_in_order(apply_rule_names));
 
 std::string_view to_string(apply_rule rule) noexcept {
   return detail::name_of(apply_rule_names, rule, "unknown");
+}
+
+bool module_sink::probe_health() const noexcept {
+  return process_poisoned();
 }
 
 sink_result not_newer_result(std::string_view module, std::uint64_t version,

@@ -61,6 +61,11 @@ int status_of(gate_reason reason) {
     case gate_reason::target_mismatch:
     case gate_reason::wrong_device:
     case gate_reason::stage_refused:
+    case gate_reason::faulted_in_probation:
+    case gate_reason::mismatch_in_probation:
+    case gate_reason::probation_incomplete:
+    case gate_reason::known_bad:
+    case gate_reason::sticky_error:
       return 422;
     case gate_reason::apply_failed:
     case gate_reason::state_failed:
@@ -221,6 +226,13 @@ void update_endpoint::impl::set_up_routes(httplib::Server& s) {
   if (options.serve_metrics)
     s.Get("/metrics",
           [this](const httplib::Request&, httplib::Response& res) { answer_metrics(res); });
+  // Always served, without a key: a load balancer's and Kubernetes' probes
+  // (docs/update-endpoint.md, "Liveness and readiness"); bodiless, as body_limit() says for every
+  // path outside /v1/modules/.
+  s.Get("/healthz",
+        [this](const httplib::Request&, httplib::Response& res) { answer_liveness(res); });
+  s.Get("/readyz",
+        [this](const httplib::Request&, httplib::Response& res) { answer_readiness(res); });
   s.Put("/v1/modules/(.+)", httplib::Server::HandlerWithContentReader(
                                 [this](const httplib::Request& req, httplib::Response& res,
                                        const httplib::ContentReader& content) {

@@ -1,8 +1,9 @@
 #pragma once
 // The update endpoint over its policy (update_gate.hpp: verification, the replay floor, the
 // sink): the routes and the answers. The set-up, the answers and start/stop are in
-// update_endpoint.cpp, the push, rollback, status and metrics handlers in update_routes.cpp; the
-// HTTP transport under it in http_reception.hpp. Internal to cubridge_update; not installed.
+// update_endpoint.cpp, the push, rollback, status, metrics, liveness and readiness handlers in
+// update_routes.cpp; the HTTP transport under it in http_reception.hpp. Internal to
+// cubridge_update; not installed.
 #include "http_reception.hpp"
 #include "refusal_text.hpp"
 
@@ -124,6 +125,8 @@ struct update_endpoint::impl {
   void refuse_decision(httplib::Response& res, const gate_decision& d, const std::string& name);
   void list_modules(httplib::Response& res);
   void answer_metrics(httplib::Response& res);
+  void answer_liveness(httplib::Response& res);
+  void answer_readiness(httplib::Response& res);
 };
 
 }  // namespace cubridge

@@ -8,6 +8,7 @@
 #include <cubridge/core/error.hpp>
 #include <cubridge/core/image.hpp>
 #include <cubridge/core/log.hpp>
+#include <cubridge/core/process_health.hpp>
 #include <cubridge/update/state_location.hpp>
 #include <cubridge/update/update_gate.hpp>
 
@@ -72,6 +73,88 @@ class logged_decision {
   const gate_decision& d_;
 };
 
+// What the gate knows of the payloads it handed to the sink, for its poison listener: per module
+// the digest of each version it applied (the newest few), the version in the sink's hands now,
+// and the version serving as the gate last saw it. Shared with the listener, which process_health
+// may still call after remove_poison_listener returned (it calls a copy, outside its own lock):
+// a late call finds `state` null, never a destroyed gate.
+class applied_memory {
+ public:
+  /// Versions whose payload is kept per module: a rollback goes back one; 16 is plenty.
+  static constexpr std::size_t kept_versions = 16;
+
+  void attach(update_state* state) {
+    std::lock_guard lock(mutex_);
+    state_ = state;
+  }
+  // `version` goes to the sink while `serving` serves. Only a version above it is the suspect
+  // while it is applied: new code whose stage or smoke test may fault. One at or below it is
+  // going back (a rollback, a halt) to code that served before, and an error then comes more
+  // likely from the traffic on what serves.
+  void begin_apply(const std::string& module, std::uint64_t version, const std::string& digest,
+                   std::uint64_t serving) {
+    std::lock_guard lock(mutex_);
+    auto& m = modules_[module];
+    m.payloads[version] = digest;  // a fixed bundle of the same version replaces the old one
+    if (m.payloads.size() > kept_versions) m.payloads.erase(m.payloads.begin());
+    m.serving = serving;
+    m.applying = version > serving ? version : 0;
+  }
+  void serving(const std::string& module, std::uint64_t version) {
+    std::lock_guard lock(mutex_);
+    auto& m = modules_[module];
+    m.applying = 0;
+    m.serving = version;
+  }
+  // The process is poisoned: each module's suspect recorded bad (sticky_error) and written at
+  // once, since the process ends soon. The suspect is a new version in the sink's hands when
+  // there is one (its stage or smoke test ran when the error came), else the one serving, as
+  // the swap layer names it (poison_record::running) or as the gate last saw it.
+  void on_poison(const poison_record& r) noexcept {
+    try {
+      std::lock_guard lock(mutex_);
+      if (!state_) return;
+      for (const auto& [name, m] : modules_) {
+        std::uint64_t version = m.applying != 0 ? m.applying : m.serving;
+        if (m.applying == 0)
+          for (const auto& v : r.running)
+            if (v.module == name && v.label != 0) version = v.label;
+        const auto payload = m.payloads.find(version);
+        if (version == 0 || payload == m.payloads.end()) continue;  // not applied through here
+        record(name, version, payload->second, r);
+      }
+    } catch (...) {  // a listener must not throw; what could not be recorded was logged
+    }
+  }
+
+ private:
+  struct module_memory {
+    std::map<std::uint64_t, std::string> payloads;  // version -> payload digest
+    std::uint64_t applying = 0;                     // 0: none
+    std::uint64_t serving = 0;
+  };
+  void record(const std::string& name, std::uint64_t version, const std::string& digest,
+              const poison_record& r) {
+    try {
+      if (state_->record_bad({name, digest, version, gate_reason::sticky_error,
+                              std::chrono::floor<std::chrono::seconds>(r.at)}))
+        log::warn("update gate: module '" + name + "' v" + std::to_string(version) + " (payload " +
+                  digest + ") recorded as bad: " + describe(r));
+    } catch (const std::exception& e) {
+      log::error("update gate: module '" + name + "' v" + std::to_string(version) +
+                 " could not be recorded as bad after the process was poisoned: " + e.what());
+    }
+  }
+
+  // Held only for these maps and the state's record: never across a sink or CUDA call. The
+  // listener runs inside such a call, on whichever thread saw the error (one that may hold a
+  // module's lock), and takes only this mutex and the state's, so it never waits for a lock its
+  // own thread holds.
+  std::mutex mutex_;
+  update_state* state_ = nullptr;  // the gate's, from its start to its destruction
+  std::map<std::string, module_memory, std::less<>> modules_;
+};
+
 }  // namespace
 
 std::string_view to_string(gate_outcome outcome) noexcept {
@@ -85,6 +168,13 @@ std::optional<gate_outcome> parse_gate_outcome(std::string_view name) noexcept {
 struct update_gate::impl {
   impl(std::shared_ptr<module_sink> s, update_gate_options o)
       : owned_sink(std::move(s)), sink(*owned_sink), options(std::move(o)) {}
+  impl(const impl&) = delete;
+  impl& operator=(const impl&) = delete;
+  // A listener call under way finishes before the state goes (attach waits for its mutex).
+  ~impl() {
+    if (poison_listener != 0) remove_poison_listener(poison_listener);
+    memory->attach(nullptr);
+  }
 
   std::shared_ptr<module_sink> owned_sink;  // held: the gate cannot outlive its sink
   module_sink& sink;                        // *owned_sink
@@ -102,6 +192,9 @@ struct update_gate::impl {
   // requests cannot grow the map.
   std::mutex locks_mutex;
   std::map<std::string, std::unique_ptr<std::mutex>, std::less<>> locks;
+  // The payloads applied, for the poison listener (added by start(), removed by ~impl).
+  std::shared_ptr<applied_memory> memory = std::make_shared<applied_memory>();
+  std::uint64_t poison_listener = 0;
 
   std::chrono::system_clock::time_point now() const {
     return options.clock ? options.clock() : std::chrono::system_clock::now();
@@ -132,10 +225,12 @@ struct update_gate::impl {
     }
   }
   // The outcome of a sink's refusal: its version serving already is a duplicate, a failure of
-  // the sink failed, anything else refused.
+  // the sink or of the version's probation failed, anything else refused.
   static gate_outcome outcome_of_refusal(gate_reason reason, std::uint64_t version,
                                          const sink_result& result) noexcept {
-    if (reason == gate_reason::apply_failed) return gate_outcome::failed;
+    if (reason == gate_reason::apply_failed || reason == gate_reason::probation_incomplete ||
+        marks_bad(reason))
+      return gate_outcome::failed;
     if (reason == gate_reason::replayed_version && version != 0 &&
         result.serving_version == version)
       return gate_outcome::duplicate;
@@ -159,6 +254,8 @@ struct update_gate::impl {
 
   std::optional<verified_bundle> verify(std::span<const std::byte> body, gate_decision& d);
   void keep_floor(const std::string& name, std::uint64_t current);
+  bool refuse_known_bad(const bundle_manifest& m, gate_decision& d);
+  std::string record_bad_payload(const bundle_manifest& m, gate_reason reason);
   void apply_recorded(const verified_bundle& bundle, std::uint64_t seen, apply_rule rule,
                       gate_decision& d);
   std::optional<rollback_request> verify_rollback(std::string_view body, std::string_view expected,
@@ -210,6 +307,32 @@ void update_gate::impl::keep_floor(const std::string& name, std::uint64_t curren
   }
 }
 
+// A payload recorded bad on this node is refused before anything else happens to it: never
+// staged, whatever its version, whoever vouches for it.
+bool update_gate::impl::refuse_known_bad(const bundle_manifest& m, gate_decision& d) {
+  const auto bad = state->find_bad(m.name, m.payload_sha256);
+  if (!bad) return false;
+  refuse(d, gate_reason::known_bad,
+         "payload " + m.payload_sha256 + " of module '" + m.name +
+             "' is recorded as bad on this node: " + std::string(to_string(bad->reason)) + " as v" +
+             std::to_string(bad->version) + " at " + detail::format_time(bad->time),
+         gate_outcome::failed);
+  return true;
+}
+
+// The sink refused `m` for a reason that marks it bad (a failed probation): its payload recorded,
+// so that it is never staged here again. Returns what the detail should add when that could not
+// be written ("" when done).
+std::string update_gate::impl::record_bad_payload(const bundle_manifest& m, gate_reason reason) {
+  try {
+    (void)state->record_bad({m.name, m.payload_sha256, m.version, reason,
+                             std::chrono::floor<std::chrono::seconds>(now())});
+    return {};
+  } catch (const std::exception& x) {
+    return std::string(" (recorded as bad in memory only: ") + x.what() + ")";
+  }
+}
+
 // Hands the bundle, its version recorded already (pending), to the sink; once it returns, the
 // outcome is known and the record settled. Not applied, the same version may come again, so the
 // record goes back to `seen` (the serving version if that was higher; for a resumed apply the
@@ -219,9 +342,12 @@ void update_gate::impl::apply_recorded(const verified_bundle& bundle, std::uint6
                                        apply_rule rule, gate_decision& d) {
   const auto& m = bundle.manifest;
   const auto start = std::chrono::steady_clock::now();
+  memory->begin_apply(m.name, m.version, m.payload_sha256, d.previous_version);
   const auto result = sink_answer([&] { return sink.apply(bundle, rule); }, d);
+  memory->serving(m.name, result.serving_version);
   d.apply_time = since(start);
   std::string detail = result.detail;
+  if (marks_bad(result.reason)) detail += record_bad_payload(m, result.reason);
   try {
     if (result.reason == gate_reason::none)
       state->settle(m.name);
@@ -275,6 +401,7 @@ gate_decision update_gate::push(std::span<const std::byte> body, std::string_vie
   const std::uint64_t seen = std::max(current, highest);
   d.previous_version = d.serving_version = current;
   d.highest_version = seen;
+  if (g.refuse_known_bad(m, d)) return d;
   // A crash between the record and the sink's answer leaves the version pending; served
   // below it after the restart, that apply never happened or was lost: resumed, not a replay.
   const bool pending = g.state->pending(m.name);
@@ -386,6 +513,7 @@ bool update_gate::impl::fresh_rollback(const rollback_request& request, gate_dec
 void update_gate::impl::apply_rollback(const std::string& name, gate_decision& d) {
   const auto start = std::chrono::steady_clock::now();
   const auto result = sink_answer([&] { return sink.rollback(name); }, d);
+  memory->serving(name, result.serving_version);
   d.apply_time = since(start);
   d.serving_version = result.serving_version;
   if (result.reason == gate_reason::none) {
@@ -484,8 +612,14 @@ void update_gate::start() {
   state->load();
   for (const auto& [name, floor] : g.options.version_floor)
     state->raise_highest_version(name, floor);
+  // Listening before anything is published (it may throw); a call before attach() records
+  // nothing, and nothing was applied before the start anyway.
+  const auto listener =
+      add_poison_listener([memory = g.memory](const poison_record& r) { memory->on_poison(r); });
   g.lock = std::move(lock);
   g.state = std::move(state);
+  g.memory->attach(g.state.get());
+  g.poison_listener = listener;
   g.started.store(true, std::memory_order_release);
 }
 
@@ -517,6 +651,18 @@ std::optional<gate_decision> update_gate::already_serving(std::string_view modul
   d.highest_version = std::max(current, highest_version(module));
   d.detail = "v" + std::to_string(current) + " serves already";
   return d;
+}
+
+void update_gate::record_bad(std::string_view module, std::string_view digest,
+                             std::uint64_t version, gate_reason reason) {
+  CUBRIDGE_EXPECTS(started(), "recording a bad version of module " + detail::printable(module) +
+                                  " before update_gate::start");
+  const auto when = std::chrono::floor<std::chrono::seconds>(impl_->now());
+  (void)impl_->state->record_bad({std::string(module), std::string(digest), version, reason, when});
+}
+
+std::vector<bad_version> update_gate::bad_versions() const {
+  return started() ? impl_->state->bad_versions() : std::vector<bad_version>{};
 }
 
 module_sink& update_gate::sink() const noexcept {

@@ -1,12 +1,14 @@
 // The update endpoint's route handlers: push (PUT /v1/modules/{name}), rollback
 // (POST /v1/modules/{name}/rollback), each a decision of the gate (update_gate.hpp) answered,
-// status (GET /v1/modules) and metrics (GET /metrics); see update_endpoint.hpp for the checks,
-// their order and the answers.
+// status (GET /v1/modules), metrics (GET /metrics), liveness and readiness (GET /healthz,
+// /readyz); see update_endpoint.hpp for the checks, their order and the answers.
 #include "update_endpoint_impl.hpp"
 
+#include <cubridge/core/process_health.hpp>
 #include <cubridge/update/metrics_text.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <span>
 #include <vector>
 
@@ -143,6 +145,9 @@ void update_endpoint::impl::answer_metrics(httplib::Response& res) {
     return answer(res, {500, "status_failed", bounded_detail(x.what())});
   }
   metrics_text_writer out;
+  const auto record = process_health();  // nullopt also when poisoned without a record
+  write_process_health_metrics(out, process_poisoned(),
+                               record ? std::optional(record->at) : std::nullopt);
   write_module_metrics(out, reports);
   out.family("cubridge_update_applied_total", "Pushes applied by the update endpoint.",
              metric_type::counter);
@@ -165,6 +170,49 @@ void update_endpoint::impl::answer_metrics(httplib::Response& res) {
   out.sample(open_connections.load());
   res.status = 200;
   res.set_content(std::move(out).str(), std::string(metrics_text_content_type));
+}
+
+// --- liveness and readiness -------------------------------------------------------------------
+
+namespace {
+
+// The 503 of GET /readyz: what poisoned the process, when, and what served then (the suspects).
+json poisoned_body(const std::optional<poison_record>& record) {
+  // Poisoned without a record: the record could not be built (no memory); the flag still holds.
+  if (!record)
+    return {{"status", "poisoned"},
+            {"error", nullptr},
+            {"call", nullptr},
+            {"since", nullptr},
+            {"running", json::array()}};
+  json running = json::array();
+  for (const auto& v : record->running)
+    running.push_back({{"module", v.module},
+                       {"label", v.label},
+                       {"version_id", v.version_id},
+                       {"kernel", v.kernel.empty() ? json(nullptr) : json(v.kernel)}});
+  return {{"status", "poisoned"},
+          {"error", record->error_name},
+          {"call", record->call},
+          {"since", detail::format_time(std::chrono::floor<std::chrono::seconds>(record->at))},
+          {"running", std::move(running)}};
+}
+
+}  // namespace
+
+// Liveness: the process answers. A poisoned process is still live; its supervisor decides by
+// /readyz or by the exit policy (exit_when_poisoned), so that a restart loop never starts from
+// a probe alone.
+void update_endpoint::impl::answer_liveness(httplib::Response& res) {
+  answer(res, 200, {{"status", "live"}});
+}
+
+// Readiness: the flag (one load), then the driver asked about the sink's contexts, so that the
+// first probe after a fault answers 503 even when no call has returned the error yet. Takes no
+// gate lock; the sink's only for a copy of its contexts.
+void update_endpoint::impl::answer_readiness(httplib::Response& res) {
+  if (!process_poisoned() && !sink.probe_health()) return answer(res, 200, {{"status", "ready"}});
+  answer(res, 503, poisoned_body(process_health()));
 }
 
 }  // namespace cubridge

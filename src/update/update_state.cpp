@@ -69,13 +69,85 @@ std::optional<std::string> read_state_file(const std::filesystem::path& path) {
 struct parsed_state {
   std::map<std::string, std::uint64_t, std::less<>> highest;
   std::set<std::string, std::less<>> pending;
+  std::map<std::string, std::vector<bad_version>, std::less<>> bad;
   std::unordered_map<std::string, std::chrono::sys_seconds> nonces;
 };
 
-parsed_state parse_state(const std::string& text, const std::filesystem::path& path) {
-  auto corrupt = [&](const std::string& why) {
-    fail(update_state_reason::corrupt, "update_state::load", quoted(path) + " is corrupt: " + why);
+[[noreturn]] void corrupt_file(const std::filesystem::path& path, const std::string& why) {
+  fail(update_state_reason::corrupt, "update_state::load", quoted(path) + " is corrupt: " + why);
+}
+
+// A module's bad versions past max_bad_versions_per_module lose their oldest.
+void keep_newest(std::vector<bad_version>& list) {
+  if (list.size() <= max_bad_versions_per_module) return;
+  list.erase(list.begin(),
+             list.begin() + static_cast<std::ptrdiff_t>(list.size() - max_bad_versions_per_module));
+}
+
+// One entry of "bad_versions": exactly its four fields, each as record_bad takes it.
+bad_version bad_entry_of(const json& entry, const std::string& module,
+                         const std::filesystem::path& path) {
+  const auto wrong = [&](const std::string& why) {
+    corrupt_file(path, "bad version of module " + detail::printable(module) + ": " + why);
   };
+  if (!entry.is_object()) wrong("not an object");
+  for (const auto& [key, value] : entry.items())
+    if (key != "digest" && key != "version" && key != "reason" && key != "time")
+      wrong("unknown field " + detail::printable(key));
+  bad_version out;
+  out.module = module;
+  const auto digest = entry.find("digest");
+  if (digest == entry.end() || !digest->is_string() ||
+      !detail::is_lower_hex(digest->get_ref<const std::string&>(), 64))
+    wrong("digest is not 64 lower-case hex digits");
+  out.digest = digest->get<std::string>();
+  const auto version = entry.find("version");
+  if (version == entry.end() || !version->is_number_unsigned() ||
+      version->get<std::uint64_t>() == 0)
+    wrong("version is not an unsigned integer > 0");
+  out.version = version->get<std::uint64_t>();
+  const auto reason = entry.find("reason");
+  const auto parsed_reason = reason != entry.end() && reason->is_string()
+                                 ? parse_gate_reason(reason->get_ref<const std::string&>())
+                                 : std::nullopt;
+  if (!parsed_reason) wrong("reason is not a gate reason");
+  out.reason = *parsed_reason;
+  const auto time = entry.find("time");
+  const auto parsed_time = time != entry.end() && time->is_string()
+                               ? detail::parse_time(time->get<std::string>())
+                               : std::nullopt;
+  if (!parsed_time) wrong("time is not YYYY-MM-DDTHH:MM:SSZ");
+  out.time = *parsed_time;
+  return out;
+}
+
+// The optional "bad_versions" (files written before it existed have none): per module its
+// records, oldest first, each digest once; past the bound, the newest are kept.
+void parse_bad_versions(const json& document, const std::filesystem::path& path,
+                        parsed_state& out) {
+  const auto bad = document.find("bad_versions");
+  if (bad == document.end()) return;
+  if (!bad->is_object()) corrupt_file(path, "\"bad_versions\" is not an object");
+  for (const auto& [name, entries] : bad->items()) {
+    if (auto problem = check_module_name(name); !problem.empty())
+      corrupt_file(path, "bad versions of module " + detail::printable(name) + ": " + problem);
+    if (!entries.is_array())
+      corrupt_file(path, "bad versions of module " + detail::printable(name) + ": not a list");
+    auto& list = out.bad[name];
+    for (const auto& entry : entries) {
+      auto parsed = bad_entry_of(entry, name, path);
+      if (std::any_of(list.begin(), list.end(),
+                      [&](const bad_version& b) { return b.digest == parsed.digest; }))
+        corrupt_file(path, "bad versions of module " + detail::printable(name) + ": digest " +
+                               parsed.digest + " is listed twice");
+      list.push_back(std::move(parsed));
+    }
+    keep_newest(list);
+  }
+}
+
+parsed_state parse_state(const std::string& text, const std::filesystem::path& path) {
+  auto corrupt = [&](const std::string& why) { corrupt_file(path, why); };
   // nlohmann stops at a NUL byte: what follows one would never be checked.
   if (auto problem = detail::check_signed_text(text); !problem.empty()) corrupt(problem);
   json document;
@@ -87,7 +159,7 @@ parsed_state parse_state(const std::string& text, const std::filesystem::path& p
   if (!document.is_object()) corrupt("not a JSON object");
   for (const auto& [key, value] : document.items())
     if (key != format_key && key != "highest_versions" && key != "pending_versions" &&
-        key != "rollback_nonces")
+        key != "bad_versions" && key != "rollback_nonces")
       corrupt("unknown field " + detail::printable(key));
   const auto version = document.find(format_key);
   if (version == document.end() || !version->is_number_unsigned())
@@ -119,6 +191,7 @@ parsed_state parse_state(const std::string& text, const std::filesystem::path& p
       out.pending.insert(name);
     }
   }
+  parse_bad_versions(document, path, out);
   const auto nonces = document.find("rollback_nonces");
   if (nonces == document.end() || !nonces->is_object())
     corrupt("\"rollback_nonces\" is missing or not an object");
@@ -187,6 +260,14 @@ void update_state::load() {
     } else if (version == slot && !file_pending) {
       pending_.erase(name);  // settled on either side: settled
     }
+  }
+  for (auto& [name, file_list] : parsed.bad) {
+    auto& list = bad_[name];
+    for (auto& entry : file_list)
+      if (std::none_of(list.begin(), list.end(),
+                       [&](const bad_version& b) { return b.digest == entry.digest; }))
+        list.push_back(std::move(entry));
+    keep_newest(list);
   }
   nonces_.merge(parsed.nonces);
 }
@@ -274,6 +355,46 @@ std::size_t update_state::nonce_count() const {
   return nonces_.size();
 }
 
+bool update_state::record_bad(const bad_version& entry) {
+  CUBRIDGE_EXPECTS(
+      check_module_name(entry.module).empty() && detail::check_signed_text(entry.module).empty(),
+      "recording a bad version: " + detail::printable(entry.module) + " is no module name");
+  CUBRIDGE_EXPECTS(detail::is_lower_hex(entry.digest, 64),
+                   "recording a bad version of module '" + entry.module + "': digest " +
+                       detail::printable(entry.digest) + " is not 64 lower-case hex digits");
+  // A time the file could not read back would make the next start() fail (corrupt).
+  CUBRIDGE_EXPECTS(entry.reason != gate_reason::none && entry.version != 0 &&
+                       detail::parse_time(detail::format_time(entry.time)) == entry.time,
+                   "recording a bad version of module '" + entry.module + "' (payload " +
+                       entry.digest + "): a version above 0, a reason and a time are needed");
+  std::lock_guard lock(mutex_);
+  auto& list = bad_[entry.module];
+  if (std::any_of(list.begin(), list.end(),
+                  [&](const bad_version& b) { return b.digest == entry.digest; }))
+    return false;
+  list.push_back(entry);
+  keep_newest(list);
+  save_locked();  // on failure the record stays in memory: the safe side
+  return true;
+}
+
+std::optional<bad_version> update_state::find_bad(std::string_view module,
+                                                  std::string_view digest) const {
+  std::lock_guard lock(mutex_);
+  const auto it = bad_.find(module);
+  if (it == bad_.end()) return std::nullopt;
+  for (const auto& b : it->second)
+    if (b.digest == digest) return b;
+  return std::nullopt;
+}
+
+std::vector<bad_version> update_state::bad_versions() const {
+  std::lock_guard lock(mutex_);
+  std::vector<bad_version> out;
+  for (const auto& [name, list] : bad_) out.insert(out.end(), list.begin(), list.end());
+  return out;
+}
+
 void update_state::save_locked() const {
   if (file_.empty()) return;
   json document = json::object();
@@ -286,6 +407,18 @@ void update_state::save_locked() const {
     for (const auto& name : pending_) pending[name] = highest_.at(name);
     document["pending_versions"] = std::move(pending);
   }
+  json bad = json::object();
+  for (const auto& [name, list] : bad_) {
+    if (list.empty()) continue;
+    json entries = json::array();
+    for (const auto& b : list)
+      entries.push_back({{"digest", b.digest},
+                         {"version", b.version},
+                         {"reason", std::string(to_string(b.reason))},
+                         {"time", detail::format_time(b.time)}});
+    bad[name] = std::move(entries);
+  }
+  if (!bad.empty()) document["bad_versions"] = std::move(bad);  // absent: the older format
   json nonces = json::object();
   for (const auto& [nonce, created] : nonces_) nonces[nonce] = detail::format_time(created);
   document["rollback_nonces"] = std::move(nonces);

@@ -1,5 +1,9 @@
 // A module_sink over hot_module; see hot_module_sink.hpp.
+#include <cubridge/core/process_health.hpp>
+#include <cubridge/swap/probation.hpp>
 #include <cubridge/update_swap/hot_module_sink.hpp>
+
+#include <algorithm>
 
 namespace cubridge {
 
@@ -44,7 +48,8 @@ source_kind source_kind_of(payload_kind kind) noexcept {
 }
 
 void hot_module_sink::add(hot_module module, stage_options stage) {
-  add_entry(std::make_unique<hot_module>(std::move(module)), std::move(stage));
+  const std::vector<context_ref> contexts{module.context()};
+  add_entry(std::make_unique<hot_module>(std::move(module)), std::move(stage), contexts);
 }
 
 void hot_module_sink::add(hot_module_group group, stage_options stage) {
@@ -56,10 +61,13 @@ void hot_module_sink::add(hot_module_group group, stage_options stage) {
                                           " device, member 0 on an " + to_string(device) +
                                           "; a sink loads one bundle for every member");
   }
-  add_entry(std::make_unique<hot_module_group>(std::move(group)), std::move(stage));
+  std::vector<context_ref> contexts;
+  for (std::size_t i = 0; i < group.size(); ++i) contexts.push_back(group.member(i).context());
+  add_entry(std::make_unique<hot_module_group>(std::move(group)), std::move(stage), contexts);
 }
 
-void hot_module_sink::add_entry(std::unique_ptr<swap_target> target, stage_options stage) {
+void hot_module_sink::add_entry(std::unique_ptr<swap_target> target, stage_options stage,
+                                const std::vector<context_ref>& contexts) {
   const auto name = target->name();
   const auto device = target->device_capability();
   std::lock_guard lock(mutex_);
@@ -73,6 +81,9 @@ void hot_module_sink::add_entry(std::unique_ptr<swap_target> target, stage_optio
   e->stage = std::move(stage);
   if (e->stage.source_name.empty()) e->stage.source_name = name;
   modules_.emplace(name, std::move(e));
+  for (const auto ctx : contexts)
+    if (std::find(contexts_.begin(), contexts_.end(), ctx) == contexts_.end())
+      contexts_.push_back(ctx);
 }
 
 hot_module_sink::entry* hot_module_sink::find(std::string_view name) const {
@@ -91,6 +102,25 @@ std::uint64_t hot_module_sink::current_version(std::string_view name) const {
   if (!e) return 0;
   return e->target->versions().serving.origin.label;
 }
+
+namespace {
+
+// The gate's word for a probation that refused a version (swap/probation.hpp).
+gate_reason reason_of(probation_verdict verdict) noexcept {
+  switch (verdict) {
+    case probation_verdict::faulted:
+      return gate_reason::faulted_in_probation;
+    case probation_verdict::mismatch:
+      return gate_reason::mismatch_in_probation;
+    case probation_verdict::incomplete:
+      return gate_reason::probation_incomplete;
+    case probation_verdict::passed:
+      break;
+  }
+  return gate_reason::stage_refused;
+}
+
+}  // namespace
 
 sink_result hot_module_sink::apply(const verified_bundle& bundle, apply_rule rule) {
   const auto& m = bundle.manifest;
@@ -131,6 +161,8 @@ sink_result hot_module_sink::apply(const verified_bundle& bundle, apply_rule rul
     return {gate_reason::none, applied.serving_label, {}};
   } catch (const compile_error& x) {
     return refuse(gate_reason::stage_refused, x.what());
+  } catch (const probation_error& x) {
+    return refuse(reason_of(x.result().verdict), x.what());
   } catch (const version_rejected_error& x) {
     return refuse(gate_reason::stage_refused, x.what());
   } catch (const image_error& x) {
@@ -178,6 +210,24 @@ std::vector<module_report> hot_module_sink::status() const {
     out.push_back(std::move(r));
   }
   return out;
+}
+
+bool hot_module_sink::probe_health() const noexcept {
+  if (process_poisoned()) return true;
+  try {
+    // A copy, so that mutex_ is not held in the driver calls: a poison listener (the fleet
+    // agent's last heartbeat) may ask status(), which takes it.
+    std::vector<context_ref> contexts;
+    {
+      std::lock_guard lock(mutex_);
+      contexts = contexts_;
+    }
+    for (const auto ctx : contexts)
+      if (probe_process_health(ctx)) return true;
+  } catch (...) {
+    // No memory for the copy: the flag alone answers.
+  }
+  return process_poisoned();
 }
 
 }  // namespace cubridge

@@ -4,9 +4,12 @@
 // the previous design failed: concurrent operators, a lower version, late joiners and reimaged
 // nodes, a read-only state directory, canaries among nodes of other modules, forged records and
 // bundles, stored results of an earlier revision, a server killed mid-rollout, and the HTTP door
-// racing the fleet on one gate, and 100 nodes fetching a 10 MiB bundle at once. An attacker who
-// can connect writes through raw libnats (src/fleet/nats.hpp).
+// racing the fleet on one gate, 100 nodes fetching a 10 MiB bundle at once, a payload a canary
+// recorded as bad, and a node whose process is poisoned. An attacker who can connect writes
+// through raw libnats (src/fleet/nats.hpp).
 #include "fleet/fleet_fixture.hpp"
+
+#include <cubridge/core/process_health.hpp>
 
 namespace {
 
@@ -838,6 +841,113 @@ TEST_F(FleetControlPlane, TheFleetAndTheHttpDoorRacingNeverTakeServingDown) {
   }
   RecordProperty("trials_where_the_fleet_came_first", fleet_first);
   std::printf("fleet door first in %d of %d trials\n", fleet_first, trials);
+}
+
+// --- known-bad payloads and a poisoned node ----------------------------------------------------
+
+// Whether every node of the fleet is live, within 10 s.
+bool all_live(const controller& control, std::size_t count) {
+  return eventually(
+      [&] {
+        const auto states = control.nodes();
+        return states.size() == count &&
+               std::all_of(states.begin(), states.end(), [](const auto& s) { return s.live; });
+      },
+      10s);
+}
+
+// A canary that recorded a payload as bad (it faulted in an earlier probation) refuses it
+// unstaged and reports `failed` with known_bad: the rollout halts before any node serves it.
+TEST_F(FleetControlPlane, AKnownBadPayloadIsRefusedUnstagedAndHaltsTheRollout) {
+  const std::string m = "filters";
+  auto& n1 = add_node({"n1", {m}, 1000ms});
+  auto& n2 = add_node({"n2", {m}, 1000ms});
+  const std::vector<fleet_node*> both{&n1, &n2};
+  (void)control->publish(bundle(m, 1), operator_keys.secret_key);
+  ASSERT_TRUE(converge(both, m, 1));
+  ASSERT_TRUE(all_live(*control, 2)) << "not every node is live";
+  const auto v2 = bundle(m, 2);
+  const auto payload = cubridge::verify_bundle(v2, operator_trust(), {}).manifest.payload_sha256;
+  n1.gate->record_bad(m, payload, 2, cubridge::gate_reason::faulted_in_probation);
+
+  fleet::canary_policy one;
+  one.canaries = 1;
+  one.window = 10s;
+  const auto halted = control->rollout(v2, one, operator_keys.secret_key);
+  EXPECT_EQ(halted.canaries, std::vector<std::string>{"n1"});
+  EXPECT_FALSE(halted.completed);
+  EXPECT_EQ(halted.desired.phase, rollout_phase::halted);
+  ASSERT_EQ(halted.results.size(), 1u) << halted.halt_reason;
+  EXPECT_EQ(halted.results[0].outcome, gate_outcome::failed);
+  EXPECT_EQ(halted.results[0].reason, "known_bad");
+  EXPECT_NE(halted.results[0].detail.find("faulted_in_probation"), std::string::npos)
+      << halted.results[0].detail;
+  EXPECT_NE(halted.halt_reason.find("known_bad"), std::string::npos) << halted.halt_reason;
+  EXPECT_FALSE(holds(n1.sink->offered(m), 2)) << "refused before staging";
+  EXPECT_FALSE(holds(n2.sink->offered(m), 2));
+  EXPECT_TRUE(converge(both, m, 1));
+}
+
+// A sticky CUDA error, simulated (nothing reaches a driver): the node's next heartbeat says it is
+// poisoned at once, not an interval (an hour) later; a `failed` result (sticky_error) answers the
+// revision that brought its serving version; its gate records that payload as bad.
+TEST_F(FleetControlPlane, APoisonedNodeSaysSoAtOnceAndFailsItsServingVersion) {
+  struct forget_poison {  // the record is the process's for good otherwise
+    ~forget_poison() { cubridge::detail::reset_process_health_for_tests(); }
+  } forget;
+  const std::string m = "filters";
+  auto& n1 = add_node({"n1", {m}, 1h});
+  const auto v1 = bundle(m, 1);
+  const auto published = control->publish(v1, operator_keys.secret_key);
+  ASSERT_TRUE(converge({&n1}, m, 1));
+  ASSERT_TRUE(eventually(
+      [&] {
+        const auto last = n1.agent->last_result();
+        return last && last->outcome == gate_outcome::applied &&
+               n1.agent->stats().records_published == 1;
+      },
+      10s));
+  ASSERT_TRUE(all_live(*control, 1));
+  const auto beats = n1.agent->stats().heartbeats;
+
+  cubridge::note_cuda_result(CUDA_ERROR_ILLEGAL_ADDRESS, "test");
+  std::optional<fleet::heartbeat> beat;
+  ASSERT_TRUE(eventually(
+      [&] {
+        for (const auto& n : control->nodes())
+          if (n.node == "n1" && n.beat && n.beat->poisoned) beat = n.beat;
+        return beat.has_value();
+      },
+      10s))
+      << "no heartbeat said poisoned; " << n1.agent->stats().heartbeats << " sent";
+  EXPECT_GT(n1.agent->stats().heartbeats, beats);
+  EXPECT_EQ(beat->poisoned->error, "CUDA_ERROR_ILLEGAL_ADDRESS");
+  EXPECT_EQ(beat->poisoned->call, "test");
+
+  ASSERT_TRUE(eventually(
+      [&] {
+        const auto last = n1.agent->last_result();
+        return last && last->reason == "sticky_error";
+      },
+      10s))
+      << n1.agent->last_problem();
+  const std::vector<std::string> who{"n1"};
+  const auto results =
+      control->wait_for_results(m, published.desired.revision, digest_of(v1), who, 10s);
+  ASSERT_EQ(results.size(), 1u);
+  EXPECT_EQ(results[0].outcome, gate_outcome::failed);
+  EXPECT_EQ(results[0].reason, "sticky_error");
+  EXPECT_EQ(results[0].version, 1u);
+  EXPECT_EQ(results[0].serving_version, 1u);
+  EXPECT_NE(results[0].detail.find("CUDA_ERROR_ILLEGAL_ADDRESS"), std::string::npos)
+      << results[0].detail;
+
+  const auto bad = n1.gate->bad_versions();
+  ASSERT_EQ(bad.size(), 1u);
+  EXPECT_EQ(bad[0].module, m);
+  EXPECT_EQ(bad[0].version, 1u);
+  EXPECT_EQ(bad[0].reason, cubridge::gate_reason::sticky_error);
+  EXPECT_EQ(bad[0].digest, n1.sink->payloads(m).at(0));
 }
 
 // --- liveness of nodes beating faster than once a second ---------------------------------------

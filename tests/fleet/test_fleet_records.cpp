@@ -1159,6 +1159,7 @@ void expect_same(const fleet::heartbeat& a, const fleet::heartbeat& b) {
   EXPECT_EQ(a.revisions, b.revisions);
   EXPECT_EQ(a.connected, b.connected);
   EXPECT_EQ(a.software, b.software);
+  EXPECT_EQ(a.poisoned, b.poisoned);
   ASSERT_EQ(a.last_result.has_value(), b.last_result.has_value());
   if (a.last_result) expect_same(*a.last_result, *b.last_result);
 }
@@ -1188,6 +1189,56 @@ TEST(Heartbeat, RoundTrip) {
   EXPECT_FALSE(hand->last_result);
   // A node that predates the software field sends none: it reads as empty.
   EXPECT_EQ(hand->software, "");
+}
+
+TEST(Heartbeat, APoisonedProcessRoundTripsAndIsOptional) {
+  auto beat = a_heartbeat();
+  beat.poisoned = fleet::poison_report{"CUDA_ERROR_ILLEGAL_ADDRESS", "cuStreamSynchronize", noon};
+  const auto text = fleet::to_json(beat);
+  EXPECT_TRUE(contains(text,
+                       "\"poisoned\":{\"call\":\"cuStreamSynchronize\",\"error\":"
+                       "\"CUDA_ERROR_ILLEGAL_ADDRESS\",\"since\":\"2026-11-29T12:00:00Z\"}"))
+      << text;
+  const auto back = fleet::parse_heartbeat(text);
+  ASSERT_TRUE(back) << text;
+  expect_same(*back, beat);
+  EXPECT_EQ(fleet::to_json(*back), text);
+  // Healthy: no field at all, as from a node that predates it.
+  beat.poisoned.reset();
+  EXPECT_FALSE(contains(fleet::to_json(beat), "poisoned"));
+  const auto healthy = fleet::parse_heartbeat(fleet::to_json(beat));
+  ASSERT_TRUE(healthy);
+  EXPECT_FALSE(healthy->poisoned);
+  const auto hand = fleet::parse_heartbeat(object(heartbeat_fields()));
+  ASSERT_TRUE(hand);
+  EXPECT_FALSE(hand->poisoned);
+  // An empty error (a process flagged without a record) reads as poisoned all the same.
+  const auto flagged = fleet::parse_heartbeat(
+      object(with(heartbeat_fields(), "poisoned",
+                  "{\"error\":\"\",\"call\":\"\",\"since\":\"2026-11-29T12:00:00Z\"}")));
+  ASSERT_TRUE(flagged);
+  ASSERT_TRUE(flagged->poisoned);
+  EXPECT_EQ(flagged->poisoned->since, noon);
+  // Strict: exactly its three fields, bounded printable texts, a time in range.
+  const std::string since = "\"since\":\"2026-11-29T12:00:00Z\"";
+  for (const std::string& wrong : std::vector<std::string>{
+           std::string("null"), std::string("true"), std::string("[]"), std::string("{}"),
+           std::string("\"CUDA_ERROR_ILLEGAL_ADDRESS\""), "{\"error\":\"e\",\"call\":\"c\"}",
+           "{\"error\":\"e\"," + since + "}", "{\"call\":\"c\"," + since + "}",
+           "{\"error\":7,\"call\":\"c\"," + since + "}",
+           "{\"error\":\"e\",\"call\":null," + since + "}",
+           "{\"error\":\"e\",\"call\":\"c\",\"since\":\"yesterday\"}",
+           "{\"error\":\"e\",\"call\":\"c\",\"since\":\"1970-01-01T00:00:00Z\"}",
+           "{\"error\":\"e\",\"call\":\"c\"," + since + ",\"more\":1}"})
+    EXPECT_FALSE(fleet::parse_heartbeat(object(with(heartbeat_fields(), "poisoned", wrong))))
+        << wrong;
+  beat.poisoned = fleet::poison_report{"CUDA_ERROR_\x1b[5m" + std::string(100, 'X'), "call", noon};
+  const auto cut = fleet::parse_heartbeat(fleet::to_json(beat));
+  ASSERT_TRUE(cut);
+  ASSERT_TRUE(cut->poisoned);
+  EXPECT_TRUE(printable_ascii(cut->poisoned->error));
+  EXPECT_LE(cut->poisoned->error.size(), fleet::max_record_token + 3);
+  EXPECT_TRUE(cut->poisoned->error.starts_with("CUDA_ERROR_?[5m")) << cut->poisoned->error;
 }
 
 TEST(Heartbeat, TheSoftwareIsOptionalButATextWhenThere) {

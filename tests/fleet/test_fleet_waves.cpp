@@ -396,6 +396,69 @@ TEST(WaveAnalysis, StickyErrorsAndProbesCountAlwaysAndMetricsOnAverage) {
   EXPECT_FALSE(v.failed) << v.reason;  // 500: at the limit
 }
 
+// A canary whose heartbeat says its process is poisoned breaches as a sticky error, even when no
+// launch of the module saw the error (its counters are clean); a baseline node that says so is
+// trimmed like any single node.
+TEST(WaveAnalysis, APoisonedCanaryBreachesAsAStickyError) {
+  auto poisoned = sample("c1", 10, 0);
+  poisoned.poisoned = fleet::poison_report{"CUDA_ERROR_ILLEGAL_ADDRESS", "cuStreamSynchronize",
+                                           std::chrono::sys_days{std::chrono::year{2026} / 12 / 6}};
+  const std::vector baseline{sample("b1", 10, 0), sample("b2", 10, 0), sample("b3", 10, 0)};
+  auto v = fleet::analyse_wave(std::vector{poisoned, sample("c2", 10, 0)}, baseline, {}, {});
+  EXPECT_TRUE(v.failed);
+  EXPECT_EQ(v.signal, halt_signal::sticky_error);
+  EXPECT_EQ(v.node, "c1");
+  EXPECT_NE(v.reason.find("canary c1 is poisoned (CUDA_ERROR_ILLEGAL_ADDRESS seen by "
+                          "cuStreamSynchronize)"),
+            std::string::npos)
+      << v.reason;
+  EXPECT_DOUBLE_EQ(v.canary.at("sticky"), 0.5);
+  // One poisoned baseline node is trimmed: the canary still fails against the others.
+  auto broken = baseline;
+  broken[0].poisoned = poisoned.poisoned;
+  v = fleet::analyse_wave(std::vector{poisoned}, broken, {}, {});
+  EXPECT_TRUE(v.failed);
+  EXPECT_EQ(v.signal, halt_signal::sticky_error);
+  EXPECT_DOUBLE_EQ(v.baseline.at("sticky"), 0.0);
+  // Healthy canaries pass.
+  v = fleet::analyse_wave(std::vector{sample("c1", 10, 0)}, baseline, {}, {});
+  EXPECT_FALSE(v.failed) << v.reason;
+}
+
+// The samples of a wave carry each node's poisoned state from its last heartbeat.
+TEST(WaveSamples, CarryTheHeartbeatsPoisonedState) {
+  using namespace std::chrono_literals;
+  const auto since = std::chrono::system_clock::now() - 10s;
+  fleet::desired_state state;
+  state.module = "filters";
+  state.stable = fleet::bundle_ref{1, std::string(64, 'a'), 10, "sm_90"};
+  state.waves = fleet::wave_plan{};
+  state.waves->candidate = fleet::bundle_ref{2, std::string(64, 'b'), 10, "sm_90"};
+  state.canaries = {"c1"};
+  const auto node = [&](const std::string& id, std::uint64_t version, bool poisoned) {
+    fleet::node_state n;
+    n.node = id;
+    n.live = true;
+    n.received = since + 5s;
+    n.beat = fleet::heartbeat{};
+    n.beat->node = id;
+    n.beat->health["filters"].version = version;
+    if (poisoned)
+      n.beat->poisoned = fleet::poison_report{"CUDA_ERROR_LAUNCH_FAILED", "cuLaunchKernel",
+                                              std::chrono::floor<std::chrono::seconds>(since)};
+    return n;
+  };
+  const auto samples =
+      fleet::sample_wave(state, {node("c1", 2, true), node("b1", 1, false)}, since);
+  ASSERT_EQ(samples.canaries.size(), 1u);
+  ASSERT_TRUE(samples.canaries[0].poisoned);
+  EXPECT_EQ(samples.canaries[0].poisoned->error, "CUDA_ERROR_LAUNCH_FAILED");
+  ASSERT_EQ(samples.baseline.size(), 1u);
+  EXPECT_FALSE(samples.baseline[0].poisoned);
+  const auto v = fleet::analyse_wave(samples.canaries, samples.baseline, {}, {});
+  EXPECT_EQ(v.signal, halt_signal::sticky_error) << v.reason;
+}
+
 // One baseline node that lies (a stolen key, or broken) cannot mask a failing canary: its
 // figure is one of the median's, or trimmed from a share.
 TEST(WaveAnalysis, OneLyingBaselineNodeDoesNotMaskAFailingCanary) {

@@ -19,6 +19,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
 #include <optional>
 #include <string>
 #include <thread>
@@ -192,6 +194,41 @@ TEST_F(Probation, AKernelDeclaredNeverMirrorIsSaidSoAndNothingPasses) {
     EXPECT_NE(e.result().detail.find("never_mirror"), std::string::npos) << e.what();
   }
   stop_serving();
+}
+
+// Without probation: a fault in the serving process poisons it (FACTS.md). The first cubridge
+// call that sees the sticky error marks it, naming the module, its version and the kernel, and
+// the exit policy ends it with code 75 for its supervisor to restart. In a child process.
+TEST(ProcessHealthOnTheGpu, AFaultInTheServingProcessMarksItAndTheExitPolicyEndsIt) {
+  CUBRIDGE_REQUIRE_GPU();
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        auto ctx = cubridge::context::create(cubridge::device::get(0));
+        cubridge::scoped_current current(ctx);
+        auto hot =
+            cubridge::hot_module::load(ctx, "scaler", scale_image(1), {.origin = {.label = 3}});
+        auto out = cubridge::driver_buffer<float>::allocate(ctx, 256);
+        auto in = cubridge::driver_buffer<float>::allocate(ctx, 256);
+        auto s = cubridge::stream::create(ctx);
+        (void)cubridge::exit_when_poisoned({.grace = std::chrono::milliseconds(200)});
+        (void)hot.get_kernel("scale").launch({.block = {256}, .stream = s}, out.span(),
+                                             cubridge::device_span<const float>(in.span()), 2.0f,
+                                             256u);
+        try {
+          s.synchronize();
+        } catch (const cubridge::error&) {
+        }
+        const auto record = cubridge::process_health();
+        if (!record || record->running.empty() || record->running[0].module != "scaler" ||
+            record->running[0].label != 3 || record->running[0].kernel != "scale")
+          std::_Exit(1);
+        std::fprintf(stderr, "%s\n", cubridge::describe(*record).c_str());
+        std::this_thread::sleep_for(10s);  // the exit policy ends the process first
+        std::_Exit(2);
+      },
+      ::testing::ExitedWithCode(cubridge::poisoned_exit_code),
+      "poisoned by CUDA_ERROR_ILLEGAL_ADDRESS.*scaler v3.*kernel 'scale'");
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 #pragma once
 // A module_sink in memory for the CLI and fleet tests (update_test_server, test_cli,
-// test_fleet_agent, test_fleet_rollout): per module the serving version and one to roll back
-// to, as hot_module keeps them; counts its applies and can refuse one version; no GPU.
+// test_fleet_agent, test_fleet_rollout, test_update_gate): per module the serving version and one
+// to roll back to, as hot_module keeps them; counts its applies and can refuse one version; no
+// GPU.
 #include <cubridge/update/module_sink.hpp>
 
 #include <atomic>
@@ -29,8 +30,10 @@ class memory_sink final : public cubridge::module_sink {
     std::lock_guard lock(mutex_);
     if (bundle.version() == fail_version) {  // as a failed smoke test would: nothing changes
       const auto it = modules_.find(bundle.manifest.name);
-      return {cubridge::gate_reason::apply_failed, it == modules_.end() ? 0 : it->second.first,
-              "smoke test failed"};
+      const auto reason = fail_reason.load();
+      return {reason, it == modules_.end() ? 0 : it->second.first,
+              reason == cubridge::gate_reason::apply_failed ? "smoke test failed"
+                                                            : "refused in its probation"};
     }
     auto& [current, previous] = modules_[bundle.manifest.name];
     if (rule == cubridge::apply_rule::above_serving && bundle.version() <= current)
@@ -58,8 +61,10 @@ class memory_sink final : public cubridge::module_sink {
   }
   /// Calls of apply(), whatever their outcome.
   std::atomic<int> applies{0};
-  /// A version apply() refuses (0: none), as a failed smoke test would.
+  /// A version apply() refuses (0: none), as a failed smoke test would, and the reason it
+  /// answers (a probation's, e.g. faulted_in_probation).
   std::atomic<std::uint64_t> fail_version{0};
+  std::atomic<cubridge::gate_reason> fail_reason{cubridge::gate_reason::apply_failed};
 
   /// The payload last applied to `name` (empty when none).
   std::vector<std::byte> payload(const std::string& name) const {

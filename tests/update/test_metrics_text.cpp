@@ -1,12 +1,14 @@
 // Tests of cubridge/update/metrics_text.hpp: the Prometheus text format 0.0.4 as written (HELP
 // and TYPE lines, samples, label escaping), every line read back against the exposition
-// grammar, and the families of write_module_metrics().
+// grammar, and the families of write_module_metrics() and write_process_health_metrics().
 #include <cubridge/core/error.hpp>
 #include <cubridge/update/metrics_text.hpp>
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <map>
+#include <optional>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -149,6 +151,34 @@ TEST(MetricsTextTest, ModuleMetricsHaveAFixedSetOfLinesPerModule) {
   cubridge::write_module_metrics(none, {plain});
   EXPECT_EQ(check_exposition(none.text()).count("cubridge_module_promotions_total"), 0u)
       << "no counter families when no module has counters";
+}
+
+TEST(MetricsTextTest, TheProcessHealthGaugeFlipsAndSaysSinceWhen) {
+  metrics_text_writer healthy;
+  cubridge::write_process_health_metrics(healthy, false, std::nullopt);
+  EXPECT_EQ(check_exposition(healthy.text()),
+            (std::map<std::string, int>{{"cubridge_process_poisoned", 1}}));
+  EXPECT_NE(healthy.text().find("\ncubridge_process_poisoned 0\n"), std::string::npos)
+      << healthy.text();
+
+  const auto since = std::chrono::system_clock::time_point(std::chrono::seconds(1796539294)) +
+                     std::chrono::milliseconds(250);
+  metrics_text_writer poisoned;
+  cubridge::write_process_health_metrics(poisoned, true, since);
+  EXPECT_EQ(check_exposition(poisoned.text()),
+            (std::map<std::string, int>{{"cubridge_process_poisoned", 1},
+                                        {"cubridge_process_poisoned_since_seconds", 1}}));
+  EXPECT_NE(poisoned.text().find("\ncubridge_process_poisoned 1\n"), std::string::npos)
+      << poisoned.text();
+  EXPECT_NE(poisoned.text().find("\ncubridge_process_poisoned_since_seconds 1796539294\n"),
+            std::string::npos)
+      << poisoned.text();
+
+  // Poisoned with no record (it could not be built): the gauge alone.
+  metrics_text_writer bare;
+  cubridge::write_process_health_metrics(bare, true, std::nullopt);
+  EXPECT_EQ(check_exposition(bare.text()),
+            (std::map<std::string, int>{{"cubridge_process_poisoned", 1}}));
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 // fake module_sink (no GPU). Each refusal: the right status and reason, no change in the sink, and
 // a valid push right after still succeeds.
 #include <cubridge/bundle/rollback_request.hpp>
+#include <cubridge/core/process_health.hpp>
 #include <cubridge/swap/version_chain.hpp>
 #include <cubridge/update/update_endpoint.hpp>
 #include "self_signed_certificate.hpp"
@@ -76,7 +77,17 @@ class fake_sink final : public cubridge::module_sink {
   // Runs inside apply (e.g. to refuse a version or to be slow); nullopt: apply normally.
   std::function<std::optional<sink_result>(const cubridge::verified_bundle&)> hook;
 
+  // probe_health() calls, and whether it finds a sticky error, as the driver's answer to a
+  // stream query of a context that faulted would.
+  mutable std::atomic<int> probes{0};
+  std::atomic<bool> probe_finds_fault{false};
+
   std::optional<cubridge::compute_capability> device_capability() const override { return device; }
+  bool probe_health() const noexcept override {
+    ++probes;
+    if (probe_finds_fault) cubridge::note_cuda_result(CUDA_ERROR_ILLEGAL_ADDRESS, "health probe");
+    return module_sink::probe_health();
+  }
   std::uint64_t current_version(std::string_view name) const override {
     std::lock_guard lock(mutex_);
     const auto it = modules_.find(std::string(name));
@@ -761,6 +772,88 @@ TEST_F(UpdateEndpointTest, MetricsServeModulesAndCountersAsPrometheusText) {
   }
   EXPECT_GT(lines, 20u);
   EXPECT_EQ(text.back(), '\n');
+}
+
+// --- liveness and readiness -------------------------------------------------------------------
+
+// A simulated sticky error (note_cuda_result with no GPU involved): the record is forgotten
+// before and after each test, which the driver would not do for a real one.
+class ReadinessTest : public UpdateEndpointTest {
+ protected:
+  void SetUp() override { cubridge::detail::reset_process_health_for_tests(); }
+  void TearDown() override { cubridge::detail::reset_process_health_for_tests(); }
+
+  // The sticky errors are named alike with and without a driver (driver_error_name).
+  static bool names_illegal_address(const json& error) {
+    return error == "CUDA_ERROR_ILLEGAL_ADDRESS";
+  }
+};
+
+TEST_F(ReadinessTest, AHealthyProcessIsLiveAndReadyWithoutAKeyOrMetrics) {
+  start();
+  const auto live = send("GET", "/healthz");
+  EXPECT_EQ(live.status, 200);
+  EXPECT_EQ(live.body, json({{"status", "live"}}));
+  const auto ready = send("GET", "/readyz");
+  EXPECT_EQ(ready.status, 200);
+  EXPECT_EQ(ready.body, json({{"status", "ready"}}));
+  EXPECT_GE(sink->probes.load(), 1) << "readiness asks the sink, which asks the driver";
+  // Bodiless GETs, as every route outside /v1/modules/: a body is refused from the
+  // Content-Length, another method finds no route.
+  EXPECT_NE(raw_request(port(), "GET", "/readyz", "x").find(" 413 "), std::string::npos);
+  EXPECT_NE(raw_request(port(), "POST", "/healthz").find(" 404 "), std::string::npos);
+}
+
+TEST_F(ReadinessTest, TheFirstProbeAfterAStickyErrorIs503NamingItAndLivenessStays200) {
+  auto options = memory_only();
+  options.serve_metrics = true;
+  start(options);
+  ASSERT_EQ(push("filters", bundle("filters", 4)).status, 200);
+  const auto before = send("GET", "/readyz");
+  ASSERT_EQ(before.status, 200) << before.body.dump();
+  const auto healthy_metrics = raw_request(port(), "GET", "/metrics");
+  EXPECT_NE(healthy_metrics.find("\ncubridge_process_poisoned 0\n"), std::string::npos)
+      << healthy_metrics;
+  EXPECT_EQ(healthy_metrics.find("cubridge_process_poisoned_since_seconds"), std::string::npos);
+
+  const auto at = std::chrono::system_clock::now();
+  cubridge::note_cuda_result(CUDA_ERROR_ILLEGAL_ADDRESS, "test");
+  const auto ready = send("GET", "/readyz");  // the very next request
+  EXPECT_EQ(ready.status, 503) << ready.body.dump();
+  EXPECT_EQ(ready.body.value("status", ""), "poisoned") << ready.body.dump();
+  EXPECT_TRUE(names_illegal_address(ready.body["error"])) << ready.body.dump();
+  EXPECT_EQ(ready.body.value("call", ""), "test");
+  const auto since = cubridge::detail::parse_time(ready.body.value("since", ""));
+  ASSERT_TRUE(since.has_value()) << ready.body.dump();
+  EXPECT_LE(std::chrono::abs(*since - std::chrono::floor<std::chrono::seconds>(at)), 2s);
+  EXPECT_TRUE(ready.body["running"].is_array()) << "no hot modules here: an empty list";
+
+  const auto live = send("GET", "/healthz");
+  EXPECT_EQ(live.status, 200) << "a poisoned process is still live";
+  EXPECT_EQ(live.body, json({{"status", "live"}}));
+
+  const auto metrics = raw_request(port(), "GET", "/metrics");
+  EXPECT_NE(metrics.find("\ncubridge_process_poisoned 1\n"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("\ncubridge_process_poisoned_since_seconds "), std::string::npos)
+      << metrics;
+  EXPECT_EQ(endpoint->stats().refused, 0u) << "a 503 of readiness is no refusal";
+}
+
+TEST_F(ReadinessTest, AStickyErrorOnlyTheSinksProbeSeesMakesTheSameProbe503) {
+  start();
+  ASSERT_EQ(send("GET", "/readyz").status, 200);
+  // A context faulted while no call was made: only the driver's answer to the probe says so.
+  sink->probe_finds_fault = true;
+  const auto ready = send("GET", "/readyz");
+  EXPECT_EQ(ready.status, 503) << ready.body.dump();
+  EXPECT_EQ(ready.body.value("call", ""), "health probe") << ready.body.dump();
+}
+
+TEST_F(ReadinessTest, ANonStickyErrorLeavesTheProcessReady) {
+  start();
+  cubridge::note_cuda_result(CUDA_ERROR_INVALID_VALUE, "test");
+  cubridge::note_cuda_result(CUDA_ERROR_OUT_OF_MEMORY, "test");
+  EXPECT_EQ(send("GET", "/readyz").status, 200);
 }
 
 // --- rollback ---------------------------------------------------------------------------------

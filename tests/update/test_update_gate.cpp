@@ -2,6 +2,7 @@
 // the fleet agent share, over the CLI tests' memory sink (no GPU). The HTTP answers built on
 // them are test_update_endpoint's.
 #include <cubridge/bundle/rollback_request.hpp>
+#include <cubridge/core/process_health.hpp>
 #include <cubridge/update/state_location.hpp>
 #include <cubridge/update/update_gate.hpp>
 #include <cubridge/update/update_state.hpp>
@@ -20,6 +21,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -272,6 +274,245 @@ TEST_F(UpdateGateTest, ARollbackOfAnUnknownModuleIsRefusedWithoutANote) {
   EXPECT_EQ(d.note, module_note::none);
 }
 
+// --- payloads recorded as bad -----------------------------------------------------------------
+
+// A bundle of "filters" at `version` whose payload is the one source_bundle gives `payload_of`:
+// the same code signed again under another version.
+std::vector<std::byte> resigned(std::uint64_t version, std::uint64_t payload_of,
+                                const cubridge::secret_key& key) {
+  const std::string source =
+      "extern \"C\" __global__ void k" + std::to_string(payload_of) + "() {}\n// \n";
+  cubridge::bundle_manifest_input in;
+  in.name = "filters";
+  in.version = version;
+  in.target = "sm_90";
+  in.kind = cubridge::payload_kind::cuda_source;
+  return cubridge::sign_bundle(in, std::as_bytes(std::span(source.data(), source.size())), key);
+}
+
+std::string payload_digest(std::span<const std::byte> bundle, const cubridge::public_key& key) {
+  return cubridge::verify_bundle(bundle, cubridge::trusted_keys{key}, {}).manifest.payload_sha256;
+}
+
+TEST_F(UpdateGateTest, APayloadThatFaultedInProbationIsNeverStagedAgainEvenAfterARestart) {
+  cubridge::testing::temp_dir dir;
+  auto o = options();
+  o.state_file = dir.path / "state.json";
+  const auto digest = payload_digest(bundle(3), keys.public_key);
+  ASSERT_EQ(payload_digest(resigned(4, 3, keys.secret_key), keys.public_key), digest);
+  {
+    cubridge::update_gate gate(sink, o);
+    gate.start();
+    ASSERT_EQ(gate.push(bundle(2)).outcome, gate_outcome::applied);
+    sink->fail_version = 3;
+    sink->fail_reason = cubridge::gate_reason::faulted_in_probation;
+    const auto faulted = gate.push(bundle(3));
+    expect_refused(faulted, "faulted_in_probation", gate_outcome::failed);
+    EXPECT_EQ(faulted.serving_version, 2u);
+    const auto recorded = gate.bad_versions();
+    ASSERT_EQ(recorded.size(), 1u);
+    EXPECT_EQ(recorded[0].module, "filters");
+    EXPECT_EQ(recorded[0].digest, digest);
+    EXPECT_EQ(recorded[0].version, 3u);
+    EXPECT_EQ(recorded[0].reason, cubridge::gate_reason::faulted_in_probation);
+    EXPECT_EQ(sink->applies.load(), 2);
+    // Refused before the sink sees it: the same bundle, and its payload signed as v4.
+    sink->fail_version = 0;
+    for (const auto& body : {bundle(3), resigned(4, 3, keys.secret_key)}) {
+      const auto d = gate.push(body);
+      expect_refused(d, "known_bad", gate_outcome::failed);
+      EXPECT_NE(d.detail.find(digest), std::string::npos) << d.detail;
+      EXPECT_NE(d.detail.find("faulted_in_probation"), std::string::npos) << d.detail;
+      EXPECT_EQ(d.serving_version, 2u);
+    }
+    EXPECT_EQ(sink->applies.load(), 2);
+  }
+  // Restarted over the same file with a fresh service: still refused unstaged, also with an
+  // operator's word for exactly that version.
+  auto fresh = std::make_shared<cubridge::testing::memory_sink>();
+  cubridge::update_gate gate(fresh, o);
+  gate.start();
+  EXPECT_EQ(gate.bad_versions().size(), 1u);
+  const cubridge::push_authority word{4, true, "the test's desired state"};
+  expect_refused(gate.push(resigned(4, 3, keys.secret_key), {}, &word), "known_bad",
+                 gate_outcome::failed);
+  expect_refused(gate.push(bundle(3)), "known_bad", gate_outcome::failed);
+  EXPECT_EQ(fresh->applies.load(), 0);
+  EXPECT_EQ(gate.push(bundle(5)).outcome, gate_outcome::applied);  // other code: staged
+}
+
+TEST_F(UpdateGateTest, AProbationWithTooLittleEvidenceFailsButRecordsNothing) {
+  cubridge::update_gate gate(sink, options());
+  gate.start();
+  ASSERT_EQ(gate.push(bundle(1)).outcome, gate_outcome::applied);
+  sink->fail_version = 2;
+  sink->fail_reason = cubridge::gate_reason::probation_incomplete;
+  expect_refused(gate.push(bundle(2)), "probation_incomplete", gate_outcome::failed);
+  EXPECT_TRUE(gate.bad_versions().empty());
+  sink->fail_version = 0;
+  EXPECT_EQ(gate.push(bundle(2)).outcome, gate_outcome::applied);  // tried again, with traffic
+}
+
+TEST_F(UpdateGateTest, EveryProbationRefusalRecordsThePayloadWithItsReason) {
+  cubridge::update_gate gate(sink, options());
+  gate.start();
+  ASSERT_EQ(gate.push(bundle(1)).outcome, gate_outcome::applied);
+  std::uint64_t version = 2;
+  for (const auto reason :
+       {cubridge::gate_reason::faulted_in_probation, cubridge::gate_reason::mismatch_in_probation}) {
+    sink->fail_version = version;
+    sink->fail_reason = reason;
+    expect_refused(gate.push(bundle(version)), to_string(reason), gate_outcome::failed);
+    const auto recorded = gate.bad_versions();
+    ASSERT_EQ(recorded.size(), version - 1);
+    EXPECT_EQ(recorded.back().reason, reason);
+    EXPECT_EQ(recorded.back().version, version);
+    EXPECT_EQ(recorded.back().digest, payload_digest(bundle(version), keys.public_key));
+    ++version;
+  }
+  // A smoke test that failed otherwise marks nothing: a fixed bundle of the same code may come.
+  sink->fail_version = version;
+  sink->fail_reason = cubridge::gate_reason::apply_failed;
+  expect_refused(gate.push(bundle(version)), "apply_failed", gate_outcome::failed);
+  EXPECT_EQ(gate.bad_versions().size(), 2u);
+  EXPECT_EQ(sink->current_version("filters"), 1u);
+}
+
+TEST_F(UpdateGateTest, RecordBadIsCheckedAndTheFirstRecordStands) {
+  cubridge::update_gate gate(sink, options());
+  const std::string digest(64, 'a');
+  EXPECT_THROW(gate.record_bad("filters", digest, 3, cubridge::gate_reason::known_bad),
+               cubridge::error)
+      << "before start()";
+  EXPECT_TRUE(gate.bad_versions().empty());
+  gate.start();
+  for (const auto& [module, text, version, reason] :
+       std::vector<std::tuple<std::string, std::string, std::uint64_t, cubridge::gate_reason>>{
+           {"filters", std::string(64, 'A'), 3, cubridge::gate_reason::sticky_error},
+           {"filters", std::string(63, 'a'), 3, cubridge::gate_reason::sticky_error},
+           {"../x", digest, 3, cubridge::gate_reason::sticky_error},
+           {"filters", digest, 0, cubridge::gate_reason::sticky_error},
+           {"filters", digest, 3, cubridge::gate_reason::none}}) {
+    try {
+      gate.record_bad(module, text, version, reason);
+      ADD_FAILURE() << module << " " << text << " v" << version << " was recorded";
+    } catch (const cubridge::error& e) {
+      EXPECT_TRUE(e.is(cubridge::errc::precondition)) << e.what();
+    }
+  }
+  EXPECT_TRUE(gate.bad_versions().empty());
+  gate.record_bad("filters", digest, 3, cubridge::gate_reason::mismatch_in_probation);
+  gate.record_bad("filters", digest, 4, cubridge::gate_reason::sticky_error);
+  const auto recorded = gate.bad_versions();
+  ASSERT_EQ(recorded.size(), 1u);
+  EXPECT_EQ(recorded[0].version, 3u);
+  EXPECT_EQ(recorded[0].reason, cubridge::gate_reason::mismatch_in_probation);
+}
+
+// A simulated sticky error (nothing reaches a driver): the process's poison record is forgotten
+// after each test, since it is the process's for good otherwise.
+class UpdateGatePoisonTest : public UpdateGateTest {
+ protected:
+  void TearDown() override { cubridge::detail::reset_process_health_for_tests(); }
+};
+
+TEST_F(UpdateGatePoisonTest, APoisonedProcessRecordsTheServingPayloadAtOnce) {
+  cubridge::testing::temp_dir dir;
+  auto o = options();
+  o.state_file = dir.path / "state.json";
+  const auto good = bundle(2), suspect = bundle(3);
+  {
+    cubridge::update_gate gate(sink, o);
+    gate.start();
+    ASSERT_EQ(gate.push(good).outcome, gate_outcome::applied);
+    ASSERT_EQ(gate.push(suspect).outcome, gate_outcome::applied);
+    cubridge::note_cuda_result(CUDA_ERROR_ILLEGAL_ADDRESS, "test");
+    ASSERT_TRUE(cubridge::process_poisoned());
+    const auto recorded = gate.bad_versions();
+    ASSERT_EQ(recorded.size(), 1u) << "the serving version only, not the one before it";
+    EXPECT_EQ(recorded[0].module, "filters");
+    EXPECT_EQ(recorded[0].version, 3u);
+    EXPECT_EQ(recorded[0].digest, payload_digest(suspect, keys.public_key));
+    EXPECT_EQ(recorded[0].reason, cubridge::gate_reason::sticky_error);
+    // In the file before the process would end (update_state reads it without the gate's lock).
+    cubridge::update_state written(o.state_file);
+    written.load();
+    EXPECT_EQ(written.bad_versions(), recorded);
+  }
+  // The gate is gone, the process still poisoned: a gate started now is told at once, and has
+  // applied nothing to record.
+  {
+    cubridge::update_gate gate(sink, o);
+    gate.start();
+    EXPECT_EQ(gate.bad_versions().size(), 1u);
+  }
+  cubridge::detail::reset_process_health_for_tests();
+  // After the restart: the version that poisoned it is refused unstaged, the last good one serves.
+  auto fresh = std::make_shared<cubridge::testing::memory_sink>();
+  cubridge::update_gate gate(fresh, o);
+  gate.start();
+  const auto refused = gate.push(suspect);
+  expect_refused(refused, "known_bad", gate_outcome::failed);
+  EXPECT_NE(refused.detail.find("sticky_error"), std::string::npos) << refused.detail;
+  const cubridge::push_authority word{2, true, "the fleet's stable version"};
+  EXPECT_EQ(gate.push(good, {}, &word).outcome, gate_outcome::applied);
+  EXPECT_EQ(fresh->current_version("filters"), 2u);
+  EXPECT_EQ(fresh->applies.load(), 1);
+}
+
+// A sink whose apply of `fault_on` poisons the process, as an in-process stage or smoke test
+// that faults would, or traffic on the serving version meanwhile.
+class faulting_sink final : public cubridge::module_sink {
+ public:
+  std::optional<cubridge::compute_capability> device_capability() const override {
+    return cubridge::compute_capability{9, 0};
+  }
+  std::uint64_t current_version(std::string_view) const override { return serving; }
+  cubridge::sink_result apply(const cubridge::verified_bundle& b, cubridge::apply_rule) override {
+    if (b.version() == fault_on) {
+      cubridge::note_cuda_result(CUDA_ERROR_ILLEGAL_ADDRESS, "smoke test");
+      return {cubridge::gate_reason::apply_failed, serving, "CUDA_ERROR_ILLEGAL_ADDRESS"};
+    }
+    serving = b.version();
+    return {cubridge::gate_reason::none, serving, {}};
+  }
+  cubridge::sink_result rollback(std::string_view) override {
+    return {cubridge::gate_reason::no_previous_version, serving, "none"};
+  }
+  std::vector<cubridge::module_report> status() const override { return {}; }
+  std::uint64_t serving = 0;
+  std::uint64_t fault_on = 0;
+};
+
+TEST_F(UpdateGatePoisonTest, AnErrorWhileApplyingANewerVersionBlamesIt) {
+  const auto faulting = std::make_shared<faulting_sink>();
+  faulting->fault_on = 3;
+  cubridge::update_gate gate(faulting, options());
+  gate.start();
+  ASSERT_EQ(gate.push(bundle(2)).outcome, gate_outcome::applied);
+  // The listener runs inside the sink's apply, under the module's lock: it must not wait for it.
+  expect_refused(gate.push(bundle(3)), "apply_failed", gate_outcome::failed);
+  const auto recorded = gate.bad_versions();
+  ASSERT_EQ(recorded.size(), 1u);
+  EXPECT_EQ(recorded[0].version, 3u);
+  EXPECT_EQ(recorded[0].reason, cubridge::gate_reason::sticky_error);
+}
+
+TEST_F(UpdateGatePoisonTest, AnErrorWhileGoingBackBlamesWhatServes) {
+  const auto faulting = std::make_shared<faulting_sink>();
+  cubridge::update_gate gate(faulting, options());
+  gate.start();
+  const auto v2 = bundle(2);
+  ASSERT_EQ(gate.push(v2).outcome, gate_outcome::applied);
+  ASSERT_EQ(gate.push(bundle(3)).outcome, gate_outcome::applied);
+  faulting->fault_on = 2;  // the halt's way back to v2 meets an error of v3's traffic
+  const cubridge::push_authority halt{2, true, "the halted rollout's stable version"};
+  expect_refused(gate.push(v2, {}, &halt), "apply_failed", gate_outcome::failed);
+  const auto recorded = gate.bad_versions();
+  ASSERT_EQ(recorded.size(), 1u);
+  EXPECT_EQ(recorded[0].version, 3u) << "v2 served before: it is not the suspect";
+}
+
 // --- the persisted state by default, its lock, start() -----------------------------------------
 
 // `gate.start()` refused because another gate holds the state file: update_state_error locked.
@@ -438,7 +679,7 @@ TEST(UpdateStateReason, LockedHasItsName) {
 TEST(GateReason, EveryReasonHasOneWireSpellingReadBackToItself) {
   using cubridge::gate_reason;
   std::set<std::string_view> names;
-  for (int i = 1; i <= static_cast<int>(gate_reason::no_previous_version); ++i) {
+  for (int i = 1; i <= static_cast<int>(gate_reason::sticky_error); ++i) {
     const auto reason = static_cast<gate_reason>(i);
     const auto name = to_string(reason);
     EXPECT_FALSE(name.empty()) << i;
@@ -461,6 +702,15 @@ TEST(GateReason, EveryReasonHasOneWireSpellingReadBackToItself) {
   EXPECT_TRUE(cubridge::transient(gate_reason::state_failed));
   EXPECT_TRUE(cubridge::transient(gate_reason::busy));
   EXPECT_FALSE(cubridge::transient(gate_reason::bad_signature));
+  // What a node records as bad: the probation's refusals and a poisoned process's serving version.
+  for (int i = 0; i <= static_cast<int>(gate_reason::sticky_error); ++i) {
+    const auto reason = static_cast<gate_reason>(i);
+    const bool bad = reason == gate_reason::faulted_in_probation ||
+                     reason == gate_reason::mismatch_in_probation ||
+                     reason == gate_reason::sticky_error;
+    EXPECT_EQ(cubridge::marks_bad(reason), bad) << to_string(reason);
+    EXPECT_FALSE(cubridge::transient(reason) && bad) << to_string(reason);
+  }
 }
 
 }  // namespace

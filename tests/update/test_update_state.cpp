@@ -12,6 +12,7 @@
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <fcntl.h>
@@ -171,6 +172,7 @@ TEST_F(UpdateStateTest, AFileWithoutPendingVersionsIsSettled) {
   state.load();
   EXPECT_EQ(state.highest_version("filters"), 7u);
   EXPECT_FALSE(state.pending("filters"));
+  EXPECT_TRUE(state.bad_versions().empty()) << "nor any bad version";
 }
 
 TEST_F(UpdateStateTest, LoadKeepsAPendingMarkOnlyWithTheHigherVersion) {
@@ -326,6 +328,136 @@ TEST_F(UpdateStateTest, ARewriteReplacesTheFileAsAWhole) {
   update_state restarted(file);
   restarted.load();
   EXPECT_EQ(restarted.highest_version("filters"), 2u);
+}
+
+// --- payloads recorded as bad ---------------------------------------------------------------
+
+std::string digest_of(int n) {
+  std::string text = std::to_string(n);
+  return std::string(64 - text.size(), '0') + text;  // 64 decimal digits: lower-case hex
+}
+
+cubridge::bad_version bad(const std::string& module, int n,
+                          cubridge::gate_reason reason = cubridge::gate_reason::sticky_error) {
+  return {module, digest_of(n), static_cast<std::uint64_t>(n) + 1, reason,
+          noon + std::chrono::seconds(n)};
+}
+
+TEST_F(UpdateStateTest, BadVersionsAreRecordedOnceWrittenAtOnceAndReadBack) {
+  const std::string digest(64, 'e');
+  {
+    update_state state(file);
+    state.load();
+    EXPECT_TRUE(state.record_bad(
+        {"filters", digest, 6, cubridge::gate_reason::faulted_in_probation, noon}));
+    EXPECT_EQ(read_text(file),
+              "{\"bad_versions\":{\"filters\":[{\"digest\":\"" + digest +
+                  "\",\"reason\":\"faulted_in_probation\",\"time\":\"2026-11-29T12:00:00Z\","
+                  "\"version\":6}]},\"cubridge_update_state\":1,\"highest_versions\":{},"
+                  "\"rollback_nonces\":{}}\n");
+    // The first record stands: the same payload again (under another version) changes nothing.
+    EXPECT_FALSE(
+        state.record_bad({"filters", digest, 7, cubridge::gate_reason::sticky_error, noon}));
+    EXPECT_TRUE(state.record_bad(bad("blur", 1)));
+    EXPECT_FALSE(state.find_bad("filters", digest_of(1)));
+    EXPECT_FALSE(state.find_bad("sharpen", digest));
+  }
+  update_state restarted(file);
+  restarted.load();
+  const auto found = restarted.find_bad("filters", digest);
+  ASSERT_TRUE(found);
+  EXPECT_EQ(*found, (cubridge::bad_version{"filters", digest, 6,
+                                           cubridge::gate_reason::faulted_in_probation, noon}));
+  EXPECT_EQ(restarted.bad_versions(),
+            (std::vector<cubridge::bad_version>{bad("blur", 1), *found}));  // by module name
+}
+
+TEST_F(UpdateStateTest, AtMostTheBoundOfBadVersionsPerModuleTheOldestDropped) {
+  const int bound = static_cast<int>(cubridge::max_bad_versions_per_module);
+  update_state state;  // in memory (no write per record); the file's bound is the load's, below
+  for (int n = 0; n <= bound; ++n) EXPECT_TRUE(state.record_bad(bad("filters", n)));
+  EXPECT_TRUE(state.record_bad(bad("blur", 0)));  // another module's records are its own
+  EXPECT_FALSE(state.find_bad("filters", digest_of(0))) << "the oldest was dropped";
+  const auto all = state.bad_versions();
+  ASSERT_EQ(all.size(), cubridge::max_bad_versions_per_module + 1);
+  EXPECT_EQ(all[0], bad("blur", 0));
+  EXPECT_EQ(all[1], bad("filters", 1));  // oldest first
+  EXPECT_EQ(all.back(), bad("filters", bound));
+  // A file holding more (written with a larger bound) keeps its newest.
+  std::string entries;
+  for (int n = 0; n < bound + 2; ++n)
+    entries += std::string(n == 0 ? "" : ",") + "{\"digest\":\"" + digest_of(n) +
+               "\",\"version\":1,\"reason\":\"known_bad\",\"time\":\"2026-11-29T12:00:00Z\"}";
+  cubridge::testing::write_text(file,
+                                "{\"cubridge_update_state\":1,\"highest_versions\":{},"
+                                "\"bad_versions\":{\"filters\":[" +
+                                    entries + "]},\"rollback_nonces\":{}}");
+  update_state larger(file);
+  larger.load();
+  EXPECT_EQ(larger.bad_versions().size(), cubridge::max_bad_versions_per_module);
+  EXPECT_FALSE(larger.find_bad("filters", digest_of(1)));
+  EXPECT_TRUE(larger.find_bad("filters", digest_of(2)));
+}
+
+TEST_F(UpdateStateTest, ABadVersionIsCheckedAndKeptInMemoryWhenItsWriteFails) {
+  update_state state(dir.path / "gone" / "replay.json");  // its directory does not exist
+  for (const auto& wrong :
+       {cubridge::bad_version{"../x", digest_of(1), 1, cubridge::gate_reason::sticky_error, noon},
+        cubridge::bad_version{"filters", std::string(64, 'E'), 1,
+                              cubridge::gate_reason::sticky_error, noon},
+        cubridge::bad_version{"filters", digest_of(1), 0, cubridge::gate_reason::sticky_error,
+                              noon},
+        cubridge::bad_version{"filters", digest_of(1), 1, cubridge::gate_reason::none, noon}}) {
+    try {
+      (void)state.record_bad(wrong);
+      ADD_FAILURE() << wrong.module << " " << wrong.digest << " was recorded";
+    } catch (const cubridge::error& e) {
+      EXPECT_TRUE(e.is(cubridge::errc::precondition)) << e.what();  // before any write
+    }
+  }
+  EXPECT_THROW((void)state.record_bad(bad("filters", 1)), update_state_error);
+  EXPECT_TRUE(state.find_bad("filters", digest_of(1))) << "the safe side: still refused here";
+}
+
+TEST_F(UpdateStateTest, ACorruptBadVersionsFieldIsAnErrorNamingTheFile) {
+  const auto entry = [](const std::string& fields) {
+    return "{\"cubridge_update_state\":1,\"highest_versions\":{},\"rollback_nonces\":{},"
+           "\"bad_versions\":{\"filters\":[{" +
+           fields + "}]}}";
+  };
+  const std::string digest = "\"digest\":\"" + digest_of(1) + "\"";
+  const std::string rest =
+      ",\"version\":3,\"reason\":\"sticky_error\",\"time\":\"2026-11-29T12:00:00Z\"";
+  cubridge::testing::write_text(file, entry(digest + rest));
+  {
+    update_state good(file);
+    good.load();
+    EXPECT_TRUE(good.find_bad("filters", digest_of(1)));
+  }
+  const std::string base =
+      "{\"cubridge_update_state\":1,\"highest_versions\":{},"
+      "\"rollback_nonces\":{},\"bad_versions\":";
+  for (const std::string& text : std::vector<std::string>{
+           base + "[]}", base + "{\"filters\":{}}}", base + "{\"../x\":[]}}",
+           base + "{\"filters\":[1]}}", entry(rest.substr(1)),
+           entry("\"digest\":\"" + std::string(64, 'E') + "\"" + rest),
+           entry("\"digest\":\"abc\"" + rest),
+           entry(digest +
+                 ",\"version\":0,\"reason\":\"sticky_error\",\"time\":\"2026-11-29T12:00:00Z\""),
+           entry(
+               digest +
+               ",\"version\":\"3\",\"reason\":\"sticky_error\",\"time\":\"2026-11-29T12:00:00Z\""),
+           entry(digest +
+                 ",\"version\":3,\"reason\":\"Sticky_error\",\"time\":\"2026-11-29T12:00:00Z\""),
+           entry(digest + ",\"version\":3,\"reason\":\"\",\"time\":\"2026-11-29T12:00:00Z\""),
+           entry(digest + ",\"version\":3,\"reason\":\"sticky_error\",\"time\":\"yesterday\""),
+           entry(digest + ",\"version\":3,\"reason\":\"sticky_error\""),
+           entry(digest + rest + ",\"extra\":1"),
+           base + "{\"filters\":[{" + digest + rest + "},{" + digest + rest + "}]}}"}) {
+    SCOPED_TRACE(::testing::PrintToString(text));
+    cubridge::testing::write_text(file, text);
+    expect_load_fails(file, update_state_reason::corrupt);
+  }
 }
 
 TEST(UpdateStateReason, KeepsItsSpelling) {

@@ -9,6 +9,9 @@
 // matches desired; a permanent refusal (signature, compatibility, smoke test) is recorded once
 // and not retried until the desired state changes. Each revision acted on gets one result
 // record signed with the node's key; a signed heartbeat goes out every heartbeat_interval.
+// Once the process is poisoned (core/process_health.hpp) a heartbeat saying so goes out at once,
+// then a `failed` result (sticky_error) for each module's serving version (docs/fleet.md, "A
+// poisoned node").
 //
 // With the server down the service keeps serving what it has; the client reconnects with
 // backoff, and the node converges from the desired state, not from messages it may have missed.
@@ -107,8 +110,9 @@ class fleet_agent {
   /// Stops it (see stop()).
   ~fleet_agent();
 
-  /// Starts the gate (idempotent: the replay state), reads the node key and starts the agent's
-  /// threads (one reconciling, one sending heartbeats). Returns at once also while no server
+  /// Starts the gate (idempotent: the replay state), reads the node key, starts the agent's
+  /// threads (one reconciling, one sending heartbeats) and listens for the process being
+  /// poisoned (add_poison_listener, until stop()). Returns at once also while no server
   /// answers: the agent connects, binds the bucket and watches, and resumes by itself.
   /// @throws error (errc::precondition) when already running, for a bad node id or module name,
   ///         no module to follow, no node key, or a server list parse_server_list refuses;

@@ -81,6 +81,20 @@ struct module_health {
   friend bool operator==(const module_health&, const module_health&) = default;
 };
 
+/// What poisoned a node's process (core/process_health.hpp), as its heartbeats report it from
+/// then on: the first sticky CUDA error a cubridge call saw. The process can no longer use the
+/// GPU; its supervisor starts a new one (docs/fleet.md, "A poisoned node").
+struct poison_report {
+  /// The driver's name of the error ("CUDA_ERROR_ILLEGAL_ADDRESS"), at most max_record_token
+  /// bytes; empty when the process could not keep a record of it.
+  std::string error{};
+  /// The call that saw it ("cuStreamSynchronize"), at most max_record_token bytes.
+  std::string call{};
+  /// When it was seen (the node's clock), whole seconds.
+  std::chrono::sys_seconds since{};
+  friend bool operator==(const poison_report&, const poison_report&) = default;
+};
+
 /// A node's periodic state.
 struct heartbeat {
   std::string node{};
@@ -113,6 +127,10 @@ struct heartbeat {
   /// The agent's last problem (a refused desired state, a connection it could not make), in
   /// words; empty when none.
   std::string problem{};
+  /// Set once the node's process is poisoned (optional: absent while healthy, and from a node
+  /// that predates it). The heartbeat that first carries it goes out at once, not at the next
+  /// interval.
+  std::optional<poison_report> poisoned{};
 };
 
 /// Whether `boot` is what a heartbeat's boot id must be: 16 lower-case hex digits.
@@ -131,7 +149,8 @@ struct heartbeat {
 /// over max_record_bytes, not a JSON object, a field missing or of another type, a node or
 /// module name check_fleet_name refuses, an unknown outcome, a digest that is not 64 lower-case
 /// hex digits, a time that is not RFC 3339 UTC or outside [earliest_record_time,
-/// latest_record_time], an interval of 0 or over max_heartbeat_interval. Texts are made
+/// latest_record_time], an interval of 0 or over max_heartbeat_interval, a `poisoned` that is
+/// not an object of exactly "error", "call" and "since". Texts are made
 /// printable and cut as above. Throws std::bad_alloc only.
 [[nodiscard]] std::optional<result_record> parse_result_record(std::string_view text);
 [[nodiscard]] std::optional<heartbeat> parse_heartbeat(std::string_view text);

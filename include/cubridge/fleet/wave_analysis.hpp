@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -37,6 +38,10 @@ struct health_limits {
 struct health_sample {
   std::string node{};
   module_health health{};
+  /// What poisoned the node's process, from its heartbeat (heartbeat::poisoned): counted as a
+  /// sticky error whatever the module's own counters say, since nothing on that node can use the
+  /// GPU any more.
+  std::optional<poison_report> poisoned{};
 };
 
 /// Launch counters of a baseline node at the start of the window.
@@ -72,10 +77,10 @@ struct wave_verdict {
 /// A baseline node missing from `baseline_start`, or whose counters went down (a restart), counts
 /// from zero. With no baseline node the limits apply to the canaries alone.
 ///
-/// Per signal, the baseline's figure is robust to single nodes: sticky errors and unhealthy
-/// probes as a share of the baseline nodes with the baseline_trim() worst left out; the failure
-/// rate and each metric as the median of the nodes' own figures. The baseline breaches when its
-/// median node breaches (more than half of its nodes for a share).
+/// Per signal, the baseline's figure is robust to single nodes: sticky errors (a module's, or a
+/// poisoned process) and unhealthy probes as a share of the baseline nodes with the baseline_trim()
+/// worst left out; the failure rate and each metric as the median of the nodes' own figures. The
+/// baseline breaches when its median node breaches (more than half of its nodes for a share).
 [[nodiscard]] wave_verdict analyse_wave(
     std::span<const health_sample> canaries, std::span<const health_sample> baseline,
     const std::map<std::string, counter_mark, std::less<>>& baseline_start,

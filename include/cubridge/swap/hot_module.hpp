@@ -22,6 +22,7 @@
 #include <cubridge/core/context_ref.hpp>
 #include <cubridge/core/event.hpp>
 #include <cubridge/core/kernel.hpp>
+#include <cubridge/core/kernel_arguments.hpp>
 #include <cubridge/core/module.hpp>
 #include <cubridge/swap/error.hpp>
 #include <cubridge/swap/probation.hpp>
@@ -432,9 +433,21 @@ class hot_kernel {
   template <class... Args>
   void mirror(const chain::lease& lease, const launch_config& config, const Args&... args) const {
     const auto& k = lease.payload().kernels[index_];
-    (void)k.template typed<Args...>();  // the argument check, before anything is copied
-    detail::with_kernel_arguments([&](void** arguments) { mirror_raw(lease, config, arguments); },
-                                  args...);
+    if constexpr (sizeof...(Args) == 1 && (std::is_same_v<Args, kernel_arguments> && ...)) {
+      // A list assembled at run time: mirrored only if it fits the parameters (the launch
+      // itself refuses it otherwise).
+      const kernel_arguments& list = std::get<0>(std::tie(args...));
+      const auto sizes = list.sizes();
+      const auto params = k.parameters();
+      if (sizes.size() != params.size()) return;
+      for (std::size_t i = 0; i < sizes.size(); ++i)
+        if (sizes[i] != params[i].size) return;
+      mirror_raw(lease, config, list.pointers());
+    } else {
+      (void)k.template typed<Args...>();  // the argument check, before anything is copied
+      detail::with_kernel_arguments(
+          [&](void** arguments) { mirror_raw(lease, config, arguments); }, args...);
+    }
   }
   void mirror_raw(const chain::lease& lease, const launch_config& config, void** arguments) const;
   /// Counts a launch that threw against its version (in a catch block: reads the exception).

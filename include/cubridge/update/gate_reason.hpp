@@ -45,6 +45,14 @@ enum class gate_reason {
   stage_refused,        ///< refused while staging: validation, compile, load, smoke test
   apply_failed,         ///< the sink failed otherwise; the serving version is unchanged
   no_previous_version,  ///< a rollback with nothing to go back to
+  // Probation of a candidate (the sink's answers) and the node's record of bad versions: each
+  // records the payload's digest as bad on the node (update_state::record_bad), so that it is
+  // never staged there again.
+  faulted_in_probation,   ///< the candidate faulted in a sandbox worker during its probation
+  mismatch_in_probation,  ///< the candidate's outputs differed from the serving version's
+  probation_incomplete,   ///< too few mirrored launches before the probation's deadline
+  known_bad,              ///< the payload is recorded as bad on this node (refused unstaged)
+  sticky_error,           ///< the version served when the process was poisoned
 };
 
 /// "too_large", "replayed_version", ... (the wire spelling); "" for none.
@@ -57,6 +65,15 @@ enum class gate_reason {
 /// not be written, or the gate was busy. Everything else is the bundle's (or request's) fault.
 [[nodiscard]] constexpr bool transient(gate_reason reason) noexcept {
   return reason == gate_reason::state_failed || reason == gate_reason::busy;
+}
+/// Whether a version refused or failed for `reason` is recorded as bad on the node (its payload
+/// digest, in the replay state): it faulted or differed in probation, or served when the
+/// process was poisoned. Not probation_incomplete: too little traffic is a failure of this
+/// attempt (the version is refused, the wave halts), not evidence against the code, so the same
+/// version may be tried again.
+[[nodiscard]] constexpr bool marks_bad(gate_reason reason) noexcept {
+  return reason == gate_reason::faulted_in_probation ||
+         reason == gate_reason::mismatch_in_probation || reason == gate_reason::sticky_error;
 }
 
 }  // namespace cubridge

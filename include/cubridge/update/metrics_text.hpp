@@ -9,12 +9,15 @@
 //   std::string body = std::move(out).str();  // served as metrics_text_content_type
 //
 // Used by the update endpoint (update_endpoint_options::serve_metrics) and the fleet agent
-// (fleet_agent::metrics_text()); write_module_metrics() writes what a module_sink reports.
+// (fleet_agent::metrics_text()); write_module_metrics() writes what a module_sink reports,
+// write_process_health_metrics() whether the process is poisoned.
 
 #include <cubridge/update/module_sink.hpp>
 
+#include <chrono>
 #include <cstdint>
 #include <initializer_list>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -73,5 +76,13 @@ class metrics_text_writer {
 /// cubridge_module_unloaded_total, cubridge_module_reclaim_failures_total; each labelled
 /// {module="<name>"}. A fixed number of lines per module. @throws as the writer.
 void write_module_metrics(metrics_text_writer& out, const std::vector<module_report>& reports);
+
+/// Whether the process is poisoned (core/process_health.hpp), as a gauge that flips:
+/// cubridge_process_poisoned (0 or 1), and while `poisoned_since` is set,
+/// cubridge_process_poisoned_since_seconds (when the sticky error was seen, unix seconds). Two
+/// lines more when poisoned, none with a label. @throws as the writer.
+void write_process_health_metrics(
+    metrics_text_writer& out, bool poisoned,
+    std::optional<std::chrono::system_clock::time_point> poisoned_since);
 
 }  // namespace cubridge

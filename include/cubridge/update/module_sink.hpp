@@ -40,6 +40,8 @@ enum class apply_rule {
 /// serving when it returned, and for a refusal, what went wrong.
 struct sink_result {
   /// none; unknown_module; stage_refused (validation, compile, load, smoke test);
+  /// faulted_in_probation, mismatch_in_probation or probation_incomplete (the candidate failed
+  /// its probation: the gate records its payload as bad on the node, never staged again);
   /// older_version or replayed_version (apply_rule::above_serving refused it at the switch);
   /// no_previous_version (rollback); apply_failed (anything else: nothing switched).
   gate_reason reason = gate_reason::apply_failed;
@@ -116,6 +118,12 @@ class module_sink {
   virtual sink_result rollback(std::string_view name) = 0;
   /// Every module the sink holds.
   [[nodiscard]] virtual std::vector<module_report> status() const = 0;
+  /// Whether the process is poisoned (core/process_health.hpp), asking the driver about the
+  /// contexts the sink loads into where it has any (hot_module_sink does), so that the first
+  /// readiness probe after a fault sees it even when no call has returned the error yet. The
+  /// default asks no driver: process_poisoned(). Must not throw nor wait for GPU work; called by
+  /// every GET /readyz.
+  [[nodiscard]] virtual bool probe_health() const noexcept;
 };
 
 }  // namespace cubridge

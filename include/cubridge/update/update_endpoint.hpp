@@ -10,6 +10,13 @@
 //                                         in-flight counts, last error; the device's SM
 //   GET  /metrics                      -> Prometheus text (metrics_text.hpp), only with
 //                                         serve_metrics; unauthenticated, as the status
+//   GET  /healthz                      -> 200 {"status":"live"} while the process answers
+//                                         (liveness: a poisoned process is still live)
+//   GET  /readyz                       -> 200 {"status":"ready"}; 503 {"status":"poisoned",
+//                                         "error", "call", "since", "running"} from the first
+//                                         request after a sticky CUDA error (process_health.hpp;
+//                                         the sink's contexts are asked each time). Both always
+//                                         served, unauthenticated, bodiless
 //
 // Every refusal answers JSON {"error": "<reason>", "detail": "<what exactly>"} with a status:
 //
@@ -35,7 +42,11 @@
 //        (a multipart Content-Type; any other type is taken as the raw bundle)
 //   431  headers_too_large (request line and headers over max_header_bytes or max_header_count)
 //   422  payload_kind_mismatch, target_mismatch (no code for the signed target), wrong_device (no
-//        code for this service's GPU), stage_refused (the sink refused it: validation, compile)
+//        code for this service's GPU), stage_refused (the sink refused it: validation, compile),
+//        faulted_in_probation, mismatch_in_probation, probation_incomplete (the candidate failed
+//        its probation; its payload is recorded as bad), known_bad (the payload is recorded as bad
+//        on this node: refused before the sink sees it), sticky_error (a sink's answer: the
+//        version served when the process was poisoned)
 //   500  apply_failed (the sink failed otherwise; the serving version is unchanged),
 //        state_failed (the replay state file could not be written; nothing was applied)
 //   503  busy (max_connections connections open: a new one is answered and closed at once,
@@ -44,7 +55,8 @@
 //
 // Checks run in this order: name, size, bundle verification (verify_bundle: format, signature,
 // expiry, payload hash, kind, signed target), URL name = signed name, device, then, under the
-// module's lock, version > every version applied, current or floor (so a push is applied at most
+// module's lock, the payload not recorded as bad, version > every version applied, current or
+// floor (so a push is applied at most
 // once, also when the same bundle arrives twice at once, and, the state persisted, also across
 // restarts), the new version recorded in the replay state, then the sink. These checks are an
 // update_gate's (update_gate.hpp): the endpoint makes its own, or shares a node's with the fleet
@@ -143,8 +155,9 @@ struct update_endpoint_options {
   /// The clock for bundle expiry and the rollback window; empty: the system clock.
   std::function<std::chrono::system_clock::time_point()> clock{};
   /// Answer GET /metrics (Prometheus text format 0.0.4, docs/update-endpoint.md "Metrics"):
-  /// the sink's modules and the endpoint's counters. Off by default: like GET /v1/modules it
-  /// asks for no key, and a service decides whether its address may show them.
+  /// the sink's modules, the endpoint's counters and cubridge_process_poisoned. Off by default:
+  /// like GET /v1/modules it asks for no key, and a service decides whether its address may
+  /// show them. (GET /healthz and /readyz are always served.)
   bool serve_metrics = false;
 
   /// The policy half of these options, as the endpoint hands it to its own update_gate

@@ -4,7 +4,9 @@
 // signed rollback request, written once. One gate is a node's update authority: the doors share
 // it (update_gate::create, shared_ptr), so one lock per module and one replay record hold
 // whichever door a bundle came through. A gate verifies (size, verify_bundle against the trusted
-// keys, module name, device), checks the replay floor (update_state: a version at or below the
+// keys, module name, device), refuses a payload recorded as bad on the node (known_bad: one that
+// failed its probation or served when the process was poisoned; never staged again), checks the
+// replay floor (update_state: a version at or below the
 // highest applied is refused; persisted by default, so also across restarts), records the new
 // version before the sink sees it (pending until the sink answered: a redelivery after a crash in
 // between resumes that apply), and applies it through the module_sink under the module's lock. The
@@ -27,6 +29,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace cubridge {
 
@@ -57,10 +60,12 @@ struct update_gate_options {
 
 /// What became of a bundle or a rollback request.
 enum class gate_outcome {
-  applied,      ///< the bundle's version serves now
-  duplicate,    ///< the bundle's version serves already; nothing changed (reason replayed_version)
-  refused,      ///< refused before the sink changed anything (see the reason)
-  failed,       ///< the sink failed (apply_failed) or the replay state could not be written
+  applied,    ///< the bundle's version serves now
+  duplicate,  ///< the bundle's version serves already; nothing changed (reason replayed_version)
+  refused,    ///< refused before the sink changed anything (see the reason)
+  /// the sink failed (apply_failed), the version failed its probation or is recorded bad
+  /// (marks_bad, known_bad: a fleet halts on it), or the replay state could not be written
+  failed,
   rolled_back,  ///< the previous version serves again
 };
 
@@ -131,11 +136,12 @@ class update_gate {
   update_gate(std::shared_ptr<module_sink> sink, update_gate_options options);
   update_gate(const update_gate&) = delete;
   update_gate& operator=(const update_gate&) = delete;
-  /// Releases the state file's lock.
+  /// Releases the state file's lock and stops listening for the process being poisoned.
   ~update_gate();
 
   /// Takes the state file's lock (making the default directory, mode 0700, when missing), loads
-  /// the replay state and merges version_floor into it. Until it has succeeded every push and
+  /// the replay state, merges version_floor into it and starts listening for the process being
+  /// poisoned (add_poison_listener: see record_bad). Until it has succeeded every push and
   /// rollback is refused (not_started). Idempotent and thread-safe: every door calls it; the
   /// first call does the work, later ones return at once; a call that threw leaves the gate
   /// unstarted (and unlocked), so it may be retried.
@@ -177,6 +183,23 @@ class update_gate {
                                                              std::uint64_t version) const;
   /// The highest version recorded for `module` in the replay state; 0 when none.
   [[nodiscard]] std::uint64_t highest_version(std::string_view module) const;
+
+  /// Records payload `digest` (lower-case hex SHA-256: bundle_manifest::payload_sha256) of
+  /// `module` as bad on this node, as `version`, for `reason`, in the replay state (written
+  /// before it returns): from then on every bundle of the module carrying that payload, whatever
+  /// its version, is refused (known_bad, outcome failed) before the sink sees it, also after a
+  /// restart. A payload recorded already keeps its first record. The gate records by itself
+  /// what the sink answers faulted_in_probation or mismatch_in_probation
+  /// for, and, once the process is poisoned (core/process_health.hpp), the payload serving (or a
+  /// newer one being applied) in each module that it applied (sticky_error). @throws error
+  /// (errc::precondition) before start(), for a module name check_module_name refuses, a digest
+  /// that is not 64 lower-case hex digits, version 0 or the reason none; update_state_error
+  /// (write_failed) when the file cannot be written (recorded in memory even then).
+  void record_bad(std::string_view module, std::string_view digest, std::uint64_t version,
+                  gate_reason reason);
+  /// Every payload recorded bad (update_state::bad_versions): by module, oldest first; empty
+  /// before start().
+  [[nodiscard]] std::vector<bad_version> bad_versions() const;
   [[nodiscard]] module_sink& sink() const noexcept;
   [[nodiscard]] const update_gate_options& options() const noexcept;
 

@@ -1,22 +1,27 @@
 #pragma once
 // The replay memory of an update endpoint (update_endpoint.hpp), kept across restarts: per module
-// the highest bundle version ever applied (and whether its apply is still unsettled), and the
-// nonces of rollback requests still inside their window. Without it a restarted service would
-// accept a captured old bundle or rollback request again. The file format and its guarantees are in
+// the highest bundle version ever applied (and whether its apply is still unsettled), the
+// payloads recorded as bad on this node, and the nonces of rollback requests still inside their
+// window. Without it a restarted service would accept a captured old bundle or rollback request
+// again, or stage again the code that faulted. The file format and its guarantees are in
 // docs/update-endpoint.md ("Replay state"):
 //
 //   {"cubridge_update_state":1,"highest_versions":{"filters":7},
 //    "pending_versions":{"filters":7},
+//    "bad_versions":{"filters":[{"digest":"<64 hex>","version":6,
+//                                "reason":"faulted_in_probation","time":"2026-11-29T12:00:00Z"}]},
 //    "rollback_nonces":{"9c1e4f0b7d2a6e3c5b8a1d0f2e4c6a8b":"2026-11-29T12:00:00Z"}}
 //
 // "pending_versions" is optional (absent: every version settled); each entry repeats the
 // module's highest version, recorded for an apply whose outcome is not known yet.
+// "bad_versions" is optional too (absent: none recorded); per module, oldest first.
 //
 // Every change is written before the call that makes it returns: a new temporary file in the
 // same directory (O_EXCL, mode 0600), written, fsync'ed, renamed over the file, and the directory
 // fsync'ed; so after a crash the file holds the old state or the new one, never a mix.
 
 #include <cubridge/core/error.hpp>
+#include <cubridge/update/gate_reason.hpp>
 
 #include <chrono>
 #include <cstddef>
@@ -24,11 +29,13 @@
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <source_location>
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <vector>
 
 namespace cubridge {
 
@@ -65,6 +72,27 @@ enum class nonce_outcome {
   replayed,  ///< seen before inside the window
   full,      ///< not seen, but as many nonces as allowed are remembered already
 };
+
+/// A payload recorded as bad on this node (docs/update-endpoint.md, "Known-bad payloads"): the
+/// gate refuses (known_bad) every bundle of the module that carries it, whatever its version,
+/// before the sink sees it.
+struct bad_version {
+  std::string module{};
+  /// Lower-case hex SHA-256 of the payload (bundle_manifest::payload_sha256): the same code
+  /// signed again under another version is the same payload.
+  std::string digest{};
+  /// The bundle version it came as when it was recorded.
+  std::uint64_t version = 0;
+  /// Why: faulted_in_probation, mismatch_in_probation, sticky_error (see
+  /// marks_bad), or whatever reason the caller of update_gate::record_bad named; never none.
+  gate_reason reason = gate_reason::none;
+  std::chrono::sys_seconds time{};  ///< when it was recorded
+  friend bool operator==(const bad_version&, const bad_version&) = default;
+};
+
+/// Most payloads recorded bad per module. Recording one more drops the module's oldest record;
+/// a file holding more (written with a larger bound) keeps its newest on load.
+inline constexpr std::size_t max_bad_versions_per_module = 256;
 
 /// The replay state. Thread-safe: every member may be called from any thread at once.
 class update_state {
@@ -128,6 +156,22 @@ class update_state {
   /// How many nonces are remembered.
   [[nodiscard]] std::size_t nonce_count() const;
 
+  /// Records `entry` as bad, unless its module and digest are recorded already (the first record
+  /// stands), dropping the module's oldest record past max_bad_versions_per_module, and writes
+  /// the file before returning. Returns whether it was new. No member holds the state's lock
+  /// across a CUDA call, so a poison listener may call this from whichever thread saw the error
+  /// (update_gate does). @throws error (errc::precondition) for a module name check_module_name
+  /// refuses, a digest that is not 64 lower-case hex digits, version 0, the reason none, or a time
+  /// the file cannot hold (outside years 0 to 9999); update_state_error (write_failed) when the
+  /// file cannot be written: the record stays in memory even then (code that faulted is not staged
+  /// again by this process either).
+  bool record_bad(const bad_version& entry);
+  /// The record of payload `digest` of `module`; nullopt when it is not recorded bad.
+  [[nodiscard]] std::optional<bad_version> find_bad(std::string_view module,
+                                                    std::string_view digest) const;
+  /// Every payload recorded bad, by module name, each module's oldest first.
+  [[nodiscard]] std::vector<bad_version> bad_versions() const;
+
  private:
   void save_locked() const;  // writes the whole state; the caller holds mutex_
   void record_locked(const std::string& module, std::uint64_t version, bool pending);
@@ -136,6 +180,9 @@ class update_state {
   mutable std::mutex mutex_;
   std::map<std::string, std::uint64_t, std::less<>> highest_;
   std::set<std::string, std::less<>> pending_;  // modules whose highest version is pending
+  // Per module its bad payloads, oldest first, at most max_bad_versions_per_module; searched
+  // linearly (a push looks once; 256 compares are nothing beside verifying the bundle).
+  std::map<std::string, std::vector<bad_version>, std::less<>> bad_;
   std::unordered_map<std::string, std::chrono::sys_seconds> nonces_;  // nonce -> request time
 };
 

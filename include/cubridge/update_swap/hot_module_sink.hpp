@@ -26,6 +26,7 @@
 #include <cubridge/compile/compile.hpp>
 #include <cubridge/compile/machine_code.hpp>
 #include <cubridge/core/compute_capability.hpp>
+#include <cubridge/core/context_ref.hpp>
 #include <cubridge/swap/hot_module.hpp>
 #include <cubridge/swap/hot_module_group.hpp>
 #include <cubridge/update/module_sink.hpp>
@@ -36,6 +37,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace cubridge {
 
@@ -84,6 +86,10 @@ class hot_module_sink final : public module_sink {
   /// counters from hot_module::stats() (promotions, rollbacks, rejected, unloaded, reclaim
   /// failures), which the endpoint's /metrics exports.
   [[nodiscard]] std::vector<module_report> status() const override;
+  /// Asks the driver about the context of every module and group member added
+  /// (probe_process_health: a stream query each, waiting for no work), so that a sticky error
+  /// no call has returned yet marks the process poisoned. Returns process_poisoned().
+  [[nodiscard]] bool probe_health() const noexcept override;
 
  private:
   struct entry;
@@ -91,8 +97,11 @@ class hot_module_sink final : public module_sink {
   mutable std::mutex mutex_;
   std::optional<compute_capability> device_;
   std::map<std::string, std::unique_ptr<entry>, std::less<>> modules_;
+  // Each context of the modules added, once; alive as long as the modules the entries hold.
+  std::vector<context_ref> contexts_;
   entry* find(std::string_view name) const;
-  void add_entry(std::unique_ptr<swap_target> target, stage_options stage);
+  void add_entry(std::unique_ptr<swap_target> target, stage_options stage,
+                 const std::vector<context_ref>& contexts);
 };
 
 }  // namespace cubridge
