@@ -49,10 +49,10 @@ from ._cubridge import (BundleManifest, Context, ContextRef, Device, DeviceView,
                         ImageKernel, ImageTarget, Kernel, KeyPair, LaunchConfig, Module,
                         PrimaryContext, PublicKey, Sandbox, SecretKey, SharedMemory,
                         StagedModule, StagedVersion, Stream, UpdateEndpoint, UpdateGate,
-                        VerifiedBundle,
+                        VerifiedBundle, POISONED_EXIT_CODE,
                         before_stream_destroy, current_context, device_count, devices, driver_available,
-                        generate_keypair, kernel_signature, scoped_current, sign_bundle,
-                        unmangled_name, verify_bundle)
+                        exit_when_poisoned, generate_keypair, health, kernel_signature,
+                        scoped_current, sign_bundle, unmangled_name, verify_bundle)
 from ._errors import (BundleError, CompileError, ContextResetError, DriverUnavailable, Error,
                       FleetError, GuestError, ImageError, IOFailure, LaunchArgumentError, PreconditionError,
                       SandboxError, VersionRejected)
@@ -61,7 +61,7 @@ from ._errors import (BundleError, CompileError, ContextResetError, DriverUnavai
 # the wheel and in builds by scripts/setup; `has_fleet` says.
 has_fleet: bool = _cubridge.has_fleet
 if has_fleet:
-    from ._cubridge import FleetAgent, FleetController
+    from ._cubridge import AgentOptions, BusOptions, FleetAgent, FleetController
 
 # The version of the C++ library this package wraps (CMakeLists.txt's project version, the one
 # place it is written; the package metadata reads it from there too).
@@ -109,10 +109,10 @@ __all__ = [
     "kernel_signature", "unmangled_name", "HotModule", "HotKernel", "HotModuleStats", "HotModuleGroup",
     "GroupKernel", "PinnedGeneration", "StagedGroup",
     "HotReloader", "StagedModule", "StagedVersion", "GuestContext", "SharedMemory", "Sandbox",
-    "UpdateEndpoint", "UpdateGate",
+    "UpdateEndpoint", "UpdateGate", "health", "exit_when_poisoned", "POISONED_EXIT_CODE",
     "sign_bundle", "verify_bundle", "ImageInfo", "ImageTarget", "ImageKernel", "KeyPair",
     "PublicKey", "SecretKey", "BundleManifest", "VerifiedBundle", "Error", "DriverUnavailable",
     "ImageError", "LaunchArgumentError", "ContextResetError", "VersionRejected",
     "PreconditionError", "IOFailure", "CompileError", "BundleError", "GuestError",
     "SandboxError", "FleetError", "has_fleet",
-] + (["FleetAgent", "FleetController"] if has_fleet else [])
+] + (["FleetAgent", "FleetController", "AgentOptions", "BusOptions"] if has_fleet else [])

@@ -58,6 +58,8 @@ void bind_sandbox(nanobind::module_& m);
 [[nodiscard]] mps_policy mps_policy_named(const std::string& name, const std::string& who);
 /// UpdateEndpoint (endpoint.cpp).
 void bind_update_endpoint(nanobind::module_& m);
+/// health(), exit_when_poisoned(), POISONED_EXIT_CODE (health.cpp).
+void bind_health(nanobind::module_& m);
 
 /// What UpdateGate takes besides its modules and keys (the update_gate_options a Python service
 /// sets), also taken by UpdateEndpoint and FleetAgent when they build a private gate.

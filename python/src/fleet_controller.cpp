@@ -30,15 +30,44 @@ namespace nb = nanobind;
 
 namespace cubridge::python {
 
+void check_replicas(int replicas) {
+  CUBRIDGE_EXPECTS(replicas >= 1 && replicas <= 5,
+                   "fleet replicas must be 1 to 5, not " + std::to_string(replicas));
+}
+
 fleet::bus_options bus_options_of(const bus_settings& s) {
   fleet::bus_options bus;
   bus.servers = s.servers;
   bus.credentials = s.credentials;
   bus.ca_file = s.ca_file;
   bus.api_prefix = s.api_prefix;
-  CUBRIDGE_EXPECTS(s.replicas >= 1 && s.replicas <= 5, "fleet replicas must be 1 to 5");
+  check_replicas(s.replicas);
   bus.replicas = s.replicas;
   return bus;
+}
+
+bus_settings bus_keywords::settings() const {
+  bus_settings s;
+  if (servers) s.servers = *servers;
+  if (credentials) s.credentials = *credentials;
+  if (ca_file) s.ca_file = *ca_file;
+  if (api_prefix) s.api_prefix = *api_prefix;
+  if (replicas) check_replicas(*replicas);
+  s.replicas = replicas.value_or(s.replicas);
+  return s;
+}
+
+std::string python_repr(nb::handle value) {
+  return nb::cast<std::string>(nb::repr(value));
+}
+
+std::string repr_of(const bus_settings& bus) {
+  // A URL may carry "user:password@": a repr ends up in logs.
+  return "BusOptions(servers=" + python_repr(nb::cast(fleet::redact_server_list(bus.servers))) +
+         ", credentials=" + python_repr(nb::cast(bus.credentials)) +
+         ", ca_file=" + python_repr(nb::cast(bus.ca_file)) +
+         ", api_prefix=" + python_repr(nb::cast(bus.api_prefix)) +
+         ", replicas=" + std::to_string(bus.replicas) + ")";
 }
 
 std::chrono::milliseconds milliseconds_of(double seconds, const char* what) {
@@ -108,6 +137,17 @@ nb::dict node_dict(const fleet::node_state& n) {
   return d;
 }
 
+/// The bus FleetController connects to: `bus` (a BusOptions) or the keywords it stands for,
+/// never both. @throws error (errc::precondition) for both, or for replicas outside 1 to 5.
+bus_settings controller_bus_of(const bus_settings* bus, const bus_keywords& keywords) {
+  if (bus == nullptr) return keywords.settings();
+  if (keywords.any())
+    detail::throw_errc(errc::precondition, "cubridge.FleetController",
+                       "FleetController takes servers, credentials=, ca_file=, api_prefix= and "
+                       "replicas=, or bus=, not both");
+  return *bus;
+}
+
 /// What FleetController takes besides the bus.
 struct controller_settings {
   bus_settings bus;
@@ -158,7 +198,7 @@ fleet::wave_policy wave_policy_of(const wave_settings& s) {
 
 class py_fleet_controller {
  public:
-  explicit py_fleet_controller(const controller_settings& s) {
+  explicit py_fleet_controller(const controller_settings& s) : bus_(s.bus) {
     fleet::controller_options o;
     o.bus = bus_options_of(s.bus);
     o.connect_timeout = milliseconds_of(s.connect_timeout_s, "connect_timeout_s");
@@ -186,7 +226,10 @@ class py_fleet_controller {
     controller_.reset();
   }
 
+  [[nodiscard]] const bus_settings& bus() const noexcept { return bus_; }
+
  private:
+  bus_settings bus_;  // as given, for FleetController.bus
   std::mutex mutex_;
   std::unique_ptr<fleet::controller> controller_;
 };
@@ -354,12 +397,54 @@ void bind_controller_reads(nb::class_<py_fleet_controller>& c) {
           [](py_fleet_controller& self) {
             return self.run([](controller_ref c) { return c.warnings(); });
           },
-          "Streams or buckets found configured otherwise than docs/fleet.md's.");
+          "Streams or buckets found configured otherwise than docs/fleet.md's.")
+      .def_prop_ro(
+          "bus", [](const py_fleet_controller& self) { return bus_settings(self.bus()); },
+          "The BusOptions it was built with (a copy; the keywords' as a BusOptions).");
+}
+
+void bind_bus_options(nb::module_& m) {
+  nb::class_<bus_settings>(
+      m, "BusOptions",
+      "The bus a side of the fleet talks over (fleet::bus_options), for FleetController(bus=...) "
+      "and AgentOptions(bus=...). Its attributes can be set; replicas is checked when set.")
+      .def(
+          "__init__",
+          [](bus_settings* self, std::string servers, std::string credentials, std::string ca_file,
+             std::string api_prefix, int replicas) {
+            check_replicas(replicas);
+            new (self) bus_settings{std::move(servers), std::move(credentials), std::move(ca_file),
+                                    std::move(api_prefix), replicas};
+          },
+          nb::arg("servers") = "nats://127.0.0.1:4222", nb::kw_only(), nb::arg("credentials") = "",
+          nb::arg("ca_file") = "", nb::arg("api_prefix") = "", nb::arg("replicas") = 1,
+          "`servers`: comma-separated nats:// or tls:// URLs, tried in order; credentials: the "
+          "credentials file of `cubridge fleet init` ('' for an open server, a demo only); "
+          "ca_file: the fleet's CA (PEM; TLS then); api_prefix: the JetStream API prefix ('': "
+          "the credentials file's, else '$JS.API'); replicas: of the streams and the bucket "
+          "this side creates, 1 to 5 (PreconditionError otherwise).")
+      .def_rw("servers", &bus_settings::servers,
+              "Comma-separated nats:// or tls:// URLs, tried in order.")
+      .def_rw("credentials", &bus_settings::credentials,
+              "The credentials file ('': none, an open server).")
+      .def_rw("ca_file", &bus_settings::ca_file,
+              "The CA certificate (PEM) of the servers' certificates ('': none).")
+      .def_rw("api_prefix", &bus_settings::api_prefix,
+              "The JetStream API prefix ('': the credentials file's, else '$JS.API').")
+      .def_prop_rw(
+          "replicas", [](const bus_settings& b) { return b.replicas; },
+          [](bus_settings& b, int replicas) {
+            check_replicas(replicas);
+            b.replicas = replicas;
+          },
+          "Replicas of the streams and the bucket created, 1 to 5 (3 in a 3-server cluster).")
+      .def("__repr__", &repr_of);
 }
 
 }  // namespace
 
 void bind_fleet_controller(nb::module_& m) {
+  bind_bus_options(m);
   nb::class_<py_fleet_controller> c(
       m, "FleetController",
       "The fleet's control side (docs/fleet.md): what `cubridge fleet publish | resume | abort | "
@@ -368,25 +453,28 @@ void bind_fleet_controller(nb::module_& m) {
       "release the GIL; calls from several threads are made one at a time.");
   c.def(
       "__init__",
-      [](py_fleet_controller* self, std::string servers, std::vector<public_key> operator_keys,
-         std::string credentials, std::string ca_file, std::string api_prefix, int replicas,
-         double connect_timeout_s, double request_timeout_s, double read_deadline_s) {
-        const controller_settings s{{std::move(servers), std::move(credentials), std::move(ca_file),
-                                     std::move(api_prefix), replicas},
-                                    std::move(operator_keys),
-                                    connect_timeout_s,
-                                    request_timeout_s,
-                                    read_deadline_s};
+      [](py_fleet_controller* self, std::optional<std::string> servers, const bus_settings* bus,
+         std::vector<public_key> operator_keys, std::optional<std::string> credentials,
+         std::optional<std::string> ca_file, std::optional<std::string> api_prefix,
+         std::optional<int> replicas, double connect_timeout_s, double request_timeout_s,
+         double read_deadline_s) {
+        const bus_keywords keywords{std::move(servers), std::move(credentials), std::move(ca_file),
+                                    std::move(api_prefix), replicas};
+        const controller_settings s{controller_bus_of(bus, keywords), std::move(operator_keys),
+                                    connect_timeout_s, request_timeout_s, read_deadline_s};
         new (self) py_fleet_controller(s);
       },
-      nb::arg("servers") = "nats://127.0.0.1:4222", nb::kw_only(),
-      nb::arg("operator_keys") = std::vector<public_key>{}, nb::arg("credentials") = "",
-      nb::arg("ca_file") = "", nb::arg("api_prefix") = "", nb::arg("replicas") = 1,
-      nb::arg("connect_timeout_s") = 2.0, nb::arg("request_timeout_s") = 5.0,
-      nb::arg("read_deadline_s") = 10.0,
-      "Connects to `servers` (comma-separated nats:// or tls:// URLs, tried in order) with the "
-      "credentials file of `cubridge fleet init` and the fleet's CA; desired states are believed "
-      "when signed by one of operator_keys or by the key a call signs with.");
+      // None: not given; BusOptions' defaults then, and bus= may stand for them.
+      nb::arg("servers") = nb::none(), nb::kw_only(), nb::arg("bus") = nb::none(),
+      nb::arg("operator_keys") = std::vector<public_key>{}, nb::arg("credentials") = nb::none(),
+      nb::arg("ca_file") = nb::none(), nb::arg("api_prefix") = nb::none(),
+      nb::arg("replicas") = nb::none(), nb::arg("connect_timeout_s") = 2.0,
+      nb::arg("request_timeout_s") = 5.0, nb::arg("read_deadline_s") = 10.0,
+      "Connects to `servers` (comma-separated nats:// or tls:// URLs, tried in order; "
+      "'nats://127.0.0.1:4222' when not given) with the credentials file of `cubridge fleet "
+      "init` and the fleet's CA; desired states are believed when signed by one of "
+      "operator_keys or by the key a call signs with. bus: a BusOptions instead of servers, "
+      "credentials, ca_file, api_prefix and replicas (PreconditionError when given with any).");
   bind_controller_rollouts(c);
   bind_controller_recovery(c);
   bind_controller_reads(c);

@@ -71,6 +71,7 @@ NB_MODULE(_cubridge, m) {
   bind_sandbox(m);
   bind_update_gate(m);
   bind_update_endpoint(m);
+  bind_health(m);
 #if CUBRIDGE_PYTHON_FLEET
   bind_fleet_controller(m);
   bind_fleet_agent(m);

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 import subprocess
 import time
 
@@ -231,3 +232,147 @@ def test_a_node_key_others_may_read_is_refused(tmp_path):
                                 modules=["filters"], persist_state=False, start=False)
     with pytest.raises(cubridge.Error, match="read"):
         agent.start()
+
+
+# --- the options objects: BusOptions and AgentOptions, as C++'s bus_options and agent options ---
+
+def test_bus_options_hold_the_bus_and_refuse_replicas_outside_one_to_five():
+    bus = cubridge.BusOptions()
+    assert (bus.servers, bus.credentials, bus.ca_file, bus.api_prefix, bus.replicas) == (
+        "nats://127.0.0.1:4222", "", "", "", 1)
+    bus = cubridge.BusOptions("tls://nats.example:4222", credentials="operator.creds",
+                              ca_file="ca.pem", api_prefix="cubridge.api", replicas=3)
+    assert repr(bus) == ("BusOptions(servers='tls://nats.example:4222', "
+                         "credentials='operator.creds', ca_file='ca.pem', "
+                         "api_prefix='cubridge.api', replicas=3)")
+    bus.servers = "nats://user:secret@127.0.0.1:4222"
+    bus.credentials = ""
+    assert bus.servers == "nats://user:secret@127.0.0.1:4222" and bus.credentials == ""
+    assert "secret" not in repr(bus) and "nats://***@127.0.0.1:4222" in repr(bus)
+    for replicas in (0, 6, -1):
+        with pytest.raises(cubridge.PreconditionError, match="replicas"):
+            cubridge.BusOptions(replicas=replicas)
+    with pytest.raises(cubridge.PreconditionError, match="replicas"):
+        bus.replicas = 6
+    assert bus.replicas == 3
+    bus.replicas = 5
+    assert bus.replicas == 5
+
+
+def test_agent_options_hold_what_an_agent_runs_with():
+    options = cubridge.AgentOptions(node="n1", node_key_file="n1.key")
+    assert (options.node, options.node_key_file, options.modules, options.cohort) == (
+        "n1", "n1.key", [], "all")
+    assert (options.heartbeat_interval_s, options.resync_interval_s) == (5.0, 2.0)
+    assert not options.allow_readable_key
+    assert repr(options.bus) == repr(cubridge.BusOptions())
+    assert repr(options) == (
+        "AgentOptions(node='n1', node_key_file='n1.key', bus=" + repr(cubridge.BusOptions()) +
+        ", modules=[], cohort='all', heartbeat_interval_s=5.0, resync_interval_s=2.0, "
+        "allow_readable_key=False)")
+
+    bus = cubridge.BusOptions("nats://127.0.0.1:4223", replicas=3)
+    options = cubridge.AgentOptions(node="n2", node_key_file="n2.key", bus=bus,
+                                    modules=["filters"], cohort="eu", heartbeat_interval_s=0.5,
+                                    resync_interval_s=1, allow_readable_key=True)
+    assert options.bus.servers == "nats://127.0.0.1:4223" and options.bus.replicas == 3
+    assert (options.modules, options.cohort) == (["filters"], "eu")
+    assert (options.heartbeat_interval_s, options.resync_interval_s) == (0.5, 1.0)
+    assert options.allow_readable_key
+    bus.replicas = 1
+    assert options.bus.replicas == 3, "the options hold a copy of the BusOptions given"
+    options.bus.replicas = 2  # the options' own BusOptions
+    assert options.bus.replicas == 2
+    options.node, options.modules, options.heartbeat_interval_s = "n3", ["a", "b"], 7
+    assert (options.node, options.modules, options.heartbeat_interval_s) == ("n3", ["a", "b"], 7.0)
+    options.bus = cubridge.BusOptions("nats://127.0.0.1:4224")
+    assert options.bus.servers == "nats://127.0.0.1:4224"
+    with pytest.raises(TypeError):
+        cubridge.AgentOptions(node="n1")  # node_key_file is needed
+    with pytest.raises(TypeError):
+        cubridge.AgentOptions("n1", "n1.key")  # keywords only
+
+
+def test_an_agent_built_from_options_runs_with_what_the_keywords_give(tmp_path):
+    keys = cubridge.generate_keypair()
+    key_file = str(_write_secret(tmp_path / "node.key", keys.secret_key))
+    by_keywords = cubridge.FleetAgent([], [keys.public_key], node="n1", node_key_file=key_file,
+                                      servers="nats://127.0.0.1:4223", modules=[MODULE],
+                                      cohort="eu", heartbeat_interval_s=1, persist_state=False,
+                                      start=False)
+    options = cubridge.AgentOptions(node="n1", node_key_file=key_file,
+                                    bus=cubridge.BusOptions("nats://127.0.0.1:4223"),
+                                    modules=[MODULE], cohort="eu", heartbeat_interval_s=1)
+    by_options = cubridge.FleetAgent([], [keys.public_key], options=options, persist_state=False,
+                                     start=False)
+    assert by_options.options.node == by_keywords.options.node == "n1"
+    assert repr(by_options.options) == repr(by_keywords.options) == repr(options)
+    assert not by_options.running and not by_options.connected
+    by_options.options.node = "n9"
+    assert by_options.options.node == "n1", "FleetAgent.options is a copy"
+    # Defaults read back as AgentOptions' own.
+    plain = cubridge.FleetAgent([], [keys.public_key], node="n1", node_key_file=key_file,
+                                persist_state=False, start=False)
+    assert repr(plain.options) == repr(cubridge.AgentOptions(node="n1", node_key_file=key_file))
+    # A shared gate and options, with no keyword of either.
+    gate = cubridge.UpdateGate([], [keys.public_key], persist_state=False)
+    shared = cubridge.FleetAgent(gate=gate, options=options, start=False)
+    assert shared.gate is gate and shared.options.node == "n1"
+    # Options are checked when an agent is built with them, as the keywords are.
+    options.heartbeat_interval_s = 0
+    with pytest.raises(cubridge.PreconditionError, match="heartbeat_interval_s"):
+        cubridge.FleetAgent([], [keys.public_key], options=options, start=False)
+    options.heartbeat_interval_s = 1
+    options.bus.replicas = 3
+    assert cubridge.FleetAgent([], [keys.public_key], options=options, persist_state=False,
+                               start=False).options.bus.replicas == 3
+
+
+def test_an_agent_takes_options_or_their_keywords_never_both_and_not_neither(tmp_path):
+    keys = cubridge.generate_keypair()
+    key_file = str(_write_secret(tmp_path / "node.key", keys.secret_key))
+    options = cubridge.AgentOptions(node="n1", node_key_file=key_file)
+    both = re.escape("FleetAgent takes node= and node_key_file=, or options=, not both")
+    for named in ({"node": "n1"}, {"node_key_file": key_file},
+                  {"node": "n1", "node_key_file": key_file}):
+        with pytest.raises(cubridge.PreconditionError, match=both):
+            cubridge.FleetAgent([], [keys.public_key], options=options, start=False, **named)
+    for keyword, value in (("servers", "nats://127.0.0.1:4222"), ("credentials", ""),
+                           ("ca_file", ""), ("api_prefix", ""), ("modules", []),
+                           ("cohort", "all"), ("heartbeat_interval_s", 5.0),
+                           ("resync_interval_s", 2.0), ("allow_readable_key", False)):
+        with pytest.raises(cubridge.PreconditionError,
+                           match=r"or options= \(an AgentOptions has them\), not both"):
+            cubridge.FleetAgent([], [keys.public_key], options=options, start=False,
+                                **{keyword: value})
+    neither = re.escape("FleetAgent needs node= and node_key_file= (or options=)")
+    for named in ({}, {"node": "n1"}, {"node_key_file": key_file}):
+        with pytest.raises(cubridge.PreconditionError, match=neither):
+            cubridge.FleetAgent([], [keys.public_key], start=False, **named)
+    with pytest.raises(TypeError):
+        cubridge.FleetAgent([], [keys.public_key], options=cubridge.BusOptions(), start=False)
+
+
+def test_a_controller_takes_its_bus_as_bus_options(nats_server):
+    port = nats_server.rsplit(":", 1)[1]
+    with cubridge.FleetController(bus=cubridge.BusOptions(nats_server)) as control:
+        assert control.open_bus
+        assert control.nodes() == [] and control.desired(MODULE) is None
+        assert control.connected_server.endswith(":" + port)
+        assert repr(control.bus) == repr(cubridge.BusOptions(nats_server))
+    with cubridge.FleetController(nats_server) as by_keywords:
+        assert repr(by_keywords.bus) == repr(cubridge.BusOptions(nats_server))
+
+
+def test_a_controller_takes_bus_options_or_their_keywords_never_both():
+    bus = cubridge.BusOptions("nats://127.0.0.1:1")
+    with pytest.raises(cubridge.PreconditionError, match="or bus=, not both"):
+        cubridge.FleetController("nats://127.0.0.1:1", bus=bus)
+    for keyword, value in (("servers", "nats://127.0.0.1:1"), ("credentials", ""),
+                           ("ca_file", ""), ("api_prefix", ""), ("replicas", 1)):
+        with pytest.raises(cubridge.PreconditionError, match="or bus=, not both"):
+            cubridge.FleetController(bus=bus, **{keyword: value})
+    with pytest.raises(cubridge.PreconditionError, match="replicas"):
+        cubridge.FleetController("nats://127.0.0.1:1", replicas=6)
+    with pytest.raises(TypeError):
+        cubridge.FleetController(bus="nats://127.0.0.1:1")
