@@ -133,13 +133,13 @@ std::uint64_t add_poison_listener(std::function<void(const poison_record&)> list
   {
     std::lock_guard lock(h.mutex);
     id = h.next_id++;
-    if (h.record) {
-      already = h.record;
-    } else {
+    if (!h.record) {
       h.listeners.emplace_back(id, std::move(listener));
+      return id;
     }
+    already = h.record;
   }
-  if (already) listener(*already);
+  listener(*already);  // poisoned before: told at once, on this thread
   return id;
 }
 

@@ -36,8 +36,17 @@ std::string_view to_string(probation_verdict verdict) noexcept {
   return detail::name_of(verdict_names, verdict, "?");
 }
 
-bool hot_kernel::mirroring() const noexcept {
-  return state_->mirroring.load(std::memory_order_relaxed);
+hot_kernel::hot_kernel(std::shared_ptr<hot_module::state> s, std::size_t index,
+                       std::string name) noexcept
+    : state_(std::move(s)),
+      probation_every_(&state_->probation_every),
+      index_(index),
+      name_(std::move(name)) {}
+
+bool hot_kernel::sampled() const noexcept {
+  const auto every = state_->probation_every.load(std::memory_order_relaxed);
+  const auto n = state_->probation_launches.fetch_add(1, std::memory_order_relaxed);
+  return every != 0 && n % every == 0;
 }
 
 void hot_kernel::mirror_raw(const chain::lease& lease, const launch_config& config,
@@ -66,13 +75,22 @@ void hot_module::state::run_probation(const stage_options& options, const hot_ve
     if (probation) reject(source, "another version of this module is on probation now");
     probation = session;
   }
-  mirroring.store(true, std::memory_order_relaxed);
-  const auto result = session->wait();
-  mirroring.store(false, std::memory_order_relaxed);
-  {
-    std::lock_guard lock(probation_mutex);
-    probation.reset();
+  // Disarmed whichever way this ends (a verdict, or a worker that could not start).
+  struct disarm {
+    state& s;
+    ~disarm() {
+      s.probation_every.store(0, std::memory_order_relaxed);
+      std::lock_guard lock(s.probation_mutex);
+      s.probation.reset();
+    }
+  } disarmed{*this};
+  // The replays first (the smoke test in the worker), then the mirrored launches.
+  if (session->replay(serving.kernels) && options.probation->required_launches > 0) {
+    probation_launches.store(0, std::memory_order_relaxed);  // the first launch is mirrored
+    probation_every.store(options.probation->sample_every, std::memory_order_relaxed);
   }
+  auto result = session->wait();
+  result.launches_seen = probation_launches.load(std::memory_order_relaxed);
   if (result.verdict == probation_verdict::passed) return;
   rejected.fetch_add(1);
   throw probation_error("module '" + name + "' version from " + source + ": " +

@@ -222,9 +222,10 @@ struct hot_module::state {
     serving_id.store(id, std::memory_order_relaxed);
   }
 
-  // The probation under way, if any (hot_module_probation.cpp). `mirroring` is what every launch
-  // reads; the session itself is taken under the mutex only by sampled launches' callers.
-  std::atomic<bool> mirroring{false};
+  // The probation under way, if any (hot_module_probation.cpp). `probation_every` is what every
+  // launch reads; the session itself is taken under the mutex only by sampled launches.
+  std::atomic<std::uint32_t> probation_every{0};     // 0: not mirroring
+  std::atomic<std::uint64_t> probation_launches{0};  // launches seen while mirroring
   std::mutex probation_mutex;
   std::shared_ptr<swap_internal::probation_session> probation;
 

@@ -23,8 +23,9 @@ std::uint64_t next_session_id() noexcept {
 
 template <class T>
 void append(std::vector<std::byte>& out, const T& value) {
-  const auto* p = reinterpret_cast<const std::byte*>(&value);
-  out.insert(out.end(), p, p + sizeof(T));
+  const auto at = out.size();
+  out.resize(at + sizeof(T));
+  std::memcpy(out.data() + at, &value, sizeof(T));
 }
 
 sandbox start_worker(const probation_policy& policy, const std::string& module, int device) {
@@ -65,10 +66,14 @@ probation_session::probation_session(context_arg ctx, std::string module,
       worker_(start_worker(policy_, module_, ctx_.ref().device().ordinal())),
       share_(worker_.share(snapshot_)),
       side_(stream::create(ctx_)),
+      ready_(event::create(ctx_)),
+      copied_(event::create(ctx_)),
       runner_([this] { run(); }) {
-  CUBRIDGE_EXPECTS(policy_.required_launches > 0 && policy_.sample_every > 0,
-                   "probation of module '" + module_ +
-                       "': required_launches and sample_every must be at least 1");
+  CUBRIDGE_EXPECTS(
+      (policy_.required_launches > 0 || !policy_.replays.empty()) && policy_.sample_every > 0,
+      "probation of module '" + module_ +
+          "': sample_every must be at least 1, and required_launches too unless "
+          "replays are given");
 }
 
 probation_session::~probation_session() {
@@ -81,8 +86,8 @@ probation_session::~probation_session() {
 }
 
 bool probation_session::sampled() noexcept {
-  const auto n = launches_.fetch_add(1, std::memory_order_relaxed);
-  if (n % policy_.sample_every != 0 || decided_.load(std::memory_order_relaxed)) return false;
+  // The rate was applied by the launch (hot_kernel::sampled); here: one snapshot at a time.
+  if (decided_.load(std::memory_order_relaxed)) return false;
   bool idle = false;
   return in_flight_.compare_exchange_strong(idle, true, std::memory_order_acq_rel);
 }
@@ -141,15 +146,19 @@ std::optional<mirrored_launch> probation_session::snapshot(std::uint32_t index, 
     std::size_t size = 0;
     // Not a device address (a scalar, a host pointer): taken as it is.
     if (value == 0 || cu.cuMemGetAddressRange(&base, &size, value) != CUDA_SUCCESS) continue;
+    const bool compared =
+        !check || std::find(check->ignored_parameters.begin(), check->ignored_parameters.end(),
+                            static_cast<std::uint32_t>(i)) == check->ignored_parameters.end();
     auto found = std::find_if(allocations.begin(), allocations.end(),
                               [&](const auto& a) { return a.base == base; });
+    if (found != allocations.end() && compared) found->compared = 1;
     if (found == allocations.end()) {
       if (total + size > snapshot_.size_bytes()) {
         not_mirrorable("kernel '" + name + "': its allocations exceed max_snapshot_bytes (" +
                        std::to_string(policy_.max_snapshot_bytes) + ")");
         return std::nullopt;
       }
-      allocations.push_back({total, size, base});
+      allocations.push_back({total, size, base, compared ? 1u : 0u, 0});
       first_parameter.push_back(static_cast<std::uint32_t>(i));
       total += size;
       found = allocations.end() - 1;
@@ -157,12 +166,11 @@ std::optional<mirrored_launch> probation_session::snapshot(std::uint32_t index, 
     pointers.push_back({static_cast<std::uint32_t>(params[i].offset), static_cast<std::uint32_t>(i),
                         static_cast<std::uint32_t>(found - allocations.begin()), 0, value - base});
   }
-  mirrored_launch launch{index, {}, std::move(first_parameter), event::create(ctx_)};
+  mirrored_launch launch{index, {}, std::move(first_parameter), copied_};
   // Ordered after the inputs are ready (what the launch's stream queued so far), copied on the
   // side stream, and the serving launch waits for the copies only.
-  const auto ready = event::create(ctx_);
-  ready.record(config.stream);
-  side_.wait(ready);
+  ready_.record(config.stream);
+  side_.wait(ready_);
   for (const auto& a : allocations)
     CUBRIDGE_CU(cuMemcpyDtoDAsync,
                 (snapshot_.address() + a.snapshot_offset, a.base, a.size, side_.get()),
@@ -170,6 +178,15 @@ std::optional<mirrored_launch> probation_session::snapshot(std::uint32_t index, 
   launch.copied.record(side_);
   config.stream.wait(launch.copied);
 
+  launch.request = request_of(name, config, how, check, packed, allocations, pointers);
+  return launch;
+}
+
+std::vector<std::byte> probation_session::request_of(
+    const std::string& name, const launch_config& config, output_check how,
+    const kernel_check* check, std::span<const std::byte> packed,
+    std::span<const protocol::allocation> allocations,
+    std::span<const protocol::pointer_argument> pointers) const {
   protocol::run_header h;
   h.session = session_id_;
   h.name_bytes = static_cast<std::uint32_t>(name.size());
@@ -181,13 +198,97 @@ std::optional<mirrored_launch> probation_session::snapshot(std::uint32_t index, 
   h.shared_bytes = config.dynamic_shared_bytes;
   h.check = static_cast<std::uint32_t>(how);
   if (check) h.absolute = check->absolute, h.relative = check->relative;
-  append(launch.request, h);
-  const auto* n = reinterpret_cast<const std::byte*>(name.data());
-  launch.request.insert(launch.request.end(), n, n + name.size());
-  launch.request.insert(launch.request.end(), packed.begin(), packed.end());
-  for (const auto& a : allocations) append(launch.request, a);
-  for (const auto& p : pointers) append(launch.request, p);
-  return launch;
+  // Sized once and filled in place (GCC 12 misreads growing inserts into a fresh vector).
+  std::vector<std::byte> request(sizeof h + name.size() + packed.size() + allocations.size_bytes() +
+                                 pointers.size_bytes());
+  std::size_t at = 0;
+  const auto put = [&](const void* bytes, std::size_t size) {
+    if (size != 0) std::memcpy(request.data() + at, bytes, size);
+    at += size;
+  };
+  put(&h, sizeof h);
+  put(name.data(), name.size());
+  put(packed.data(), packed.size());
+  put(allocations.data(), allocations.size_bytes());
+  put(pointers.data(), pointers.size_bytes());
+  return request;
+}
+
+bool probation_session::replay(std::span<const kernel> kernels) {
+  for (std::uint32_t r = 0; r < policy_.replays.size(); ++r) {
+    const auto& launch = policy_.replays[r];
+    const auto at = std::find(kernel_names_.begin(), kernel_names_.end(), launch.kernel);
+    const std::string which = "replay " + std::to_string(r + 1) + " ('" + launch.kernel + "')";
+    if (at == kernel_names_.end()) {
+      decide(probation_verdict::incomplete, which + ": the module has no such kernel");
+      return false;
+    }
+    const auto index = static_cast<std::uint32_t>(at - kernel_names_.begin());
+    const auto params = kernels[index].parameters();
+    if (params.size() != launch.arguments.size()) {
+      decide(probation_verdict::incomplete, which + ": " + std::to_string(launch.arguments.size()) +
+                                                " arguments for " + std::to_string(params.size()) +
+                                                " parameters");
+      return false;
+    }
+    std::size_t end = 0;
+    for (const auto& p : params) end = std::max(end, p.offset + p.size);
+    std::vector<std::byte> packed(end);
+    std::vector<protocol::allocation> allocations;
+    std::vector<protocol::pointer_argument> pointers;
+    std::vector<std::uint32_t> first_parameter;
+    std::uint64_t total = 0;
+    scoped_current current(ctx_.ref());
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      const auto& a = launch.arguments[i];
+      if (a.buffer.empty()) {
+        if (a.scalar.size() != params[i].size) {
+          decide(probation_verdict::incomplete, which + ": argument " + std::to_string(i) +
+                                                    " has " + std::to_string(a.scalar.size()) +
+                                                    " bytes, the parameter " +
+                                                    std::to_string(params[i].size));
+          return false;
+        }
+        std::memcpy(packed.data() + params[i].offset, a.scalar.data(), a.scalar.size());
+        continue;
+      }
+      if (params[i].size != sizeof(CUdeviceptr) ||
+          total + a.buffer.size() > snapshot_.size_bytes()) {
+        decide(probation_verdict::incomplete,
+               which + ": argument " + std::to_string(i) +
+                   (params[i].size != sizeof(CUdeviceptr) ? " is no pointer parameter"
+                                                          : " exceeds max_snapshot_bytes"));
+        return false;
+      }
+      CUBRIDGE_CU(cuMemcpy,
+                  (snapshot_.address() + total, reinterpret_cast<CUdeviceptr>(a.buffer.data()),
+                   a.buffer.size()),
+                  "the inputs of " + which + " for probation");
+      pointers.push_back({static_cast<std::uint32_t>(params[i].offset),
+                          static_cast<std::uint32_t>(i),
+                          static_cast<std::uint32_t>(allocations.size()), 0, 0});
+      allocations.push_back({total, a.buffer.size(), 0, 1, 0});
+      first_parameter.push_back(static_cast<std::uint32_t>(i));
+      total += (a.buffer.size() + 255) / 256 * 256;  // each buffer aligned as cuMemAlloc's
+    }
+    launch_config config{launch.grid, launch.block, launch.dynamic_shared_bytes,
+                         stream_ref::legacy_default()};
+    const auto how = check_for(policy_, launch.kernel) ? check_for(policy_, launch.kernel)->check
+                                                       : policy_.default_check;
+    mirrored_launch m{index,
+                      request_of(launch.kernel, config, how, check_for(policy_, launch.kernel),
+                                 packed, allocations, pointers),
+                      std::move(first_parameter), copied_};
+    m.copied.record(side_);
+    judge(m, r + 1);
+    if (decided_.load()) return false;
+    std::lock_guard lock(mutex_);
+    ++result_.replays_passed;
+  }
+  if (policy_.required_launches == 0)
+    decide(probation_verdict::passed,
+           std::to_string(policy_.replays.size()) + " replays matched the serving version");
+  return true;
 }
 
 void probation_session::not_mirrorable(std::string why) noexcept {
@@ -232,7 +333,49 @@ void probation_session::decide(probation_verdict verdict, std::string detail) {
   changed_.notify_all();
 }
 
-void probation_session::judge(mirrored_launch& launch) {
+bool probation_session::serving_ran(const mirrored_launch& launch, const std::string& which,
+                                    std::uint32_t replay) {
+  const auto& name = kernel_names_[launch.kernel];
+  try {
+    const auto serving = call(protocol::run_serving_entry, launch.request);
+    if (serving.status == protocol::ok) return true;
+    const std::string why = "the serving version's run of '" + name + "' on " + which +
+                            " failed in the worker (status " + std::to_string(serving.status) + ")";
+    if (replay)
+      decide(probation_verdict::incomplete, why);
+    else
+      not_mirrorable(why);
+  } catch (const sandbox_error&) {
+    {
+      std::lock_guard lock(mutex_);
+      ++result_.serving_faulted;  // inconclusive: the serving version's own fault
+    }
+    if (replay)
+      decide(probation_verdict::incomplete,
+             "the serving version itself faulted on " + which + ": its inputs are not valid");
+  }
+  return false;
+}
+
+void probation_session::refuse(probation_verdict verdict, const mirrored_launch& launch,
+                               std::uint32_t number, std::uint32_t replay,
+                               const protocol::run_reply& reply, std::string detail) {
+  {
+    std::lock_guard lock(mutex_);
+    result_.kernel = kernel_names_[launch.kernel];
+    result_.launch = replay ? 0 : number;
+    result_.replay = replay;
+    if (verdict == probation_verdict::mismatch) {
+      result_.parameter = reply.allocation < launch.pointer_parameters.size()
+                              ? launch.pointer_parameters[reply.allocation]
+                              : 0;
+      result_.offset = reply.offset;
+    }
+  }
+  decide(verdict, std::move(detail));
+}
+
+void probation_session::judge(mirrored_launch& launch, std::uint32_t replay) {
   const auto& name = kernel_names_[launch.kernel];
   launch.copied.synchronize();
   std::uint32_t number = 0;
@@ -240,36 +383,25 @@ void probation_session::judge(mirrored_launch& launch) {
     std::lock_guard lock(mutex_);
     number = result_.passed + 1;
   }
-  try {
-    const auto serving = call(protocol::run_serving_entry, launch.request);
-    if (serving.status != protocol::ok) {
-      not_mirrorable("the serving version's run of '" + name + "' failed in the worker (status " +
-                     std::to_string(serving.status) + ")");
-      return;
-    }
-  } catch (const sandbox_error& e) {
-    std::lock_guard lock(mutex_);
-    ++result_.serving_faulted;  // inconclusive: the serving version's own fault
-    return;
-  }
+  const std::string which =
+      replay ? "replay " + std::to_string(replay) : "mirrored launch " + std::to_string(number);
+  if (!serving_ran(launch, which, replay)) return;
   sandbox_reply reply;
   try {
     reply = call(protocol::run_candidate_entry, launch.request);
   } catch (const sandbox_error& e) {
-    {
-      std::lock_guard lock(mutex_);
-      result_.kernel = name;
-      result_.launch = number;
-    }
-    decide(probation_verdict::faulted, "kernel '" + name + "' faulted on mirrored launch " +
-                                           std::to_string(number) +
-                                           " in the probation worker: " + e.what());
+    refuse(probation_verdict::faulted, launch, number, replay, {},
+           "kernel '" + name + "' faulted on " + which + " in the probation worker: " + e.what());
     return;
   }
   protocol::run_reply r;
   if (reply.status != protocol::ok || reply.bytes.size() != sizeof r) {
-    not_mirrorable("the candidate's run of '" + name + "' failed in the worker (status " +
-                   std::to_string(reply.status) + ")");
+    const std::string why = "the candidate's run of '" + name + "' on " + which +
+                            " failed in the worker (status " + std::to_string(reply.status) + ")";
+    if (replay)
+      decide(probation_verdict::incomplete, why);
+    else
+      not_mirrorable(why);
     return;
   }
   std::memcpy(&r, reply.bytes.data(), sizeof r);
@@ -277,21 +409,13 @@ void probation_session::judge(mirrored_launch& launch) {
     const auto parameter = r.allocation < launch.pointer_parameters.size()
                                ? launch.pointer_parameters[r.allocation]
                                : 0;
-    {
-      std::lock_guard lock(mutex_);
-      result_.kernel = name;
-      result_.launch = number;
-      result_.parameter = parameter;
-      result_.offset = r.offset;
-    }
-    decide(probation_verdict::mismatch,
-           "kernel '" + name +
-               "' wrote different bytes than the serving version on mirrored "
-               "launch " +
-               std::to_string(number) + ": the buffer of parameter " + std::to_string(parameter) +
+    refuse(probation_verdict::mismatch, launch, number, replay, r,
+           "kernel '" + name + "' wrote different bytes than the serving version on " + which +
+               ": the buffer of parameter " + std::to_string(parameter) +
                " differs first at byte offset " + std::to_string(r.offset));
     return;
   }
+  if (replay) return;  // replay() counts it
   bool passed = false;
   {
     std::lock_guard lock(mutex_);
@@ -334,7 +458,6 @@ probation_result probation_session::wait() {
                      (result_.detail.empty() ? std::string() : "; " + result_.detail);
     decided_.store(true);
   }
-  result_.launches_seen = launches_.load(std::memory_order_relaxed);
   result_.duration = std::chrono::steady_clock::now() - started_;
   return result_;
 }

@@ -34,7 +34,9 @@ struct mirrored_launch {
   std::uint32_t kernel = 0;        // interface index
   std::vector<std::byte> request;  // run_header, name, arguments, allocations, pointers
   std::vector<std::uint32_t> pointer_parameters;  // per allocation: the first parameter into it
-  event copied;                                   // complete once the snapshot copies are
+  /// The session's copied_ event: complete once the snapshot copies are (one launch is in
+  /// flight at a time, so one event serves them all).
+  event_ref copied;
 };
 
 class probation_session {
@@ -50,25 +52,46 @@ class probation_session {
   ~probation_session();
 
   /// Called on the launch path before the serving launch of `k` (interface index `index`) with
-  /// its packed arguments: counts the launch and, when it is sampled, snapshots its inputs on a
-  /// side stream that the launch's stream then waits for. Never throws: a launch that cannot be
-  /// mirrored is counted as such and runs as it would have.
+  /// its packed arguments, for a launch the rate sampled (hot_kernel::sampled): snapshots its
+  /// inputs on a side stream that the launch's stream then waits for. Never throws: a launch that
+  /// cannot be mirrored is counted as such and runs as it would have.
   void mirror(std::uint32_t index, const kernel& k, const launch_config& config,
               void** arguments) noexcept;
+
+  /// Runs the policy's replays, one after another, in the worker (before any launch is
+  /// mirrored), with `kernels` the serving version's (for their parameter layouts). Returns
+  /// false once one failed (the verdict is set); true when all passed (and, with
+  /// required_launches 0, the verdict is passed).
+  bool replay(std::span<const kernel> kernels);
 
   /// Blocks until the verdict (or the policy's deadline) and returns what was seen.
   probation_result wait();
 
  private:
-  /// Whether this launch is one to mirror (sample_every, and one in flight at most).
+  /// Whether this sampled launch can be mirrored now (one in flight at most).
   bool sampled() noexcept;
   /// The snapshot of a sampled launch; nullopt (with the reason counted) if not mirrorable.
   std::optional<mirrored_launch> snapshot(std::uint32_t index, const kernel& k,
                                           const launch_config& config, void** arguments);
   /// The runner thread: each mirrored launch through the worker, until a verdict.
   void run();
-  /// One mirrored launch in the worker; sets the verdict on a fault or mismatch.
-  void judge(mirrored_launch& launch);
+  /// One mirrored launch (replay 0) or replay `replay` in the worker; sets the verdict on a
+  /// fault or mismatch.
+  void judge(mirrored_launch& launch, std::uint32_t replay = 0);
+  /// The serving version's run of `launch` (`which` names it); false when it did not run
+  /// (counted, or for a replay the verdict set).
+  bool serving_ran(const mirrored_launch& launch, const std::string& which, std::uint32_t replay);
+  /// Sets a fault's or a mismatch's verdict with what names the launch.
+  void refuse(probation_verdict verdict, const mirrored_launch& launch, std::uint32_t number,
+              std::uint32_t replay, const detail::probation_protocol::run_reply& reply,
+              std::string detail);
+  /// The request for a launch of `name` with the packed arguments `packed`, its allocations
+  /// in the snapshot buffer and its pointer arguments.
+  std::vector<std::byte> request_of(
+      const std::string& name, const launch_config& config, output_check how,
+      const kernel_check* check, std::span<const std::byte> packed,
+      std::span<const detail::probation_protocol::allocation> allocations,
+      std::span<const detail::probation_protocol::pointer_argument> pointers) const;
   /// Calls `entry`, loading the images again first if a fresh worker took over.
   sandbox_reply call(const char* entry, std::span<const std::byte> request);
   void load();
@@ -88,8 +111,10 @@ class probation_session {
   sandbox worker_;
   sandbox_share share_;
   stream side_;
+  // Made once: a sampled launch records them instead of creating events in the serving path.
+  event ready_;
+  event copied_;
 
-  std::atomic<std::uint64_t> launches_{0};
   std::atomic<bool> in_flight_{false};  // one snapshot at a time: the buffer is one
   std::atomic<bool> decided_{false};
 

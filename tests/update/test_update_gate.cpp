@@ -358,8 +358,8 @@ TEST_F(UpdateGateTest, EveryProbationRefusalRecordsThePayloadWithItsReason) {
   gate.start();
   ASSERT_EQ(gate.push(bundle(1)).outcome, gate_outcome::applied);
   std::uint64_t version = 2;
-  for (const auto reason :
-       {cubridge::gate_reason::faulted_in_probation, cubridge::gate_reason::mismatch_in_probation}) {
+  for (const auto reason : {cubridge::gate_reason::faulted_in_probation,
+                            cubridge::gate_reason::mismatch_in_probation}) {
     sink->fail_version = version;
     sink->fail_reason = reason;
     expect_refused(gate.push(bundle(version)), to_string(reason), gate_outcome::failed);

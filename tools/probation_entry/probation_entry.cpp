@@ -173,8 +173,7 @@ CUBRIDGE_SANDBOX_EXPORT int cubridge_probation_load(cubridge_sandbox_args* args)
   std::memcpy(serving.data(), bytes, header->serving_bytes);
   std::memcpy(candidate.data(), bytes + header->serving_bytes, header->candidate_bytes);
   if (cu.cuModuleLoadDataEx(&pair.serving, serving.data(), 0, nullptr, nullptr) != CUDA_SUCCESS ||
-      cu.cuModuleLoadDataEx(&pair.candidate, candidate.data(), 0, nullptr, nullptr) !=
-          CUDA_SUCCESS)
+      cu.cuModuleLoadDataEx(&pair.candidate, candidate.data(), 0, nullptr, nullptr) != CUDA_SUCCESS)
     return protocol::cuda_failed;
   pair.session = header->session;
   return protocol::ok;
@@ -201,6 +200,7 @@ CUBRIDGE_SANDBOX_EXPORT int cubridge_probation_run_candidate(cubridge_sandbox_ar
       r->header.check != static_cast<std::uint32_t>(cubridge::output_check::fault_only)) {
     auto& cu = cubridge::driver::api();
     for (std::size_t i = 0; i < candidate.copies.size() && !reply.differs; ++i) {
+      if (!r->allocations[i].compared) continue;
       std::vector<unsigned char> a(candidate.sizes[i]);
       std::vector<unsigned char> b(candidate.sizes[i]);
       if (cu.cuMemcpyDtoH(a.data(), serving_outputs.copies[i], a.size()) != CUDA_SUCCESS ||

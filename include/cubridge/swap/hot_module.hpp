@@ -370,8 +370,8 @@ class hot_kernel {
   std::uint64_t launch(const launch_config& config, const Args&... args) const {
     auto lease = acquire(config);
     try {
-      if (mirroring()) [[unlikely]]
-        mirror(lease, config, args...);
+      if (probation_every_->load(std::memory_order_relaxed) != 0) [[unlikely]]
+        if (sampled()) mirror(lease, config, args...);
       lease.payload().kernels[index_].launch(config, args...);
     } catch (...) {
       count_failure(lease.payload());
@@ -415,8 +415,7 @@ class hot_kernel {
  private:
   friend class hot_module;
   using chain = version_chain<hot_version, CUstream, event>;
-  hot_kernel(std::shared_ptr<hot_module::state> s, std::size_t index, std::string name) noexcept
-      : state_(std::move(s)), index_(index), name_(std::move(name)) {}
+  hot_kernel(std::shared_ptr<hot_module::state> s, std::size_t index, std::string name) noexcept;
   /// The current version, pinned. @throws error (errc::precondition) for a moved-from
   /// hot_kernel.
   [[nodiscard]] chain::lease acquire() const;
@@ -427,8 +426,9 @@ class hot_kernel {
   [[nodiscard]] const chain::lease& checked_pin(const pinned_version& pinned,
                                                 const launch_config& config) const;
   void finish(const chain::lease& lease, const launch_config& config) const;
-  /// Whether a probation is mirroring launches now (one relaxed load: the unsampled path).
-  [[nodiscard]] bool mirroring() const noexcept;
+  /// While a probation mirrors launches (probation_every_ not 0): counts the launch, and says
+  /// whether it is one to mirror (hot_module_probation.cpp).
+  [[nodiscard]] bool sampled() const noexcept;
   /// Hands a launch of the serving version to the probation (hot_module_probation.cpp).
   template <class... Args>
   void mirror(const chain::lease& lease, const launch_config& config, const Args&... args) const {
@@ -445,8 +445,8 @@ class hot_kernel {
       mirror_raw(lease, config, list.pointers());
     } else {
       (void)k.template typed<Args...>();  // the argument check, before anything is copied
-      detail::with_kernel_arguments(
-          [&](void** arguments) { mirror_raw(lease, config, arguments); }, args...);
+      detail::with_kernel_arguments([&](void** arguments) { mirror_raw(lease, config, arguments); },
+                                    args...);
     }
   }
   void mirror_raw(const chain::lease& lease, const launch_config& config, void** arguments) const;
@@ -458,6 +458,9 @@ class hot_kernel {
   CUgraphNode add_node(CUgraph graph, const kernel& k, const launch_config& config,
                        void** arguments) const;
   std::shared_ptr<hot_module::state> state_;
+  /// The module's probation sampling rate (0: no probation), read by every launch: one relaxed
+  /// load in the launch path, inline.
+  const std::atomic<std::uint32_t>* probation_every_;
   std::size_t index_;
   std::string name_;
 };

@@ -21,6 +21,7 @@
 // the byte budget.
 
 #include <cubridge/core/error.hpp>
+#include <cubridge/core/launch_config.hpp>
 #include <cubridge/swap/error.hpp>
 
 #include <chrono>
@@ -29,6 +30,7 @@
 #include <filesystem>
 #include <optional>
 #include <source_location>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -52,11 +54,51 @@ struct kernel_check {
   output_check check = output_check::bitwise;
   double absolute = 0;  ///< for float_tolerance
   double relative = 0;  ///< for float_tolerance
+  /// Pointer parameters (by index) whose buffers are copied and rebased but not compared: what
+  /// is meant to differ between versions (a version number the kernel writes, a timestamp).
+  std::vector<std::uint32_t> ignored_parameters{};
+};
+
+/// An argument of a replayed launch: a device buffer made from `buffer`'s bytes, or a scalar.
+struct replay_argument {
+  /// Non-empty: the argument is a pointer to a fresh device buffer holding these bytes (one copy
+  /// for each version's run; what both wrote is compared).
+  std::vector<std::byte> buffer{};
+  /// Otherwise the argument's own bytes, as the kernel's parameter takes them.
+  std::vector<std::byte> scalar{};
+
+  /// A buffer holding `values`.
+  template <class T>
+  [[nodiscard]] static replay_argument buffer_of(std::span<const T> values) {
+    const auto bytes = std::as_bytes(values);
+    return {{bytes.begin(), bytes.end()}, {}};
+  }
+  /// A scalar (an int, a float, a struct passed by value).
+  template <class T>
+  [[nodiscard]] static replay_argument scalar_of(const T& value) {
+    const auto* p = reinterpret_cast<const std::byte*>(&value);
+    return {{}, {p, p + sizeof(T)}};
+  }
+};
+
+/// A launch whose inputs the user builds: run in the probation worker on the serving version and
+/// on the candidate, then compared as a mirrored launch is. The smoke test that never runs in the
+/// serving process, and the way to probe kernels that are not mirrorable.
+struct replay_launch {
+  std::string kernel{};
+  dims grid{};
+  dims block{};
+  unsigned dynamic_shared_bytes = 0;
+  std::vector<replay_argument> arguments{};
 };
 
 /// The numbers of a probation (stage_options::probation).
 struct probation_policy {
-  /// Mirrored launches that must pass (no fault, no mismatch) before the version is let through.
+  /// Launches built by the user, each run in the worker before any mirrored launch; each must
+  /// pass. With required_launches 0 they are the whole probation: a smoke test in the sandbox.
+  std::vector<replay_launch> replays{};
+  /// Mirrored launches that must pass (no fault, no mismatch) before the version is let through;
+  /// 0 with replays: none (the replays decide).
   std::uint32_t required_launches = 16;
   /// Mirror one launch in every `sample_every` (1: every launch; 100: 1%). The first launch
   /// after probation starts is always mirrored.
@@ -99,9 +141,13 @@ struct probation_result {
   /// Runs the serving version itself faulted in the worker: inconclusive, not held against the
   /// candidate (and a sign that the serving version's inputs can fault it).
   std::uint32_t serving_faulted = 0;
-  /// For faulted and mismatch: the kernel and the mirrored launch (1-based) that failed.
+  /// Replays that passed.
+  std::uint32_t replays_passed = 0;
+  /// For faulted and mismatch: the kernel and the mirrored launch (1-based) that failed; for a
+  /// replay, launch is 0 and `replay` names it (1-based).
   std::string kernel{};
   std::uint32_t launch = 0;
+  std::uint32_t replay = 0;
   /// For mismatch: which pointer argument's allocation differed (its parameter index) and the
   /// first differing byte offset in it.
   std::uint32_t parameter = 0;

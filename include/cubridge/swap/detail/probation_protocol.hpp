@@ -38,6 +38,8 @@ struct allocation {
   std::uint64_t snapshot_offset = 0;
   std::uint64_t size = 0;
   std::uint64_t base = 0;
+  std::uint32_t compared = 1;  ///< 0: reached only through ignored parameters, not compared
+  std::uint32_t reserved = 0;
 };
 
 /// A pointer argument: at `param_offset` in the argument bytes, pointing `offset` bytes into
