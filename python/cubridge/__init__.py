@@ -47,15 +47,15 @@ from ._cubridge import (BundleManifest, Context, ContextRef, Device, DeviceView,
                         GroupKernel, HotKernel, HotModule, HotModuleGroup,
                         HotModuleStats, HotReloader, PinnedGeneration, StagedGroup, ImageInfo,
                         ImageKernel, ImageTarget, Kernel, KeyPair, LaunchConfig, Module,
-                        PrimaryContext, PublicKey, Sandbox, SecretKey, SharedMemory,
-                        StagedModule, StagedVersion, Stream, UpdateEndpoint, UpdateGate,
-                        VerifiedBundle, POISONED_EXIT_CODE,
+                        PrimaryContext, ProbationPolicy, PublicKey, Sandbox, SecretKey,
+                        SharedMemory, StagedModule, StagedVersion, Stream, UpdateEndpoint,
+                        UpdateGate, VerifiedBundle, POISONED_EXIT_CODE,
                         before_stream_destroy, current_context, device_count, devices, driver_available,
                         exit_when_poisoned, generate_keypair, health, kernel_signature,
                         scoped_current, sign_bundle, unmangled_name, verify_bundle)
 from ._errors import (BundleError, CompileError, ContextResetError, DriverUnavailable, Error,
                       FleetError, GuestError, ImageError, IOFailure, LaunchArgumentError, PreconditionError,
-                      SandboxError, VersionRejected)
+                      ProbationError, SandboxError, VersionRejected)
 
 # The fleet's two sides, where the extension was built with the fleet layer (libnats): always in
 # the wheel and in builds by scripts/setup; `has_fleet` says.
@@ -108,11 +108,12 @@ __all__ = [
     "scoped_current", "Stream", "before_stream_destroy", "LaunchConfig", "Module", "Kernel", "DeviceView",
     "kernel_signature", "unmangled_name", "HotModule", "HotKernel", "HotModuleStats", "HotModuleGroup",
     "GroupKernel", "PinnedGeneration", "StagedGroup",
-    "HotReloader", "StagedModule", "StagedVersion", "GuestContext", "SharedMemory", "Sandbox",
+    "HotReloader", "StagedModule", "StagedVersion", "ProbationPolicy", "GuestContext",
+    "SharedMemory", "Sandbox",
     "UpdateEndpoint", "UpdateGate", "health", "exit_when_poisoned", "POISONED_EXIT_CODE",
     "sign_bundle", "verify_bundle", "ImageInfo", "ImageTarget", "ImageKernel", "KeyPair",
     "PublicKey", "SecretKey", "BundleManifest", "VerifiedBundle", "Error", "DriverUnavailable",
-    "ImageError", "LaunchArgumentError", "ContextResetError", "VersionRejected",
+    "ImageError", "LaunchArgumentError", "ContextResetError", "VersionRejected", "ProbationError",
     "PreconditionError", "IOFailure", "CompileError", "BundleError", "GuestError",
     "SandboxError", "FleetError", "has_fleet",
 ] + (["FleetAgent", "FleetController", "AgentOptions", "BusOptions"] if has_fleet else [])

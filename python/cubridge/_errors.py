@@ -55,6 +55,37 @@ class VersionRejected(Error):
     """A staged module version failed validation; the serving version serves on."""
 
 
+class ProbationError(VersionRejected):
+    """A staged version failed its probation (:class:`cubridge.ProbationPolicy`): nothing was
+    promoted and the serving version serves on. The message names the verdict and says why.
+
+    Attributes:
+        verdict: ``"faulted_in_probation"`` (the candidate faulted, or ran past run_timeout_s,
+            in the sandbox worker), ``"mismatch_in_probation"`` (its outputs differed from the
+            serving version's) or ``"probation_incomplete"`` (fewer launches than
+            required_launches could be mirrored and passed before deadline_s).
+        kernel: the kernel that faulted or differed ('' otherwise).
+        launch: the mirrored launch that failed, counted from 1 (0 when none did).
+        parameter: for a mismatch, the index of the pointer parameter whose allocation differed.
+        offset: for a mismatch, the first differing byte offset in that allocation.
+        passed: mirrored launches that matched.
+        not_mirrorable: sampled launches that could not be mirrored (over max_snapshot_bytes,
+            a kernel declared never_mirror, a cluster launch, ...).
+    """
+
+    def __init__(self, message: str, *, verdict: str = "", kernel: str = "", launch: int = 0,
+                 parameter: int = 0, offset: int = 0, passed: int = 0, not_mirrorable: int = 0,
+                 **fields) -> None:
+        super().__init__(message, **fields)
+        self.verdict = verdict
+        self.kernel = kernel
+        self.launch = launch
+        self.parameter = parameter
+        self.offset = offset
+        self.passed = passed
+        self.not_mirrorable = not_mirrorable
+
+
 class PreconditionError(Error, ValueError):
     """A documented precondition was broken (a bad argument)."""
 
@@ -162,5 +193,5 @@ def _make(class_name: str, message: str, fields: dict) -> Error:
 
 
 __all__ = ["Error", "DriverUnavailable", "ImageError", "LaunchArgumentError", "ContextResetError",
-           "VersionRejected", "PreconditionError", "IOFailure", "CompileError", "BundleError",
+           "VersionRejected", "ProbationError", "PreconditionError", "IOFailure", "CompileError", "BundleError",
            "GuestError", "SandboxError"]

@@ -44,8 +44,11 @@ void bind_bundles(nanobind::module_& m);
 void bind_contexts_and_streams(nanobind::module_& m);
 /// Module, Kernel (kernels.cpp).
 void bind_kernels(nanobind::module_& m);
-/// HotModule, HotKernel, StagedVersion, HotModuleStats, HotReloader (hot.cpp).
+/// HotModule, HotKernel, StagedVersion, HotModuleStats, HotReloader (hot.cpp); ProbationPolicy
+/// first, which HotModule.stage takes.
 void bind_hot_modules(nanobind::module_& m);
+/// ProbationPolicy (probation.cpp).
+void bind_probation_policy(nanobind::module_& m);
 /// GuestContext, SharedMemory (isolation.cpp).
 void bind_isolation(nanobind::module_& m);
 /// Sandbox (sandbox.cpp).
@@ -126,6 +129,11 @@ void bind_hot_module_groups(nanobind::module_& m);
 /// raises rejects the version, with the Python error's message as the cause.
 [[nodiscard]] std::function<void(const module&)> python_smoke_test(PyObject* test,
                                                                    std::vector<std::string> names);
+/// `policy` with its checks' kernel names resolved against the interface `kernel_names`
+/// (resolve_kernel_name: "scale" for _Z5scalePfi), as stage_options::probation takes it
+/// (probation.cpp). @throws error (errc::precondition) for a name that means several kernels.
+[[nodiscard]] probation_policy probation_for(const probation_policy& policy,
+                                             const std::vector<std::string>& kernel_names);
 /// {'serving': ..., 'rollback_target': ... or None, 'retired': [...]}, as HotModule.versions.
 [[nodiscard]] nanobind::dict versions_dict(const held_versions& v);
 

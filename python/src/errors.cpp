@@ -9,6 +9,7 @@
 #include <cubridge/isolation/guest_context.hpp>
 #include <cubridge/isolation/sandbox.hpp>
 #include <cubridge/swap/error.hpp>
+#include <cubridge/swap/probation.hpp>
 
 #include <nanobind/stl/string.h>
 
@@ -76,6 +77,7 @@ const char* class_of(const error& e) {
   if (dynamic_cast<const image_error*>(&e)) return "ImageError";
   if (dynamic_cast<const launch_argument_error*>(&e)) return "LaunchArgumentError";
   if (dynamic_cast<const context_reset_error*>(&e)) return "ContextResetError";
+  if (dynamic_cast<const probation_error*>(&e)) return "ProbationError";
   if (dynamic_cast<const version_rejected_error*>(&e)) return "VersionRejected";
   if (is_fleet_error(e)) return "FleetError";
   if (e.is(errc::precondition)) return "PreconditionError";
@@ -101,6 +103,16 @@ nb::object exception_of(const error& e) {
     fields["restart_ms"] = std::chrono::duration<double, std::milli>(s->restart_duration()).count();
   }
   if (is_fleet_error(e)) fields["reason"] = fleet_reason(e.code());
+  if (const auto* p = dynamic_cast<const probation_error*>(&e)) {
+    const auto& r = p->result();
+    fields["verdict"] = std::string(to_string(r.verdict));
+    fields["kernel"] = r.kernel;
+    fields["launch"] = r.launch;
+    fields["parameter"] = r.parameter;
+    fields["offset"] = r.offset;
+    fields["passed"] = r.passed;
+    fields["not_mirrorable"] = r.not_mirrorable;
+  }
   if (const auto* c = dynamic_cast<const compile_error*>(&e)) {
     fields["source_name"] = c->source_name();
     fields["architecture"] = c->architecture();

@@ -1,6 +1,7 @@
-// Hot modules for Python: stage (with a smoke test written in Python), promote, rollback, stats,
-// and reloading from a watched directory. Launches hold the GIL (they take microseconds);
-// staging, promoting and rolling back release it, so Python threads keep launching meanwhile.
+// Hot modules for Python: stage (with a smoke test written in Python, or on probation), promote,
+// rollback, stats, and reloading from a watched directory. Launches hold the GIL (they take
+// microseconds); staging, promoting and rolling back release it, so Python threads keep launching
+// meanwhile.
 #include "bindings.hpp"
 
 #include <cubridge/core/image.hpp>
@@ -52,13 +53,16 @@ py_hot_module load_hot(std::string name, nb::handle image, nb::handle ctx, std::
 }
 
 staged_version stage(const py_hot_module& h, nb::handle image, nb::handle smoke_test,
-                     std::string source_name, std::vector<std::string> carry_globals) {
+                     std::string source_name, std::vector<std::string> carry_globals,
+                     const probation_policy* probation) {
   const auto bytes = image_bytes(image);
   stage_options options;
   options.source_name = std::move(source_name);
   options.carry_globals = std::move(carry_globals);
   if (!smoke_test.is_none())
     options.smoke_test = python_smoke_test(smoke_test.ptr(), h.kernel_names);
+  if (probation) options.probation = probation_for(*probation, h.kernel_names);
+  // Without the GIL: a probation waits for launches that Python threads may be making.
   nb::gil_scoped_release unlocked;
   const auto info = inspect_image(bytes);
   return h.hot.stage(bytes, info, options);
@@ -305,9 +309,13 @@ void bind_hot_module(nb::module_& m) {
         "number where it came from (its bundle version for an UpdateEndpoint; 0: none).")
       .def("stage", &stage, nb::arg("image"), nb::kw_only(), nb::arg("smoke_test") = nb::none(),
            nb::arg("source_name") = "", nb::arg("carry_globals") = std::vector<std::string>{},
+           nb::arg("probation").none() = nb::none(),
            "Loads and validates a new version without serving it. smoke_test(staged) may "
-           "launch its kernels; what it raises rejects the version. Raises VersionRejected; "
-           "the serving version is untouched either way.")
+           "launch its kernels; what it raises rejects the version. probation=ProbationPolicy("
+           "...): then it must also match the serving version on mirrored live launches in a "
+           "sandbox worker (stage blocks up to deadline_s; launch from other threads "
+           "meanwhile). Raises VersionRejected (ProbationError for a failed probation); the "
+           "serving version is untouched either way.")
       .def(
           "promote",
           [](py_hot_module& h, staged_version& v) {
@@ -338,6 +346,7 @@ void bind_hot_module(nb::module_& m) {
 }  // namespace
 
 void bind_hot_modules(nb::module_& m) {
+  bind_probation_policy(m);  // before HotModule, whose stage() takes one
   bind_staged(m);
   bind_hot_kernel(m);
   bind_hot_reloader(m);

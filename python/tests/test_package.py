@@ -21,7 +21,7 @@ def test_classes_document_their_properties():
                 cubridge.DeviceView, cubridge.HotModule, cubridge.HotKernel,
                 cubridge.HotModuleStats, cubridge.HotReloader, cubridge.StagedModule,
                 cubridge.StagedVersion, cubridge.HotModuleGroup, cubridge.GroupKernel,
-                cubridge.PinnedGeneration, cubridge.StagedGroup):
+                cubridge.PinnedGeneration, cubridge.StagedGroup, cubridge.ProbationPolicy):
         for name, member in vars(cls).items():
             if not name.startswith("_"):
                 assert pyinspect.getdoc(member), f"{cls.__name__}.{name} has no docstring"
@@ -30,7 +30,7 @@ def test_classes_document_their_properties():
 def test_error_classes_share_the_base():
     for name in ("DriverUnavailable", "ImageError", "LaunchArgumentError", "ContextResetError",
                  "VersionRejected", "PreconditionError", "IOFailure", "CompileError",
-                 "BundleError"):
+                 "BundleError", "ProbationError"):
         assert issubclass(getattr(cubridge, name), cubridge.Error)
     assert issubclass(cubridge.PreconditionError, ValueError)
     assert issubclass(cubridge.IOFailure, OSError)
