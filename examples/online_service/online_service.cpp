@@ -25,25 +25,40 @@
 // (the demo runs again and again from v1) unless --state-file names a file.
 // New versions must pass a smoke test (respond on known input) before they can serve.
 //
+// A version that faults poisons the process: every later CUDA call fails, so every request
+// answers 500, until a new process starts; /readyz (update endpoint) answers 503, and one line
+// says when ("online_service: poisoned at unix T: ...", service_log.hpp). --exit-when-poisoned
+// MS ends the process MS ms later with exit code 75, for its supervisor to start a fresh one
+// (cubridge::exit_when_poisoned). --probation N puts each pushed version, after its smoke test,
+// on probation (stage_options::probation): one in --probation-sample-every K of the serving
+// version's `respond` launches is mirrored to a sandbox worker and run there by both versions;
+// N matching (all but version_out, meant to differ) let it through, one fault or difference
+// refuses it (422 faulted_in_probation, mismatch_in_probation; probation_incomplete when N did
+// not come within 30 s). scripts/demo --bad-versions runs them all.
+//
 //   online_service --trusted-key release.pub [--port 8080] [--update-port 7070] [--duration S]
 //                  [--log requests.csv] [--module kernels_v1.cubin] [--threads 8]
-//                  [--state-file replay.json]
+//                  [--state-file replay.json] [--probation N [--probation-sample-every K]]
+//                  [--exit-when-poisoned MS]
 //                  [--fleet-server nats://127.0.0.1:4222 --node node-1 --node-key node-1.key
 //                   [--fleet-credentials F --fleet-ca F] [--fleet-heartbeat S]]
 // Port 0 picks a free port; the "ready" line says which. Exit: 0 after --duration or
-// SIGINT/SIGTERM, 1 on failure, 64 bad command line, 77 no GPU (one line).
+// SIGINT/SIGTERM, 1 on failure, 64 bad command line, 75 poisoned (--exit-when-poisoned), 77 no
+// GPU (one line).
 #include <cubridge/bundle/bundle.hpp>
 #include <cubridge/core/context.hpp>
 #include <cubridge/core/copy.hpp>
 #include <cubridge/core/device_buffer.hpp>
 #include <cubridge/core/driver.hpp>
 #include <cubridge/core/pinned_buffer.hpp>
+#include <cubridge/core/process_health.hpp>
 #include <cubridge/core/scoped_current.hpp>
 #include <cubridge/core/shared_device_memory.hpp>
 #include <cubridge/core/stream.hpp>
 #include <cubridge/isolation/guest_context.hpp>
 #include <cubridge/isolation/sandbox_entry.hpp>
 #include <cubridge/swap/hot_module.hpp>
+#include <cubridge/swap/probation.hpp>
 #include <cubridge/update/update_endpoint.hpp>
 #include <cubridge/update/update_gate.hpp>
 #include <cubridge/update_swap/hot_module_sink.hpp>
@@ -91,6 +106,7 @@ using steady_clock = std::chrono::steady_clock;
 constexpr unsigned input_size = 256;   // n: elements of `in` and `out`
 constexpr unsigned output_size = 256;  // m: rows of A, elements of y
 constexpr auto gpu_timeout = std::chrono::seconds(10);
+constexpr auto probation_deadline = std::chrono::seconds(30);  // --probation: N launches by then
 
 /// The bytes of a file the example was given (a cubin): read whole with std::ifstream.
 std::vector<std::byte> read_file(const std::filesystem::path& path) {
@@ -358,12 +374,34 @@ struct options {
   std::string log;
   std::string module = ONLINE_SERVICE_V1_CUBIN;
   std::size_t threads = 8;
-  std::string state_file;                    // empty: the replay state in memory only
-  online_service::fleet_node_options fleet;  // server empty: no fleet agent
+  std::string state_file;       // empty: the replay state in memory only
+  std::uint32_t probation = 0;  // mirrored launches a new version must pass; 0: none
+  std::uint32_t probation_sample_every = 10;
+  std::optional<std::chrono::milliseconds> exit_when_poisoned;  // the grace; none: keep running
+  online_service::fleet_node_options fleet;                     // server empty: no fleet agent
 };
 
+// What a pushed version must pass before it serves: the smoke test, in this process; with
+// --probation, then the serving version's live launches, mirrored to a sandbox worker.
+cubridge::stage_options stage_options_for(const cubridge::context& ctx, const options& o) {
+  cubridge::stage_options stage;
+  stage.smoke_test = [&ctx](const cubridge::module& m) { smoke_test(ctx, m); };
+  if (o.probation == 0) return stage;
+  cubridge::probation_policy policy;
+  policy.required_launches = o.probation;
+  policy.sample_every = o.probation_sample_every;
+  policy.deadline = probation_deadline;
+  // `respond` writes its own VERSION to version_out (parameter 3): the one output meant to differ.
+  policy.checks.push_back({.kernel = "respond", .ignored_parameters = {3}});
+  stage.probation = std::move(policy);
+  return stage;
+}
+
 int run(const options& o) {
-  line_log log;
+  const auto shared_log = std::make_shared<line_log>();
+  line_log& log = *shared_log;
+  const online_service::poison_logging poison_line(shared_log);
+  if (o.exit_when_poisoned) cubridge::exit_when_poisoned({.grace = *o.exit_when_poisoned});
   cubridge::trusted_keys keys;
   for (const auto& file : o.trusted_keys) keys.add(cubridge::read_public_key_file(file));
   online_service::request_log requests(o.log);
@@ -380,6 +418,9 @@ int run(const options& o) {
            "; module kernels v1 from " + o.module +
            "; cuBLAS in the same context; vendor library in the guest's " +
            vendor.ref().describe());
+  if (o.exit_when_poisoned)
+    log.line("online_service: exits with " + std::to_string(cubridge::poisoned_exit_code) + " " +
+             std::to_string(o.exit_when_poisoned->count()) + " ms after the process is poisoned");
 
   // One slot per server worker, each warmed by a full request (cuBLAS, the vendor's runtime and
   // the kernels initialise lazily; the first requests should not pay for it).
@@ -397,7 +438,12 @@ int run(const options& o) {
   }
 
   auto modules = std::make_shared<cubridge::hot_module_sink>();
-  modules->add(kernels, {.smoke_test = [&ctx](const cubridge::module& m) { smoke_test(ctx, m); }});
+  modules->add(kernels, stage_options_for(ctx, o));
+  if (o.probation != 0)
+    log.line("online_service: new versions on probation: " + std::to_string(o.probation) +
+             " mirrored launches of `respond` (1 in " + std::to_string(o.probation_sample_every) +
+             " sampled) must match v" + std::to_string(modules->current_version("kernels")) +
+             "'s within " + std::to_string(probation_deadline.count()) + " s");
   // One gate for both doors, so one sink: it cannot tell them apart. A fleet node takes its
   // versions from the fleet (scripts/demo --fleet reads "(fleet, ..."), a plain service from
   // pushes ("(pushed, ...").
@@ -569,6 +615,20 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 256));
   app.add_option("--state-file", o.state_file,
                  "Keep the replay state in this file across restarts (default: in memory only)");
+  auto* probation = app.add_option("--probation", o.probation,
+                                   "Put pushed versions on probation: N live launches mirrored to "
+                                   "a sandbox worker must match the serving version's (0: none)");
+  probation->check(CLI::Range(0u, 10000000u));
+  app.add_option("--probation-sample-every", o.probation_sample_every,
+                 "On probation, mirror one launch in K (default 10)")
+      ->check(CLI::Range(1u, 1000000u))
+      ->needs(probation);
+  std::int64_t exit_grace_ms = 0;
+  auto* exit_option =
+      app.add_option("--exit-when-poisoned", exit_grace_ms,
+                     "Exit with 75 this many ms after a sticky CUDA error poisons the process "
+                     "(default: keep running; /readyz answers 503)")
+          ->check(CLI::Range(std::int64_t{0}, std::int64_t{600000}));
   double heartbeat_s = 5;
   auto* fleet_server =
       app.add_option("--fleet-server", o.fleet.server,
@@ -593,6 +653,7 @@ int main(int argc, char** argv) {
   }
   o.fleet.heartbeat_interval =
       std::chrono::milliseconds(static_cast<std::int64_t>(heartbeat_s * 1000));
+  if (exit_option->count() > 0) o.exit_when_poisoned = std::chrono::milliseconds(exit_grace_ms);
   if (!o.fleet.server.empty()) {
     auto problem = online_service::check_fleet_node_options(o.fleet);
     if (problem.empty() && !online_service::fleet_supported())

@@ -1,7 +1,9 @@
 #pragma once
 // online_service's logs: whole lines on stdout (line_log), the log of module changes
-// (logged_sink), and the CSV of requests (request_log).
+// (logged_sink), the line that says the process was poisoned (poison_logging), and the CSV of
+// requests (request_log).
 #include <cubridge/bundle/bundle.hpp>
+#include <cubridge/core/process_health.hpp>
 #include <cubridge/update/module_sink.hpp>
 
 #include <chrono>
@@ -106,6 +108,32 @@ class logged_sink final : public cubridge::module_sink {
   std::string how_;
   std::string note_;
   std::mutex serial_;  // one apply or rollback at a time, whatever the module or the door
+};
+
+// One line when the process is poisoned, for as long as this lives (scripts/demo --bad-versions
+// measures from its unix time):
+//   t=+5.210s online_service: poisoned at unix 1796113747.254132: poisoned by
+//   CUDA_ERROR_ILLEGAL_ADDRESS seen by cuStreamQuery at ...; serving: kernels v3 (id 2) ...
+// The listener holds the log: it may run on another thread while this is destroyed.
+class poison_logging {
+ public:
+  explicit poison_logging(std::shared_ptr<line_log> log)
+      : id_(cubridge::add_poison_listener([log](const cubridge::poison_record& r) {
+          try {
+            char at[64];
+            std::snprintf(at, sizeof at,
+                          "online_service: poisoned at unix %.6f: ", unix_seconds(r.at));
+            log->line(at + cubridge::describe(r));
+          } catch (...) {
+            // No memory for the line: /readyz still says it.
+          }
+        })) {}
+  poison_logging(const poison_logging&) = delete;
+  poison_logging& operator=(const poison_logging&) = delete;
+  ~poison_logging() { cubridge::remove_poison_listener(id_); }
+
+ private:
+  std::uint64_t id_;
 };
 
 // Writes one CSV line per request: unix_time,version,latency_us,ok.
