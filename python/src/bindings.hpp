@@ -89,7 +89,9 @@ class py_update_gate {
   py_update_gate(nanobind::handle hot_modules, const std::vector<public_key>& keys,
                  const gate_settings& settings, const char* who);
   /// Serves one more HotModule or HotModuleGroup. @throws error (errc::precondition) otherwise.
-  void add(nanobind::handle hot_module);
+  /// Serves `hot_module` through the gate; a version that arrives for it goes through
+  /// `probation` first when one is given (the node's per-module policy).
+  void add(nanobind::handle hot_module, const probation_policy* probation = nullptr);
   [[nodiscard]] update_gate& gate() const noexcept { return *gate_; }
   [[nodiscard]] const std::shared_ptr<update_gate>& shared() const noexcept { return gate_; }
   [[nodiscard]] nanobind::list modules() const;

@@ -49,12 +49,17 @@ py_update_gate::py_update_gate(nb::handle hot_modules, const std::vector<public_
   }
 }
 
-void py_update_gate::add(nb::handle hot_module) {
-  if (nb::isinstance<py_hot_module>(hot_module))
-    sink_->add(nb::cast<py_hot_module&>(hot_module).hot);
-  else if (nb::isinstance<py_hot_module_group>(hot_module))
-    sink_->add(nb::cast<py_hot_module_group&>(hot_module).group);  // every member at once
-  else
+void py_update_gate::add(nb::handle hot_module, const probation_policy* probation) {
+  stage_options stage;
+  if (nb::isinstance<py_hot_module>(hot_module)) {
+    const auto& h = nb::cast<py_hot_module&>(hot_module);
+    if (probation) stage.probation = probation_for(*probation, h.kernel_names);
+    sink_->add(h.hot, std::move(stage));
+  } else if (nb::isinstance<py_hot_module_group>(hot_module)) {
+    const auto& g = nb::cast<py_hot_module_group&>(hot_module);
+    if (probation) stage.probation = probation_for(*probation, g.kernel_names);
+    sink_->add(g.group, std::move(stage));  // every member at once
+  } else
     detail::throw_errc(errc::precondition, "cubridge." + who_,
                        std::string("a ") + Py_TYPE(hot_module.ptr())->tp_name +
                            " is no HotModule or HotModuleGroup: a gate serves those");
@@ -138,8 +143,15 @@ void bind_update_gate(nb::module_& m) {
           "state_file / persist_state / version_floor / require_expiry / max_bundle_age_s / "
           "rollback_window_s as UpdateEndpoint's. Started (its state file locked) by its first "
           "door, or by start().")
-      .def("add", &py_update_gate::add, nb::arg("hot_module"),
-           "Serves one more HotModule or HotModuleGroup, through every door of the gate.")
+      .def(
+          "add",
+          [](py_update_gate& g, nb::handle hot_module, const probation_policy* probation) {
+            g.add(hot_module, probation);
+          },
+          nb::arg("hot_module"), nb::kw_only(), nb::arg("probation").none() = nb::none(),
+          "Serves one more HotModule or HotModuleGroup, through every door of the gate. "
+          "probation: a ProbationPolicy every version that arrives for it goes through before "
+          "it may serve (the node's per-module policy; docs/hot-swap.md, 'Probation').")
       .def(
           "start",
           [](py_update_gate& g) {

@@ -35,6 +35,16 @@ def test_the_gate_class_is_exported_and_documented():
             assert inspect.getdoc(member), f"UpdateGate.{name} has no docstring"
 
 
+def test_a_module_is_added_with_the_nodes_probation_policy_or_none(keys):
+    gate = cubridge.UpdateGate([], [keys.public_key], persist_state=False)
+    assert "probation" in gate.add.__doc__
+    with pytest.raises(cubridge.PreconditionError, match="is no HotModule"):
+        gate.add(object(), probation=cubridge.ProbationPolicy(required_launches=4))
+    with pytest.raises(TypeError):
+        gate.add(object(), probation="bitwise")  # a ProbationPolicy or None
+    assert gate.hot_modules == []
+
+
 def test_a_gate_decides_in_the_gates_words(keys):
     gate = cubridge.UpdateGate([], [keys.public_key], persist_state=False)
     assert gate.hot_modules == [] and gate.serving("tagger") == 0
