@@ -185,8 +185,8 @@ int main(int argc, char** argv) {
               median(p50_on), median(p50_on) / median(p50_off));
   std::printf("request p99 us: no probation %.1f, 1%% mirrored %.1f (%.2fx; goal <= 1.10x)\n",
               median(p99_off), median(p99_on), median(p99_on) / median(p99_off));
-  std::printf("request p99 us: no probation %.1f, 0.5%% mirrored %.1f (%.2fx)\n",
-              median(p99_off), median(p99_half), median(p99_half) / median(p99_off));
+  std::printf("request p99 us: no probation %.1f, 0.5%% mirrored %.1f (%.2fx)\n", median(p99_off),
+              median(p99_half), median(p99_half) / median(p99_off));
   // Where the sampled requests sit: the slowest 1% of the 1%-mirrored run.
   std::printf("(a mirrored request waits for the copies of its allocations: 2 x 4 MiB here)\n");
   return 0;

@@ -41,6 +41,16 @@ sandbox start_worker(const probation_policy& policy, const std::string& module, 
   return sandbox::start(std::move(o));
 }
 
+// `policy`, refused before anything starts if it cannot decide anything.
+probation_policy checked(probation_policy policy, const std::string& module) {
+  CUBRIDGE_EXPECTS(
+      (policy.required_launches > 0 || !policy.replays.empty()) && policy.sample_every > 0,
+      "probation of module '" + module +
+          "': sample_every must be at least 1, and required_launches too unless "
+          "replays are given");
+  return policy;
+}
+
 const kernel_check* check_for(const probation_policy& policy, const std::string& kernel) {
   for (const auto& c : policy.checks)
     if (c.kernel == kernel) return &c;
@@ -59,7 +69,7 @@ probation_session::probation_session(context_arg ctx, std::string module,
       kernel_names_(std::move(kernel_names)),
       serving_image_(serving_image.begin(), serving_image.end()),
       candidate_image_(candidate_image.begin(), candidate_image.end()),
-      policy_(std::move(policy)),
+      policy_(checked(std::move(policy), module_)),
       session_id_(next_session_id()),
       snapshot_(shared_device_memory::allocate(ctx_.ref().device(), policy_.max_snapshot_bytes,
                                                memory_export::posix_fd)),
@@ -69,11 +79,9 @@ probation_session::probation_session(context_arg ctx, std::string module,
       ready_(event::create(ctx_)),
       copied_(event::create(ctx_)),
       runner_([this] { run(); }) {
-  CUBRIDGE_EXPECTS(
-      (policy_.required_launches > 0 || !policy_.replays.empty()) && policy_.sample_every > 0,
-      "probation of module '" + module_ +
-          "': sample_every must be at least 1, and required_launches too unless "
-          "replays are given");
+  // The deadline counts from here, with the worker ready: its start (seconds under a
+  // sanitizer) is no time the serving version could have given launches in.
+  started_ = std::chrono::steady_clock::now();
 }
 
 probation_session::~probation_session() {

@@ -105,7 +105,7 @@ class probation_session {
   std::vector<std::byte> candidate_image_;
   probation_policy policy_;
   std::uint64_t session_id_;
-  std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::time_point started_{};  // set once the worker is ready
 
   shared_device_memory snapshot_;
   sandbox worker_;
