@@ -10,19 +10,19 @@
 
 # The layers (components) in dependency order, what each uses of the others, and its own
 # dependencies.
-set(CUBRIDGE_LAYERS core compile swap isolation bundle update hot_module_sink fleet)
+set(CUBRIDGE_LAYERS core compile isolation swap bundle update hot_module_sink fleet)
 set(CUBRIDGE_LAYER_USES_core "")
 set(CUBRIDGE_LAYER_USES_compile core)
-set(CUBRIDGE_LAYER_USES_swap compile)
 set(CUBRIDGE_LAYER_USES_isolation core)
+set(CUBRIDGE_LAYER_USES_swap compile isolation)  # probation runs in a sandbox worker
 set(CUBRIDGE_LAYER_USES_bundle core)
 set(CUBRIDGE_LAYER_USES_update bundle)
 set(CUBRIDGE_LAYER_USES_hot_module_sink update swap)
 set(CUBRIDGE_LAYER_USES_fleet update)
 set(CUBRIDGE_LAYER_NEEDS_core lz4 zstd)
 set(CUBRIDGE_LAYER_NEEDS_compile nvrtc nvJitLink sodium)
-set(CUBRIDGE_LAYER_NEEDS_swap "")
 set(CUBRIDGE_LAYER_NEEDS_isolation "")
+set(CUBRIDGE_LAYER_NEEDS_swap "")
 set(CUBRIDGE_LAYER_NEEDS_bundle sodium openssl)
 set(CUBRIDGE_LAYER_NEEDS_update httplib openssl)
 set(CUBRIDGE_LAYER_NEEDS_hot_module_sink "")

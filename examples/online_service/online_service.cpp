@@ -29,8 +29,9 @@
 // answers 500, until a new process starts; /readyz (update endpoint) answers 503, and one line
 // says when ("online_service: poisoned at unix T: ...", service_log.hpp). --exit-when-poisoned
 // MS ends the process MS ms later with exit code 75, for its supervisor to start a fresh one
-// (cubridge::exit_when_poisoned). --probation N puts each pushed version, after its smoke test,
-// on probation (stage_options::probation): one in --probation-sample-every K of the serving
+// (cubridge::exit_when_poisoned). --probation N puts each pushed version on probation
+// (stage_options::probation): its smoke test runs as a replay in a sandbox worker (never in this
+// process), then one in --probation-sample-every K of the serving
 // version's `respond` launches is mirrored to a sandbox worker and run there by both versions;
 // N matching (all but version_out, meant to differ) let it through, one fault or difference
 // refuses it (422 faulted_in_probation, mismatch_in_probation; probation_incomplete when N did
@@ -86,6 +87,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -381,13 +383,35 @@ struct options {
   online_service::fleet_node_options fleet;                     // server empty: no fleet agent
 };
 
+// The smoke test as a replay for the probation worker: `respond` on the same known input, its
+// outputs compared with the serving version's there (never run in this process).
+cubridge::replay_launch smoke_replay() {
+  std::vector<float> in(input_size);
+  for (unsigned i = 0; i < input_size; ++i) in[i] = 0.5f * static_cast<float>(i);
+  const std::vector<float> out(input_size, 0.0f);
+  const unsigned version = 0;
+  cubridge::replay_launch r;
+  r.kernel = "respond";
+  r.grid = {(input_size + 255) / 256};
+  r.block = {256};
+  r.arguments = {cubridge::replay_argument::buffer_of(std::span<const float>(out)),
+                 cubridge::replay_argument::buffer_of(std::span<const float>(in)),
+                 cubridge::replay_argument::scalar_of(input_size),
+                 cubridge::replay_argument::buffer_of(std::span<const unsigned>(&version, 1))};
+  return r;
+}
+
 // What a pushed version must pass before it serves: the smoke test, in this process; with
-// --probation, then the serving version's live launches, mirrored to a sandbox worker.
+// --probation, the smoke test as a replay in a sandbox worker, then the serving version's live
+// launches mirrored to it.
 cubridge::stage_options stage_options_for(const cubridge::context& ctx, const options& o) {
   cubridge::stage_options stage;
-  stage.smoke_test = [&ctx](const cubridge::module& m) { smoke_test(ctx, m); };
-  if (o.probation == 0) return stage;
+  if (o.probation == 0) {
+    stage.smoke_test = [&ctx](const cubridge::module& m) { smoke_test(ctx, m); };
+    return stage;
+  }
   cubridge::probation_policy policy;
+  policy.replays = {smoke_replay()};
   policy.required_launches = o.probation;
   policy.sample_every = o.probation_sample_every;
   policy.deadline = probation_deadline;

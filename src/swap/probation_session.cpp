@@ -275,7 +275,11 @@ bool probation_session::replay(std::span<const kernel> kernels) {
       pointers.push_back({static_cast<std::uint32_t>(params[i].offset),
                           static_cast<std::uint32_t>(i),
                           static_cast<std::uint32_t>(allocations.size()), 0, 0});
-      allocations.push_back({total, a.buffer.size(), 0, 1, 0});
+      const auto* check = check_for(policy_, launch.kernel);
+      const bool compared =
+          !check || std::find(check->ignored_parameters.begin(), check->ignored_parameters.end(),
+                              static_cast<std::uint32_t>(i)) == check->ignored_parameters.end();
+      allocations.push_back({total, a.buffer.size(), 0, compared ? 1u : 0u, 0});
       first_parameter.push_back(static_cast<std::uint32_t>(i));
       total += (a.buffer.size() + 255) / 256 * 256;  // each buffer aligned as cuMemAlloc's
     }

@@ -1,4 +1,5 @@
 // A module_sink over hot_module; see hot_module_sink.hpp.
+#include <cubridge/core/log.hpp>
 #include <cubridge/core/process_health.hpp>
 #include <cubridge/swap/probation.hpp>
 #include <cubridge/update_swap/hot_module_sink.hpp>
@@ -76,6 +77,20 @@ void hot_module_sink::add_entry(std::unique_ptr<swap_target> target, stage_optio
                    "module '" + name + "' is on an " + to_string(device) +
                        " device, the others on " + to_string(device_.value_or(device)));
   device_ = device;
+  // Versions that arrive over the network are smoke-tested out of the serving process: with a
+  // probation policy its replays are the smoke test, in the worker, and an in-process test is
+  // not run for them; without one, an in-process test is the caller's explicit choice, said once.
+  if (stage.probation && stage.smoke_test) {
+    stage.smoke_test = nullptr;
+    log::info("module '" + name +
+              "': versions from the network are smoke-tested in the "
+              "probation worker (its replays), not by the in-process smoke test given");
+  } else if (stage.smoke_test) {
+    log::warn("module '" + name +
+              "': its smoke test runs in the serving process for versions "
+              "from the network; a candidate that faults there poisons it (a probation policy's "
+              "replays run it in a sandbox worker: docs/hot-swap.md, 'Probation')");
+  }
   auto e = std::make_unique<entry>();
   e->target = std::move(target);
   e->stage = std::move(stage);
