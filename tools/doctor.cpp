@@ -67,7 +67,8 @@ nlohmann::json mps() {
 // process runs under the reset guard.
 nlohmann::json installation() {
   nlohmann::json helpers;
-  for (const auto which : {helper_file::sandbox_worker, helper_file::reset_guard}) {
+  for (const auto which :
+       {helper_file::sandbox_worker, helper_file::reset_guard, helper_file::probation_entry}) {
     const auto at = locate(which);
     helpers[std::string(to_string(which))] = {
         {"path", at.path.string()}, {"found_by", at.found_by}, {"found", at.found}};
@@ -190,6 +191,7 @@ std::string render_table(const nlohmann::json& r) {
         << c["code"].get<std::string>() << "\n";
     out << "sandbox worker    " << render_helper(c["helpers"]["sandbox_worker"]) << "\n";
     out << "reset guard       " << render_helper(c["helpers"]["reset_guard"]) << "\n";
+    out << "probation entry   " << render_helper(c["helpers"]["probation_entry"]) << "\n";
     out << "this process      " << render_guard(c["reset_guard"]) << "\n";
   }
   return out.str();

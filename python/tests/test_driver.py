@@ -19,7 +19,8 @@ def test_the_package_ships_its_helpers_and_doctor_finds_them_beside_it():
     package = pathlib.Path(cubridge.__file__).parent
     helpers = cubridge.doctor()["cubridge"]["helpers"]
     for name, file in (("sandbox_worker", "cubridge-sandbox-worker"),
-                       ("reset_guard", "libcubridge_reset_guard.so")):
+                       ("reset_guard", "libcubridge_reset_guard.so"),
+                       ("probation_entry", "libcubridge_probation_entry.so")):
         assert helpers[name]["found"], helpers[name]
         assert pathlib.Path(helpers[name]["path"]) == package / file
         assert helpers[name]["found_by"].startswith("beside ")

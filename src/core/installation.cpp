@@ -1,11 +1,13 @@
 // Finding the sandbox worker and the reset guard from where cubridge's code is installed
 // (installation.hpp). The directories come from GNUInstallDirs at configure time, relative to
 // the prefix, so the same lookup works in any copy of the install tree.
+#include <cubridge/core/detail/enum_names.hpp>
 #include <cubridge/core/installation.hpp>
 
 #include <dlfcn.h>
 #include <unistd.h>
 
+#include <array>
 #include <cstdlib>
 #include <optional>
 #include <system_error>
@@ -88,18 +90,17 @@ fs::path canonical_or_same(const fs::path& path) {
   return ec ? path : canonical;
 }
 
+constexpr std::array<detail::enum_name<helper_file>, 3> helper_file_names{{
+    {helper_file::sandbox_worker, "sandbox_worker"},
+    {helper_file::reset_guard, "reset_guard"},
+    {helper_file::probation_entry, "probation_entry"},
+}};
+static_assert(detail::lists_values_in_order(helper_file_names));
+
 }  // namespace
 
 std::string_view to_string(helper_file which) noexcept {
-  switch (which) {
-    case helper_file::sandbox_worker:
-      return "sandbox_worker";
-    case helper_file::reset_guard:
-      return "reset_guard";
-    case helper_file::probation_entry:
-      return "probation_entry";
-  }
-  return "?";
+  return detail::name_of(helper_file_names, which, "?");
 }
 
 fs::path code_location() {

@@ -49,12 +49,15 @@ TEST(Installation, TheEnvironmentOverridesAndIsTakenAsGiven) {
 TEST(Installation, WithoutTheEnvironmentItLooksFromTheCode) {
   scoped_env worker("CUBRIDGE_SANDBOX_WORKER", nullptr);
   scoped_env guard("CUBRIDGE_RESET_GUARD", nullptr);
-  for (const auto which : {helper_file::sandbox_worker, helper_file::reset_guard}) {
+  scoped_env entry("CUBRIDGE_PROBATION_ENTRY", nullptr);
+  for (const auto which :
+       {helper_file::sandbox_worker, helper_file::reset_guard, helper_file::probation_entry}) {
     const auto at = cubridge::locate(which);
     const auto name = std::string(cubridge::to_string(which));
     EXPECT_FALSE(at.path.empty()) << name;
     EXPECT_NE(at.found_by, "CUBRIDGE_SANDBOX_WORKER") << name;
     EXPECT_NE(at.found_by, "CUBRIDGE_RESET_GUARD") << name;
+    EXPECT_NE(at.found_by, "CUBRIDGE_PROBATION_ENTRY") << name;
     if (!at.found) {
       EXPECT_EQ(at.found_by, "the configured prefix") << name;  // the last place looked
     }
@@ -63,6 +66,14 @@ TEST(Installation, WithoutTheEnvironmentItLooksFromTheCode) {
             "cubridge-sandbox-worker");
   EXPECT_EQ(cubridge::locate(helper_file::reset_guard).path.filename(),
             "libcubridge_reset_guard.so");
+  EXPECT_EQ(cubridge::locate(helper_file::probation_entry).path.filename(),
+            "libcubridge_probation_entry.so");
+}
+
+TEST(Installation, EveryHelperFileHasItsName) {
+  EXPECT_EQ(cubridge::to_string(helper_file::sandbox_worker), "sandbox_worker");
+  EXPECT_EQ(cubridge::to_string(helper_file::reset_guard), "reset_guard");
+  EXPECT_EQ(cubridge::to_string(helper_file::probation_entry), "probation_entry");
 }
 
 TEST(ResetGuardStatus, NotLoadedAndNotAskedFor) {
