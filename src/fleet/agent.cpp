@@ -240,6 +240,8 @@ struct fleet_agent::impl {
   fleet::result_record record_of(const module_follow& f, const fleet::bundle_ref& target,
                                  const gate_decision& d) const;
   void count(const gate_decision& d);
+  /// `r`, signed with the node's key, stored in the result stream. @throws what publishing threw.
+  void send_result(const fleet::result_record& r);
   bool publish_record(module_follow& f);
   void run_heartbeats();
   fleet::heartbeat heartbeat_now();
@@ -664,14 +666,16 @@ void fleet_agent::impl::count(const gate_decision& d) {
 
 // The module's unpublished result, signed, stored in the result stream; false when it could not
 // go out now (retried on the next pass, never applied again).
+void fleet_agent::impl::send_result(const fleet::result_record& r) {
+  const auto text = fleet::sign_record(fleet::record_kind::result, fleet::to_json(r), *node_key);
+  nats::publish(js.get(), connection.get(), fleet::result_subject(r.module, options.node),
+                std::as_bytes(std::span(text.data(), text.size())), "result record", {}, api_wait);
+  ++records_published;
+}
+
 bool fleet_agent::impl::publish_record(module_follow& f) {
-  const auto text =
-      fleet::sign_record(fleet::record_kind::result, fleet::to_json(*f.unpublished), *node_key);
   try {
-    nats::publish(js.get(), connection.get(), fleet::result_subject(f.module, options.node),
-                  std::as_bytes(std::span(text.data(), text.size())), "result record", {},
-                  api_wait);
-    ++records_published;
+    send_result(*f.unpublished);
     f.unpublished.reset();
     f.publish_failures = 0;
     return true;
@@ -771,12 +775,7 @@ std::vector<fleet::result_record> fleet_agent::impl::poisoned_results() const {
 void fleet_agent::impl::publish_poisoned_results() {
   try {
     for (const auto& r : poisoned_results()) {
-      const auto text =
-          fleet::sign_record(fleet::record_kind::result, fleet::to_json(r), *node_key);
-      nats::publish(js.get(), connection.get(), fleet::result_subject(r.module, options.node),
-                    std::as_bytes(std::span(text.data(), text.size())), "result record", {},
-                    api_wait);
-      ++records_published;
+      send_result(r);
       std::lock_guard lock(state_mutex);
       last = r;
     }

@@ -118,6 +118,7 @@ std::uint64_t hot_module::promote(staged_version version, const std::function<vo
                             swap_trace::label_suffix(version.origin_.label);
   const swap_trace::scoped_range range{trace};
   state::switching lock(s, !version.carry_globals_.empty());
+  const std::uint64_t label = version.origin_.label;  // what serves after the switch
   const auto id = s.versions.promote(
       std::move(version.version_), std::move(version.origin_),
       [&](const auto& from, const auto& to) {
@@ -143,7 +144,7 @@ std::uint64_t hot_module::promote(staged_version version, const std::function<vo
         s.run_inner(inner, from.payload);
       });
   for (auto& g : s.graphs) g->bound_version = id;
-  s.note_serving(id, s.versions.held().serving.origin.label);
+  s.note_serving(id, label);
   s.signal.notify();
   if (log::enabled(log::level::info))
     log::info("module '" + s.name + "' promoted the version from " + version.source_ +
@@ -171,6 +172,7 @@ std::uint64_t hot_module::rollback(const std::function<void()>& inner) {
   const std::string trace = "rollback module '" + s.name + "' to version " +
                             (target ? std::to_string(*target) : std::string("(none)"));
   const swap_trace::scoped_range range{trace};
+  std::uint64_t label = 0;  // the target's, read in the switch: what serves after it
   const auto id = s.versions.rollback([&](const auto& from, const auto& to) {
     const std::string who = "version " + std::to_string(to.id);
     if (const auto why = s.misfit(to.payload, who); !why.empty())
@@ -180,10 +182,11 @@ std::uint64_t hot_module::rollback(const std::function<void()>& inner) {
                                        " keeps serving");
     s.retarget_all(from.payload, to.payload, to.id);
     s.run_inner(inner, from.payload);
+    label = to.origin.label;
   });
   s.rollbacks.fetch_add(1);
   for (auto& g : s.graphs) g->bound_version = id;
-  s.note_serving(id, s.versions.held().serving.origin.label);
+  s.note_serving(id, label);
   s.signal.notify();
   if (log::enabled(log::level::info))
     log::info("module '" + s.name + "' rolled back: version " + std::to_string(id) + " serves");

@@ -51,6 +51,25 @@ probation_policy checked(probation_policy policy, const std::string& module) {
   return policy;
 }
 
+// How a kernel's outputs are compared: its own check, else the policy's default.
+output_check check_of(const probation_policy& policy, const kernel_check* check) {
+  return check ? check->check : policy.default_check;
+}
+
+// Whether the allocation behind pointer parameter `parameter` is compared (not ignored).
+bool compares(const kernel_check* check, std::size_t parameter) {
+  return !check ||
+         std::find(check->ignored_parameters.begin(), check->ignored_parameters.end(),
+                   static_cast<std::uint32_t>(parameter)) == check->ignored_parameters.end();
+}
+
+// The bytes of an argument list packed as the kernel's parameters lay it out.
+std::size_t packed_size(std::span<const parameter_info> params) {
+  std::size_t end = 0;
+  for (const auto& p : params) end = std::max(end, p.offset + p.size);
+  return end;
+}
+
 const kernel_check* check_for(const probation_policy& policy, const std::string& kernel) {
   for (const auto& c : policy.checks)
     if (c.kernel == kernel) return &c;
@@ -125,8 +144,7 @@ std::optional<mirrored_launch> probation_session::snapshot(std::uint32_t index, 
                                                            void** arguments) {
   const auto& name = kernel_names_[index];
   const auto* check = check_for(policy_, name);
-  const auto how = check ? check->check : policy_.default_check;
-  if (how == output_check::never_mirror) {
+  if (check_of(policy_, check) == output_check::never_mirror) {
     not_mirrorable("kernel '" + name + "' is declared never_mirror");
     return std::nullopt;
   }
@@ -141,9 +159,7 @@ std::optional<mirrored_launch> probation_session::snapshot(std::uint32_t index, 
   std::vector<protocol::allocation> allocations;
   std::vector<protocol::pointer_argument> pointers;
   std::vector<std::uint32_t> first_parameter;
-  std::size_t end = 0;
-  for (const auto& p : params) end = std::max(end, p.offset + p.size);
-  packed.resize(end);
+  packed.resize(packed_size(params));
   std::uint64_t total = 0;
   for (std::size_t i = 0; i < params.size(); ++i) {
     std::memcpy(packed.data() + params[i].offset, arguments[i], params[i].size);
@@ -154,9 +170,7 @@ std::optional<mirrored_launch> probation_session::snapshot(std::uint32_t index, 
     std::size_t size = 0;
     // Not a device address (a scalar, a host pointer): taken as it is.
     if (value == 0 || cu.cuMemGetAddressRange(&base, &size, value) != CUDA_SUCCESS) continue;
-    const bool compared =
-        !check || std::find(check->ignored_parameters.begin(), check->ignored_parameters.end(),
-                            static_cast<std::uint32_t>(i)) == check->ignored_parameters.end();
+    const bool compared = compares(check, i);
     auto found = std::find_if(allocations.begin(), allocations.end(),
                               [&](const auto& a) { return a.base == base; });
     if (found != allocations.end() && compared) found->compared = 1;
@@ -186,14 +200,13 @@ std::optional<mirrored_launch> probation_session::snapshot(std::uint32_t index, 
   launch.copied.record(side_);
   config.stream.wait(launch.copied);
 
-  launch.request = request_of(name, config, how, check, packed, allocations, pointers);
+  launch.request = request_of(name, config, check, packed, allocations, pointers);
   return launch;
 }
 
 std::vector<std::byte> probation_session::request_of(
-    const std::string& name, const launch_config& config, output_check how,
-    const kernel_check* check, std::span<const std::byte> packed,
-    std::span<const protocol::allocation> allocations,
+    const std::string& name, const launch_config& config, const kernel_check* check,
+    std::span<const std::byte> packed, std::span<const protocol::allocation> allocations,
     std::span<const protocol::pointer_argument> pointers) const {
   protocol::run_header h;
   h.session = session_id_;
@@ -204,7 +217,7 @@ std::vector<std::byte> probation_session::request_of(
   h.grid[0] = config.grid.x, h.grid[1] = config.grid.y, h.grid[2] = config.grid.z;
   h.block[0] = config.block.x, h.block[1] = config.block.y, h.block[2] = config.block.z;
   h.shared_bytes = config.dynamic_shared_bytes;
-  h.check = static_cast<std::uint32_t>(how);
+  h.check = static_cast<std::uint32_t>(check_of(policy_, check));
   if (check) h.absolute = check->absolute, h.relative = check->relative;
   // Sized once and filled in place (GCC 12 misreads growing inserts into a fresh vector).
   std::vector<std::byte> request(sizeof h + name.size() + packed.size() + allocations.size_bytes() +
@@ -239,9 +252,8 @@ bool probation_session::replay(std::span<const kernel> kernels) {
                                                 " parameters");
       return false;
     }
-    std::size_t end = 0;
-    for (const auto& p : params) end = std::max(end, p.offset + p.size);
-    std::vector<std::byte> packed(end);
+    const auto* check = check_for(policy_, launch.kernel);
+    std::vector<std::byte> packed(packed_size(params));
     std::vector<protocol::allocation> allocations;
     std::vector<protocol::pointer_argument> pointers;
     std::vector<std::uint32_t> first_parameter;
@@ -275,21 +287,14 @@ bool probation_session::replay(std::span<const kernel> kernels) {
       pointers.push_back({static_cast<std::uint32_t>(params[i].offset),
                           static_cast<std::uint32_t>(i),
                           static_cast<std::uint32_t>(allocations.size()), 0, 0});
-      const auto* check = check_for(policy_, launch.kernel);
-      const bool compared =
-          !check || std::find(check->ignored_parameters.begin(), check->ignored_parameters.end(),
-                              static_cast<std::uint32_t>(i)) == check->ignored_parameters.end();
-      allocations.push_back({total, a.buffer.size(), 0, compared ? 1u : 0u, 0});
+      allocations.push_back({total, a.buffer.size(), 0, compares(check, i) ? 1u : 0u, 0});
       first_parameter.push_back(static_cast<std::uint32_t>(i));
       total += (a.buffer.size() + 255) / 256 * 256;  // each buffer aligned as cuMemAlloc's
     }
     launch_config config{launch.grid, launch.block, launch.dynamic_shared_bytes,
                          stream_ref::legacy_default()};
-    const auto how = check_for(policy_, launch.kernel) ? check_for(policy_, launch.kernel)->check
-                                                       : policy_.default_check;
     mirrored_launch m{index,
-                      request_of(launch.kernel, config, how, check_for(policy_, launch.kernel),
-                                 packed, allocations, pointers),
+                      request_of(launch.kernel, config, check, packed, allocations, pointers),
                       std::move(first_parameter), copied_};
     m.copied.record(side_);
     judge(m, r + 1);

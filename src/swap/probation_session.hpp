@@ -85,11 +85,11 @@ class probation_session {
   void refuse(probation_verdict verdict, const mirrored_launch& launch, std::uint32_t number,
               std::uint32_t replay, const detail::probation_protocol::run_reply& reply,
               std::string detail);
-  /// The request for a launch of `name` with the packed arguments `packed`, its allocations
-  /// in the snapshot buffer and its pointer arguments.
+  /// The request for a launch of `name` (compared by `check`, or the policy's default) with the
+  /// packed arguments `packed`, its allocations in the snapshot buffer and its pointer arguments.
   std::vector<std::byte> request_of(
-      const std::string& name, const launch_config& config, output_check how,
-      const kernel_check* check, std::span<const std::byte> packed,
+      const std::string& name, const launch_config& config, const kernel_check* check,
+      std::span<const std::byte> packed,
       std::span<const detail::probation_protocol::allocation> allocations,
       std::span<const detail::probation_protocol::pointer_argument> pointers) const;
   /// Calls `entry`, loading the images again first if a fresh worker took over.

@@ -50,7 +50,7 @@ struct poison_record {
 };
 
 /// One line: "poisoned by CUDA_ERROR_ILLEGAL_ADDRESS seen by cuStreamSynchronize at
-/// 2026-12-06T06:41:34Z; serving: filters v3 (kernel 'scale')".
+/// 2026-12-06T06:41:34Z; serving: filters v3 (id 4) kernel 'scale'".
 [[nodiscard]] std::string describe(const poison_record& record);
 
 /// The record of what poisoned this process; nullopt while it is healthy. Thread-safe.
