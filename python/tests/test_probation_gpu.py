@@ -102,7 +102,8 @@ def test_a_wrong_candidate_on_probation_is_refused_while_a_python_thread_serves(
     assert e.verdict == "mismatch_in_probation", str(e)
     assert "mismatch_in_probation" in str(e)
     assert (e.kernel, e.launch, e.parameter) == ("scale", 1, 0)  # parameter 0: out
-    assert e.offset == allocation_offset(torch, out) + 37 * 4
+    # The first differing byte lies inside element 37 (which byte depends on the float's bits).
+    assert (e.offset - allocation_offset(torch, out)) // 4 == 37, e.offset
     assert failures == []
     assert hot.versions["serving"]["id"] == 1
     assert hot.stats.rejected == 1
