@@ -77,6 +77,24 @@ PyObject* launch_hot(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
       });
 }
 
+/// HotKernel.capture(config, *args), METH_FASTCALL (add_fast_method).
+PyObject* capture_hot(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  return fast_launch<py_hot_kernel>(
+      self, args, nargs, "HotKernel.capture",
+      [](const hot_kernel& k, const launch_config& c, const kernel_arguments& values) {
+        return PyLong_FromUnsignedLongLong(k.capture(c, values));
+      });
+}
+
+PyMethodDef capture_hot_method{
+    "capture", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&capture_hot)),
+    METH_FASTCALL,
+    "capture($self, config, /, *args)\n--\n\n"
+    "As launch, into the stream capture config.stream is under (torch.cuda.graph): the node it "
+    "adds is remembered, so that HotModule.track_graph of the graph follows it whatever version "
+    "serves by then. Returns the id of the version captured. Raises PreconditionError if the "
+    "stream is not capturing."};
+
 PyMethodDef launch_hot_method{
     "launch", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&launch_hot)),
     METH_FASTCALL,
@@ -187,6 +205,7 @@ void bind_hot_kernel(nb::module_& m) {
               "name", [](const py_hot_kernel& k) { return k.k.name(); },
               "The name the image exports (mangled for C++ kernels).");
   add_fast_method(cls, launch_hot_method);
+  add_fast_method(cls, capture_hot_method);
 }
 
 }  // namespace
@@ -272,6 +291,63 @@ void bind_hot_module_state(nb::class_<py_hot_module>& c) {
           "The serving version's __device__ variable `name` (nbytes long) as bytes.");
 }
 
+// HotModule's CUDA graphs: track, untrack, launch (or replay through a callable) and list.
+void bind_hot_module_graphs(nb::class_<py_hot_module>& c) {
+  c.def(
+       "track_graph",
+       [](const py_hot_module& h, std::uintptr_t graph, std::uintptr_t exec,
+          const std::string& name) {
+         nb::gil_scoped_release unlocked;
+         h.hot.track_graph(reinterpret_cast<CUgraph>(graph), reinterpret_cast<CUgraphExec>(exec),
+                           name);
+       },
+       nb::arg("graph"), nb::arg("exec"), nb::arg("name") = "",
+       "Follows an instantiated CUDA graph (handles as ints: torch's raw_cuda_graph() and "
+       "raw_cuda_graph_exec()): the nodes HotKernel.capture added to it, and nodes launching "
+       "the serving version, are pointed at the serving version now and after every promote "
+       "and rollback. `name` names it in errors.")
+      .def(
+          "untrack_graph",
+          [](const py_hot_module& h, std::uintptr_t exec) {
+            nb::gil_scoped_release unlocked;
+            h.hot.untrack_graph(reinterpret_cast<CUgraphExec>(exec));
+          },
+          nb::arg("exec"), "Stops following the graph `exec` (before it is destroyed).")
+      .def(
+          "launch_graph",
+          [](const py_hot_module& h, std::uintptr_t exec, nb::handle stream, nb::object launch) {
+            const auto where = as_stream(stream);
+            const auto graph = reinterpret_cast<CUgraphExec>(exec);
+            nb::gil_scoped_release unlocked;
+            if (launch.is_none()) return h.hot.launch_graph(graph, where);
+            // The callable (torch's CUDAGraph.replay) runs with the GIL, under the graph's lock.
+            return h.hot.launch_graph(graph, where, [&] {
+              nb::gil_scoped_acquire locked;
+              launch();
+            });
+          },
+          nb::arg("exec"), nb::arg("stream"), nb::arg("launch") = nb::none(),
+          "Launches a tracked graph on `stream` on the serving version, or calls launch() to "
+          "enqueue it there (torch's CUDAGraph.replay): no promote switches the graph meanwhile, "
+          "and the version it ran stays loaded until that work completed. Returns the id of the "
+          "version it ran.")
+      .def_prop_ro(
+          "graphs",
+          [](const py_hot_module& h) {
+            nb::list out;
+            for (const auto& g : h.hot.graphs()) {
+              nb::dict d;
+              d["name"] = g.name;
+              d["exec"] = reinterpret_cast<std::uintptr_t>(g.exec);
+              d["version"] = g.version;
+              d["nodes"] = g.nodes;
+              out.append(d);
+            }
+            return out;
+          },
+          "The graphs followed: [{'name', 'exec', 'version' (its nodes launch), 'nodes'}].");
+}
+
 // HotModule's upkeep: reclaim, and reload_from (a HotReloader on a watched directory).
 void bind_hot_module_upkeep(nb::class_<py_hot_module>& c) {
   c.def(
@@ -340,6 +416,7 @@ void bind_hot_module(nb::module_& m) {
           },
           nb::arg("name"), "A kernel of the interface (by its image name or C++ name).");
   bind_hot_module_state(c);
+  bind_hot_module_graphs(c);
   bind_hot_module_upkeep(c);
 }
 

@@ -142,12 +142,15 @@ struct hot_module::state {
   struct tracked_graph {
     CUgraph graph = nullptr;
     CUgraphExec exec = nullptr;
+    std::string name;  // for messages: "graph 'name'", or "a graph" when empty
     std::vector<std::pair<CUgraphNode, std::size_t>> nodes;  // node, interface kernel index
     /// The version its nodes launch; 0 when unknown (a failed undo): launch_graph() retargets.
     std::uint64_t bound_version = 0;
     std::mutex mutex;  // a graph exec is not thread-safe: retarget and launch one at a time
   };
 
+  /// "graph 'name'", or "a graph" for one tracked without a name (for messages).
+  static std::string graph_name(const tracked_graph& g);
   /// Makes `node` of `g` launch `function`: in the instantiated graph first, then in the graph
   /// itself (so that later instantiations agree). `steps` counts what changed, for undo.
   void set_node_function(tracked_graph& g, CUgraphNode node, std::size_t index, CUfunction function,
@@ -197,6 +200,23 @@ struct hot_module::state {
   std::mutex swap_mutex;  // one promote or rollback at a time, before graphs_mutex
   std::mutex graphs_mutex;
   std::vector<std::unique_ptr<tracked_graph>> graphs;
+
+  /// A kernel node a hot_kernel::capture() added to a stream capture's graph, remembered until
+  /// track_graph() of that graph takes it (or a newer capture into the same handle drops it).
+  struct captured_node {
+    CUgraph graph;
+    std::uint64_t capture_id;
+    CUgraphNode node;
+    std::size_t index;  // interface kernel index
+  };
+  /// Bounds the captures remembered but never tracked (an abandoned capture leaves its nodes).
+  static constexpr std::size_t max_captured_nodes = 1u << 16;
+  std::mutex captured_mutex;
+  std::vector<captured_node> captured;
+  /// Remembers the node a capture on `stream` just added for kernel `index` (hot_kernel::capture).
+  void note_captured(CUstream stream, std::size_t index, const std::string& kernel_name);
+  /// The captured nodes of `graph`, taken off the list.
+  std::vector<captured_node> take_captured(CUgraph graph);
 
   hot_module_options options;
   std::atomic<std::uint64_t> reclaim_failures{0};

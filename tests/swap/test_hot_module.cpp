@@ -236,6 +236,63 @@ TEST_F(HotModule, AGraphWithoutItsKernelsCannotBeTracked) {
   cu.cuGraphDestroy(graph);
 }
 
+// A launch under stream capture (torch.cuda.graph, cuStreamBeginCapture) is remembered by its
+// node: the graph, instantiated after a promote, still launches the version it captured until
+// track_graph() points it at the serving one, and then follows promotes and rollbacks.
+TEST_F(HotModule, CapturedLaunchesAreFollowedOnceTheGraphIsTracked) {
+  const auto& cu = cubridge::driver::api();
+  auto k = hot_->get_kernel("write_version");
+  auto s = cubridge::stream::create(*ctx_);
+  ASSERT_EQ(cu.cuStreamBeginCapture(s.get(), CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), CUDA_SUCCESS);
+  EXPECT_EQ(k.capture({.block = {256}, .stream = s}, out_->span()), 1u);
+  CUgraph graph = nullptr;
+  ASSERT_EQ(cu.cuStreamEndCapture(s.get(), &graph), CUDA_SUCCESS);
+  EXPECT_EQ(hot_->promote(hot_->stage(hot_image("v2"))), 2u) << "between capture and tracking";
+  CUgraphExec exec = nullptr;
+  ASSERT_EQ(cu.cuGraphInstantiateWithFlags(&exec, graph, 0), CUDA_SUCCESS);
+  hot_->track_graph(graph, exec, "captured");
+  const auto followed = hot_->graphs();
+  ASSERT_EQ(followed.size(), 1u);
+  EXPECT_EQ(followed[0].name, "captured");
+  EXPECT_EQ(followed[0].version, 2u);
+  EXPECT_EQ(followed[0].nodes, 1u);
+  auto run_graph = [&] {
+    const auto id = hot_->launch_graph(exec, s);
+    s.synchronize();
+    return std::pair{id, read_back(*out_, 255)};
+  };
+  EXPECT_EQ(run_graph(), (std::pair<std::uint64_t, unsigned>{2, 2}))
+      << "pointed at v2 when tracked";
+  hot_->rollback();
+  EXPECT_EQ(run_graph(), (std::pair<std::uint64_t, unsigned>{1, 1})) << "and follows a rollback";
+  // A replay through a callable (torch's CUDAGraph.replay) runs under the graph's lock.
+  std::uint64_t ran = hot_->launch_graph(
+      exec, s, [&] { ASSERT_EQ(cu.cuGraphLaunch(exec, s.get()), CUDA_SUCCESS); });
+  s.synchronize();
+  EXPECT_EQ(ran, 1u);
+  hot_->untrack_graph(exec);
+  EXPECT_TRUE(hot_->graphs().empty());
+  EXPECT_EQ(cu.cuGraphExecDestroy(exec), CUDA_SUCCESS);
+  EXPECT_EQ(cu.cuGraphDestroy(graph), CUDA_SUCCESS);
+}
+
+TEST_F(HotModule, ACaptureOnAStreamThatIsNotCapturingIsRefusedBeforeLaunching) {
+  auto k = hot_->get_kernel("write_version");
+  auto s = cubridge::stream::create(*ctx_);
+  const auto& cu = cubridge::driver::api();
+  ASSERT_EQ(cu.cuMemsetD32(out_->address(), 0, 256), CUDA_SUCCESS);
+  try {
+    (void)k.capture({.block = {256}, .stream = s}, out_->span());
+    ADD_FAILURE() << "captured on a stream that is not capturing";
+  } catch (const cubridge::error& e) {
+    EXPECT_TRUE(e.is(cubridge::errc::precondition)) << e.what();
+    EXPECT_NE(std::string(e.what()).find("not capturing (no capture)"), std::string::npos)
+        << e.what();
+  }
+  s.synchronize();
+  EXPECT_EQ(read_back(*out_, 255), 0u) << "nothing ran";
+}
+
 TEST_F(HotModule, LaunchConfigurationsInUseMustFitANewVersion) {
   auto k = hot_->get_kernel("write_version");
   // Before any wide launch, a version limited to 128 threads per block fits.
@@ -416,7 +473,7 @@ TEST_F(HotModule, APromoteWhoseGraphUpdateFailsSwitchesNothing) {
   CUgraphExec exec = nullptr;
   ASSERT_EQ(cu.cuGraphInstantiateWithFlags(&exec, graph, 0), CUDA_SUCCESS);
   (void)k.add_graph_node(graph, node_config, late_out.span());  // not in `exec`
-  hot_->track_graph(graph, exec);
+  hot_->track_graph(graph, exec, "late node");
   auto function_of = [&](CUgraphNode node) {
     CUDA_KERNEL_NODE_PARAMS params{};
     EXPECT_EQ(cu.cuGraphKernelNodeGetParams(node, &params), CUDA_SUCCESS);
@@ -431,6 +488,7 @@ TEST_F(HotModule, APromoteWhoseGraphUpdateFailsSwitchesNothing) {
     EXPECT_EQ(e.source(), cubridge::error_source::driver) << what;
     EXPECT_NE(what.find("cuGraphExecKernelNodeSetParams"), std::string::npos) << what;
     EXPECT_NE(what.find("retargeted to version 2"), std::string::npos) << what;
+    EXPECT_NE(what.find("in graph 'late node' of module"), std::string::npos) << what;
   }
   EXPECT_EQ(hot_->stats().current_id, 1u);
   EXPECT_EQ(hot_->stats().promotions, 0u);

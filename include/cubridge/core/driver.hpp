@@ -30,7 +30,7 @@ namespace cubridge::driver {
   X(cuMemCreate) X(cuMemRelease) X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemMap)         \
   X(cuMemUnmap) X(cuMemSetAccess) X(cuMemGetAllocationGranularity)                              \
   X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamSynchronize) X(cuStreamGetCtx)                 \
-  X(cuStreamWaitEvent) X(cuStreamQuery)                                                         \
+  X(cuStreamWaitEvent) X(cuStreamQuery) X(cuStreamGetCaptureInfo) X(cuStreamIsCapturing) X(cuStreamBeginCapture) X(cuStreamEndCapture)                           \
   X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) X(cuEventSynchronize) X(cuEventQuery)     \
   X(cuEventElapsedTime)                                                                         \
   X(cuModuleLoadDataEx) X(cuModuleUnload) X(cuModuleGetFunction) X(cuModuleGetGlobal)           \

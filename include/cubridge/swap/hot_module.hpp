@@ -200,6 +200,14 @@ struct hot_module_options {
 class hot_kernel;
 class hot_module_group;
 
+/// A CUDA graph a hot module follows (hot_module::graphs()).
+struct followed_graph {
+  std::string name;  ///< as track_graph() was given it (may be empty)
+  CUgraphExec exec = nullptr;
+  std::uint64_t version = 0;  ///< the version its nodes launch; 0 if unknown (a failed undo)
+  std::size_t nodes = 0;      ///< its kernel nodes that launch this module
+};
+
 /// The serving version of a hot module, pinned: launches through it (hot_kernel::launch with a
 /// pinned_version) use this version whatever is promoted meanwhile, and it stays loaded while
 /// the pin lives and until the work launched through it completed. For a step of several
@@ -282,19 +290,32 @@ class hot_module final : public swap_target {
                                  const stage_options& options,
                                  promote_condition condition) override;
 
-  /// Follows an instantiated CUDA graph whose kernel nodes launch kernels of this module (e.g.
-  /// added with hot_kernel::add_graph_node): after each promote or rollback its nodes are
-  /// retargeted to the current version (cuGraphExecKernelNodeSetParams, and the graph's own
-  /// nodes so later instantiations agree). Launch it with launch_graph(), which keeps the
-  /// version it ran loaded until that work completed. `graph` and `exec` must stay alive until
-  /// untrack_graph(). @throws error (errc::precondition) if no node launches this module.
-  void track_graph(CUgraph graph, CUgraphExec exec);
+  /// Follows an instantiated CUDA graph whose kernel nodes launch kernels of this module: the
+  /// nodes hot_kernel::capture() added to it while it was captured (a torch.cuda.graph, a
+  /// stream capture), and the nodes that launch the serving version's kernels (e.g. added with
+  /// hot_kernel::add_graph_node). They are pointed at the serving version now (a promote may
+  /// have come between capture and instantiation) and after each promote or rollback
+  /// (cuGraphExecKernelNodeSetParams, and the graph's own nodes so later instantiations agree).
+  /// Launch it with launch_graph(), which keeps the version it ran loaded until that work
+  /// completed. `graph` and `exec` must stay alive until untrack_graph(). `name` names the
+  /// graph in errors ("graph 'name'"). @throws error (errc::precondition) if no node launches
+  /// this module; error naming the graph if the driver refuses a node.
+  void track_graph(CUgraph graph, CUgraphExec exec, std::string name = {});
   /// Stops following `exec`. Not concurrently with launch_graph(exec).
   void untrack_graph(CUgraphExec exec);
   /// Launches a tracked graph on `stream` (cuGraphLaunch), on the current version. Returns the
   /// id of the version it ran. @throws error naming the module and the graph; error
   /// (errc::precondition) for the per-thread default stream, as hot_kernel::launch.
   std::uint64_t launch_graph(CUgraphExec exec, stream_ref stream) const;
+  /// As launch_graph(exec, stream), with `launch` enqueuing the graph on `stream` instead of
+  /// cuGraphLaunch (torch's CUDAGraph.replay, which also advances the graph's random-number
+  /// state). No promote or rollback switches this graph while `launch` runs, so a replay never
+  /// runs a mix of old and new nodes, and the version it ran stays loaded until the work on
+  /// `stream` completed. What `launch` throws passes (nothing was noted).
+  std::uint64_t launch_graph(CUgraphExec exec, stream_ref stream,
+                             const std::function<void()>& launch) const;
+  /// The graphs followed now, each with its name, the version its nodes launch and how many.
+  [[nodiscard]] std::vector<followed_graph> graphs() const;
 
   /// Pins the serving version for launches that must all run it (pinned_version).
   [[nodiscard]] pinned_version pin() const;
@@ -381,6 +402,27 @@ class hot_kernel {
     return lease.id();
   }
 
+  /// As launch(config, args...), into the stream capture `config.stream` is under (a
+  /// torch.cuda.graph, a cuStreamBeginCapture): the kernel node it adds is remembered, so that
+  /// hot_module::track_graph() of the graph the capture makes follows that node, whatever
+  /// version serves by then. The version it captured is not kept loaded for the graph until the
+  /// graph is tracked: track it before its first launch. Never mirrored for a probation.
+  /// Returns the id of the version it captured. @throws error (errc::precondition) if the stream
+  /// is not capturing; as launch(config, args...).
+  template <class... Args>
+  std::uint64_t capture(const launch_config& config, const Args&... args) const {
+    auto lease = acquire(config);
+    expect_capturing(config);
+    try {
+      lease.payload().kernels[index_].launch(config, args...);
+    } catch (...) {
+      count_failure(lease.payload());
+      throw;
+    }
+    captured(lease, config);
+    return lease.id();
+  }
+
   /// As launch(config, args...), on the version `pinned` holds (hot_module::pin()) instead of
   /// the current one. Returns its id. @throws error (errc::precondition) for a version pinned
   /// from another hot module; as launch(config, args...).
@@ -426,6 +468,11 @@ class hot_kernel {
   [[nodiscard]] const chain::lease& checked_pin(const pinned_version& pinned,
                                                 const launch_config& config) const;
   void finish(const chain::lease& lease, const launch_config& config) const;
+  /// Refuses a capture() on a stream that is not capturing (hot_module_graphs.cpp).
+  void expect_capturing(const launch_config& config) const;
+  /// A capture()'s finish: counts it and remembers its node (not the stream: the reclaimer's
+  /// event on a capturing stream would join the capture).
+  void captured(const chain::lease& lease, const launch_config& config) const;
   /// While a probation mirrors launches (probation_every_ not 0): counts the launch, and says
   /// whether it is one to mirror (hot_module_probation.cpp).
   [[nodiscard]] bool sampled() const noexcept;
