@@ -22,6 +22,7 @@ With a GPU, beside torch or CuPy (which use the device's primary context):
     >>> scale.launch(cfg, x, 2.0, n)                       # x: a torch tensor; checked
     >>> hot = cubridge.HotModule("filters", cubin_v1, ctx) # hot swap
     >>> hot.promote(hot.stage(cubin_v2, smoke_test=check))
+    >>> hot.prewarm((hot.get_kernel("scale"), cfg, x, 1.0, 0))  # first launch costs paid now
     >>> guest = cubridge.GuestContext(name="vendor-fft")  # third-party code in its own context
     >>> with guest:
     ...     vendor.run()                                   # GuestError for what it broke
@@ -53,9 +54,12 @@ from ._cubridge import (BundleManifest, Context, ContextRef, Device, DeviceView,
                         before_stream_destroy, current_context, device_count, devices, driver_available,
                         exit_when_poisoned, generate_keypair, health, kernel_signature,
                         scoped_current, sign_bundle, unmangled_name, verify_bundle)
+from ._prewarm import _hot_module_prewarm, prewarm
 from ._errors import (BundleError, CompileError, ContextResetError, DriverUnavailable, Error,
                       FleetError, GuestError, ImageError, IOFailure, LaunchArgumentError, PreconditionError,
                       ProbationError, SandboxError, VersionRejected)
+
+HotModule.prewarm = _hot_module_prewarm  # written in Python, over HotModule._prewarm_load
 
 # The fleet's two sides, where the extension was built with the fleet layer (libnats): always in
 # the wheel and in builds by scripts/setup; `has_fleet` says.
@@ -103,7 +107,7 @@ def compile_cuda(source: str, arch: str = "sm_90", *, name: str = "kernel.cu",
 
 
 __all__ = [
-    "doctor", "inspect", "compile_cuda", "device_count", "driver_available", "generate_keypair",
+    "doctor", "inspect", "compile_cuda", "prewarm", "device_count", "driver_available", "generate_keypair",
     "devices", "Device", "Context", "PrimaryContext", "ContextRef", "current_context",
     "scoped_current", "Stream", "before_stream_destroy", "LaunchConfig", "Module", "Kernel", "DeviceView",
     "kernel_signature", "unmangled_name", "HotModule", "HotKernel", "HotModuleStats", "HotModuleGroup",

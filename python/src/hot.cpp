@@ -295,8 +295,7 @@ void bind_hot_module_state(nb::class_<py_hot_module>& c) {
 void bind_hot_module_graphs(nb::class_<py_hot_module>& c) {
   c.def(
        "track_graph",
-       [](const py_hot_module& h, std::uintptr_t graph, std::uintptr_t exec,
-          const std::string& name) {
+       [](py_hot_module& h, std::uintptr_t graph, std::uintptr_t exec, const std::string& name) {
          nb::gil_scoped_release unlocked;
          h.hot.track_graph(reinterpret_cast<CUgraph>(graph), reinterpret_cast<CUgraphExec>(exec),
                            name);
@@ -308,7 +307,7 @@ void bind_hot_module_graphs(nb::class_<py_hot_module>& c) {
        "and rollback. `name` names it in errors.")
       .def(
           "untrack_graph",
-          [](const py_hot_module& h, std::uintptr_t exec) {
+          [](py_hot_module& h, std::uintptr_t exec) {
             nb::gil_scoped_release unlocked;
             h.hot.untrack_graph(reinterpret_cast<CUgraphExec>(exec));
           },
@@ -348,9 +347,33 @@ void bind_hot_module_graphs(nb::class_<py_hot_module>& c) {
           "The graphs followed: [{'name', 'exec', 'version' (its nodes launch), 'nodes'}].");
 }
 
+nb::list prewarm_steps(const prewarm_report& report) {
+  nb::list out;
+  for (const auto& step : report.steps) {
+    nb::dict d;
+    d["what"] = step.what;
+    d["milliseconds"] = step.milliseconds;
+    d["already_done"] = step.already_done;
+    out.append(d);
+  }
+  return out;
+}
+
 // HotModule's upkeep: reclaim, and reload_from (a HotReloader on a watched directory).
 void bind_hot_module_upkeep(nb::class_<py_hot_module>& c) {
   c.def(
+       "_prewarm_load",
+       [](const py_hot_module& h) {
+         prewarm_report report;
+         {
+           nb::gil_scoped_release unlocked;
+           report = h.hot.prewarm();
+         }
+         return prewarm_steps(report);
+       },
+       "Loads the serving version's kernels (HotModule.prewarm does this, then the warm-up "
+       "launches).")
+      .def(
        "reclaim",
        [](const py_hot_module& h) {
          nb::gil_scoped_release unlocked;
@@ -423,6 +446,14 @@ void bind_hot_module(nb::module_& m) {
 }  // namespace
 
 void bind_hot_modules(nb::module_& m) {
+  m.def(
+      "_synchronize_stream",
+      [](nb::handle stream) {
+        const auto s = as_stream(stream);
+        nb::gil_scoped_release unlocked;
+        s.synchronize();
+      },
+      nb::arg("stream"), "Waits for `stream` (any stream LaunchConfig takes; None: legacy).");
   bind_probation_policy(m);  // before HotModule, whose stage() takes one
   bind_staged(m);
   bind_hot_kernel(m);

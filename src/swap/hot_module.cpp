@@ -264,6 +264,14 @@ pinned_version hot_module::pin() const {
   return {s.versions.acquire(), s.serial};
 }
 
+prewarm_report hot_module::prewarm() const {
+  auto& s = checked();
+  const auto serving = s.versions.acquire();  // held: no unload while its kernels load
+  prewarm_plan plan;
+  for (const auto& k : serving.payload().kernels) plan.kernel(k);
+  return plan.run(s.ctx.ref());
+}
+
 held_versions hot_module::versions() const {
   return checked().versions.held();
 }

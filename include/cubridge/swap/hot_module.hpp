@@ -24,6 +24,7 @@
 #include <cubridge/core/kernel.hpp>
 #include <cubridge/core/kernel_arguments.hpp>
 #include <cubridge/core/module.hpp>
+#include <cubridge/core/prewarm.hpp>
 #include <cubridge/swap/error.hpp>
 #include <cubridge/swap/probation.hpp>
 #include <cubridge/swap/swap_target.hpp>
@@ -319,6 +320,13 @@ class hot_module final : public swap_target {
 
   /// Pins the serving version for launches that must all run it (pinned_version).
   [[nodiscard]] pinned_version pin() const;
+
+  /// Loads every kernel of the serving version in the module's context (prewarm_plan::kernel:
+  /// cuFuncLoad under lazy loading), so that its first launch does not pay for it; a kernel
+  /// loaded already (staging validates each kernel's limits, which loads it) is reported as
+  /// already_done. A warm-up launch is the caller's: only it knows a harmless one.
+  /// @throws error naming the kernel that failed to load.
+  prewarm_report prewarm() const;
 
   /// The serving version, the rollback target and the retired versions not yet unloaded, each
   /// with its chain id and origin, at one instant: the one record of which version serves and
