@@ -7,6 +7,7 @@
 #include "inspect.hpp"
 #include "update/update_commands.hpp"
 
+#include <cubridge/bundle/bundle.hpp>
 #include <cubridge/core/compute_capability.hpp>
 #include <cubridge/core/error.hpp>
 #include <cubridge/core/image.hpp>
@@ -19,6 +20,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace {
 
@@ -37,24 +39,30 @@ namespace {
 
 using namespace cubridge::tool;
 
-/// `inspect FILE [--json] [--sm SM]`.
+/// `inspect FILE [--json] [--sm SM] [--key PUBLIC_KEY_FILE]...`.
 struct inspect_options {
   std::string image_path;
   bool json = false;
   std::string check_sm;
+  std::vector<std::string> key_files;
 };
 
 int run_inspect(const inspect_options& o) {
-  const auto info = cubridge::inspect_image_file(o.image_path);
-  const auto device = o.check_sm.empty() ? std::nullopt : parse_sm_option(o.check_sm);
+  std::vector<cubridge::public_key> keys;
+  for (const auto& k : o.key_files) keys.push_back(cubridge::read_public_key_file(k));
+  const auto inspected = inspect_file(o.image_path, keys);
+  // --sm asks of the image; a bundle of CUDA source has none (the receiver compiles it).
+  const auto device =
+      o.check_sm.empty() || !inspected.image ? std::nullopt : parse_sm_option(o.check_sm);
   if (o.json) {
-    auto out = describe_image(info);
-    if (device) out["runs_on_" + to_string(*device)] = cubridge::can_run_on(info, *device);
+    auto out = describe_file(inspected);
+    if (device)
+      out["runs_on_" + to_string(*device)] = cubridge::can_run_on(*inspected.image, *device);
     std::cout << out.dump(2) << "\n";
     return exit_ok;
   }
-  std::cout << render_image(info, o.image_path);
-  if (device) cubridge::require_runs_on(info, *device, o.image_path);
+  std::cout << render_file(inspected, o.image_path);
+  if (device) cubridge::require_runs_on(*inspected.image, *device, o.image_path);
   if (device) std::cout << "  runs on " << to_string(*device) << "\n";
   return exit_ok;
 }
@@ -84,10 +92,10 @@ int run(int argc, char** argv) {
   bool json = false;
   doctor->add_flag("--json", json, "Print the report as JSON");
 
-  auto* inspect =
-      app.add_subcommand("inspect", "What a cubin, fatbin or PTX file holds (no GPU needed)");
+  auto* inspect = app.add_subcommand(
+      "inspect", "What a cubin, fatbin, PTX file or signed bundle holds (no GPU needed)");
   inspect_options inspected;
-  inspect->add_option("file", inspected.image_path, "The image file")->required();
+  inspect->add_option("file", inspected.image_path, "The image or bundle file")->required();
   inspect->add_flag("--json", inspected.json, "Print the result as JSON");
   inspect
       ->add_option("--sm", inspected.check_sm,
@@ -98,6 +106,10 @@ int run(int argc, char** argv) {
             return "'" + text + "' is not a device compute capability: give e.g. 90 or sm_90";
           },
           "SM", "compute capability"));
+  inspect
+      ->add_option("--key", inspected.key_files,
+                   "Verify a bundle's signature with this public key file (repeatable)")
+      ->allow_extra_args(false);  // `--key K FILE`: FILE is the file, not a second key
 
   // `coldstart`, and `coldstart-probe`, the hidden child it runs once per measurement.
   coldstart::command coldstart_command(app);

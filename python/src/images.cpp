@@ -2,6 +2,7 @@
 #include "bindings.hpp"
 #include "inspect.hpp"
 
+#include <cubridge/bundle/bundle.hpp>
 #include <cubridge/core/compute_capability.hpp>
 #include <cubridge/core/image.hpp>
 
@@ -10,7 +11,9 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <filesystem>
 #include <string>
+#include <vector>
 
 namespace nb = nanobind;
 
@@ -22,6 +25,16 @@ std::optional<std::string> ptx_version_text(const image_target& t) {
   return std::to_string(t.ptx_version->major) + "." + std::to_string(t.ptx_version->minor);
 }
 
+/// What `cubridge inspect FILE [--key KEY]... [--json]` prints, from the tool's own code.
+std::string inspect_report(const std::filesystem::path& path,
+                           const std::vector<std::filesystem::path>& key_files, bool json) {
+  std::vector<public_key> keys;
+  for (const auto& k : key_files) keys.push_back(read_public_key_file(k));
+  const auto inspected = tool::inspect_file(path, keys);
+  return json ? tool::describe_file(inspected).dump(2) + "\n"
+              : tool::render_file(inspected, path.string());
+}
+
 }  // namespace
 
 void bind_images(nb::module_& m) {
@@ -29,6 +42,10 @@ void bind_images(nb::module_& m) {
       .def_ro("name", &image_kernel::name, "The name as in the image (mangled for C++ kernels).")
       .def_ro("parameter_sizes", &image_kernel::parameter_sizes,
               "Size in bytes of each parameter in order; None where the image does not say.")
+      .def_prop_ro(
+          "demangled", [](const image_kernel& k) { return tool::demangled_name(k.name); },
+          "The C++ name ('void scale<float>(float*, float, unsigned long)'); None for an "
+          "extern \"C\" name.")
       .def("__repr__", [](const image_kernel& k) { return "<ImageKernel " + k.name + ">"; });
 
   nb::class_<image_target>(m, "ImageTarget", "One piece of code in an image (or fatbin entry).")
@@ -80,6 +97,10 @@ void bind_images(nb::module_& m) {
         "inspect_image of the file at `path`.");
   m.def("render_image", &tool::render_image, nb::arg("info"), nb::arg("file"),
         "The image as `cubridge inspect FILE` prints it for people.");
+  m.def("inspect_report", &inspect_report, nb::arg("path"),
+        nb::arg("key_files") = std::vector<std::filesystem::path>{}, nb::arg("json") = false,
+        "What `cubridge inspect FILE [--key KEY]... [--json]` prints: an image, or a bundle "
+        "(told by its magic) read or, with key_files, verified (BundleError when refused).");
 }
 
 }  // namespace cubridge::python

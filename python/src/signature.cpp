@@ -1,20 +1,15 @@
 #include "signature.hpp"
 
-#include <cxxabi.h>
+#include "inspect.hpp"  // tools/: tool::demangled_name, the one demangler
 
 #include <array>
-#include <cstdlib>
-#include <memory>
 #include <utility>
 
 namespace cubridge::python {
 namespace {
 
 std::string demangle(const std::string& mangled) {
-  int status = 0;
-  const std::unique_ptr<char, void (*)(void*)> text(
-      abi::__cxa_demangle(mangled.c_str(), nullptr, nullptr, &status), &std::free);
-  return status == 0 && text ? std::string(text.get()) : std::string();
+  return tool::demangled_name(mangled).value_or(std::string());
 }
 
 std::string_view trim(std::string_view s) {

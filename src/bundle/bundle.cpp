@@ -47,10 +47,9 @@ namespace {
 using namespace bundle_internal;
 using detail::ensure_sodium;
 
-constexpr std::string_view magic = "CUBRIDGEB";
+constexpr std::string_view magic = bundle_magic;
 constexpr std::uint8_t format_version = 1;
 constexpr std::string_view signature_domain = "cubridge bundle v1";
-constexpr std::size_t signature_bytes = 64;
 constexpr std::size_t header_bytes = 9 + 1;  // magic, format version
 
 static_assert(crypto_sign_BYTES == signature_bytes);
@@ -134,16 +133,12 @@ namespace {
 
 constexpr const char* verify_call = "verify_bundle";
 
-// A bundle's parts, found by its lengths; spans into the bytes verify_bundle was given.
-struct bundle_parts {
-  std::span<const std::byte> manifest;
-  std::span<const std::byte> payload;
-  std::span<const std::byte, signature_bytes> signature;
-};
+}  // namespace
 
-// Steps 1 to 3: size, magic and format version, lengths.
-bundle_parts split_bundle(std::span<const std::byte> bytes, const verify_limits& limits) {
-  constexpr const char* call = verify_call;
+// Steps 1 to 3: size, magic and format version, lengths. Also read_bundle_unverified's.
+bundle_internal::bundle_parts bundle_internal::split_bundle(std::span<const std::byte> bytes,
+                                                            const verify_limits& limits,
+                                                            const char* call) {
   // 1. Size, before reading a single byte.
   if (bytes.size() > limits.max_bundle_bytes)
     refuse(
@@ -185,6 +180,8 @@ bundle_parts split_bundle(std::span<const std::byte> bytes, const verify_limits&
            std::to_string(rest.size() - signature_bytes) + " bytes after the signature");
   return {manifest_bytes, payload, rest.first<signature_bytes>()};
 }
+
+namespace {
 
 // Steps 5 and 6: the key id trusted, the signature.
 void check_signature(const bundle_manifest& manifest, std::string_view manifest_text,
@@ -291,7 +288,7 @@ void check_device(const bundle_manifest& manifest, std::optional<image_info>& im
 
 verified_bundle verify_bundle(std::span<const std::byte> bytes, const trusted_keys& keys,
                               const verify_limits& limits) {
-  const auto parts = split_bundle(bytes, limits);  // 1 to 3
+  const auto parts = split_bundle(bytes, limits, verify_call);  // 1 to 3
   // 4. Manifest syntax and schema.
   const std::string_view manifest_text(reinterpret_cast<const char*>(parts.manifest.data()),
                                        parts.manifest.size());

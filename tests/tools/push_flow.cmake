@@ -64,4 +64,4 @@ compiled [^\n]*hot_kernels.cu for sm_90 [^\n]*\npromoted 'filters' v6 \\(was v5\
 step(push_dead_port 75 "^cubridge: cannot reach http://127\\.0\\.0\\.1:1: could not connect[^\n]*\n$"
      ${TOOL} push http://127.0.0.1:1 f3.bundle)
 file(WRITE ${WORK_DIR}/garbage.bundle "hello")
-step(push_not_a_bundle 1 "not a cubridge bundle" ${TOOL} push http://127.0.0.1:1 garbage.bundle)
+step(push_not_a_bundle 1 "bundle refused, bad_magic" ${TOOL} push http://127.0.0.1:1 garbage.bundle)

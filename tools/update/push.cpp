@@ -8,6 +8,7 @@
 #include "update/update_commands.hpp"
 
 #include <cubridge/bundle/rollback_request.hpp>
+#include <cubridge/bundle/unverified_bundle.hpp>
 #include <cubridge/compile/machine_code.hpp>
 #include <cubridge/core/compute_capability.hpp>
 #include <cubridge/core/detail/file_io.hpp>
@@ -286,7 +287,7 @@ int update_commands::push() const {
         throw usage_error("--expires is signed into a bundle; " + file.string() +
                           " is signed already (give --expires to `cubridge sign`)");
       bundle = read_input(file, max_input_bytes, "bundle").bytes;
-      m = peek_manifest(bundle);
+      m = read_bundle_unverified(bundle).manifest;
     } else {
       if (a.key.empty() || a.version == 0) {
         std::cerr << "cubridge: pushing " << file.string()

@@ -113,31 +113,6 @@ std::vector<std::byte> sign_payload(const signing_request& request,
   return bundle;
 }
 
-bundle_manifest peek_manifest(std::span<const std::byte> bundle) {
-  // Layout per docs/bundle-format.md: magic (9), format (1), manifest length (4, LE), manifest.
-  auto refuse = [](bundle_reason reason, const std::string& why) {
-    throw bundle_error(reason, "read bundle", why);
-  };
-  if (bundle.size() < 14 || std::memcmp(bundle.data(), "CUBRIDGEB", 9) != 0)
-    refuse(bundle_reason::bad_magic, "not a cubridge bundle (no CUBRIDGEB header)");
-  std::uint32_t length = 0;
-  for (int i = 3; i >= 0; --i)
-    length =
-        (length << 8) | std::to_integer<std::uint32_t>(bundle[10 + static_cast<std::size_t>(i)]);
-  if (length > bundle.size() - 14) refuse(bundle_reason::malformed, "truncated in the manifest");
-  const auto json = nlohmann::json::parse(
-      reinterpret_cast<const char*>(bundle.data()) + 14,
-      reinterpret_cast<const char*>(bundle.data()) + 14 + length, nullptr, false);
-  if (!json.is_object() || !json.contains("name") || !json["name"].is_string() ||
-      !json.contains("version") || !json["version"].is_number_unsigned())
-    refuse(bundle_reason::malformed_manifest, "manifest has no name and version");
-  bundle_manifest m;
-  m.name = json["name"].get<std::string>();
-  m.version = json["version"].get<std::uint64_t>();
-  if (json.contains("target") && json["target"].is_string()) m.target = json["target"];
-  return m;
-}
-
 int update_commands::sign() const {
   signing_request request{sign_args_.file,
                           sign_args_.key,

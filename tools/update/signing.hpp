@@ -69,8 +69,4 @@ struct signing_key {
                                                   bool cuda_source, const secret_key& key,
                                                   bundle_manifest* manifest_out = nullptr);
 
-/// The manifest of a bundle, read without verifying it (the endpoint verifies).
-/// Throws cubridge::bundle_error when the bytes are not a bundle.
-[[nodiscard]] bundle_manifest peek_manifest(std::span<const std::byte> bundle);
-
 }  // namespace cubridge::tool
