@@ -103,7 +103,7 @@ def bench_retarget(ctx, arch: str, rounds: int) -> list[dict]:
         n = 4096
         x = torch.randn(n, device="cuda")
         step = total // hot_nodes
-        hot_at = set(range(step - 1, total, step))
+        hot_at = set(range(step // 2, total - 1, step))
 
         def body(launch_hot):
             buf = x.clone()

@@ -23,11 +23,12 @@ CUDA graphs follow promotes. A launch under stream capture adds a kernel node cu
 (``HotKernel.capture``); when the capture ends the graph is instantiated and tracked by the hot
 module, which points its nodes at the serving version on every promote and rollback
 (``cuGraphExecKernelNodeSetParams``: no recapture, no re-instantiation). For that, cubridge
-wraps four methods of ``torch.cuda.CUDAGraph`` once a hot op exists (or :func:`follow_graphs`
-is called): new graphs keep their ``cudaGraph_t`` (``keep_graph=True`` becomes the default, and
-they are instantiated at ``capture_end`` as torch's default does), ``capture_end`` tracks,
-``replay`` holds the graph against a concurrent switch (a replay never runs a mix of versions,
-and the version it ran stays loaded until its work completed) and ``reset`` untracks.
+wraps methods of ``torch.cuda.CUDAGraph`` once a hot op exists (or :func:`follow_graphs` is
+called): new graphs keep their ``cudaGraph_t`` (``keep_graph=True`` becomes ``__init__``'s
+default, and they are instantiated at ``capture_end`` as torch's default does), ``capture_end``
+tracks, ``replay`` holds the graph against a concurrent switch (a replay never runs a mix of
+versions, and the version it ran stays loaded until its work completed), ``instantiate``
+re-tracks the new executable graph and ``reset`` untracks.
 """
 
 from __future__ import annotations
@@ -49,8 +50,12 @@ from . import _cubridge
 from ._errors import LaunchArgumentError, PreconditionError
 from ._triton import TritonSpec, check_parameters, triton_image
 
+# Registered ops live as long as torch.library's registry, the process: not a leak to report.
+_cubridge._set_leak_warnings(False)
+
 __all__ = ["custom_op", "launch", "HotOp", "follow_graphs", "graph_versions", "TritonKernel",
            "triton_image", "TritonSpec"]
+
 
 # -- Triton ---------------------------------------------------------------------------------------
 
@@ -121,7 +126,7 @@ class TritonKernel:
         stream = torch.cuda.current_stream() if stream is None else stream
         config = self.config(grid, stream)
         full = self.arguments(grid, args)
-        if torch.cuda.is_current_stream_capturing():
+        if _is_capturing():
             _note_capturing(self.hot)
             return self.kernel.capture(config, *full)
         return self.kernel.launch(config, *full)
@@ -132,10 +137,44 @@ class TritonKernel:
 _state = threading.local()  # .op: the HotOp whose body runs; .fake: its fake implementation runs
 
 
+def _prototype(body: Callable[..., Any]) -> Callable[..., Any]:
+    """A function with `body`'s signature, its annotations resolved (a module with `from
+    __future__ import annotations` holds them as strings), for torch.library.infer_schema."""
+    hints = {name: None if hint is type(None) else hint  # torch spells "returns nothing" None
+             for name, hint in typing.get_type_hints(body).items()}
+    signature = _inspect.signature(body)
+    signature = signature.replace(
+        parameters=[p.replace(annotation=hints.get(p.name, p.annotation))
+                    for p in signature.parameters.values()],
+        return_annotation=hints.get("return", signature.return_annotation))
+
+    def prototype(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("never called")
+
+    prototype.__signature__ = signature  # type: ignore[attr-defined]
+    prototype.__annotations__ = hints
+    prototype.__name__ = body.__name__
+    return prototype
+
+
+# The current stream's handle and capture state, without making a torch.cuda.Stream per call.
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+_current_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
+_is_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing",
+                        torch.cuda.is_current_stream_capturing)
+
+
+def _current_stream() -> int:
+    if _raw_stream is not None:
+        return _raw_stream(_current_device())
+    return torch.cuda.current_stream().cuda_stream
+
+
 class HotOp:
     """A ``torch.library`` custom op launching a hot module's kernel (made by :func:`custom_op`).
 
-    Call it as a function or through ``torch.ops.<ns>.<name>``. ``last_version`` is the id of the
+    Call it as a function or through ``torch.ops.<ns>.<name>``; keep it alive as long as the op
+    is used (its torch.library registration goes with it). ``last_version`` is the id of the
     version the last eager launch (or capture) on this thread ran; graphs report theirs through
     :func:`graph_versions`.
     """
@@ -163,22 +202,20 @@ class HotOp:
         def fake(*args: Any, **kwargs: Any) -> Any:
             return op._run(True, args, kwargs)
 
-        # torch infers the schema from the signature: the body's, with its annotations resolved
-        # (a module with `from __future__ import annotations` holds them as strings).
-        hints = typing.get_type_hints(body)
-        signature = _inspect.signature(body)
-        signature = signature.replace(
-            parameters=[p.replace(annotation=hints.get(p.name, p.annotation))
-                        for p in signature.parameters.values()],
-            return_annotation=hints.get("return", signature.return_annotation))
-        for f in (implementation, fake):
-            f.__signature__ = signature  # type: ignore[attr-defined]
-            f.__annotations__ = dict(hints)
-            f.__name__ = body.__name__
-            f.__qualname__ = body.__qualname__
-        self.op = torch.library.custom_op(qualname, implementation, mutates_args=mutates_args,
-                                          device_types="cuda", schema=schema)
-        self.op.register_fake(fake)
+        if schema is None:
+            schema = torch.library.infer_schema(_prototype(body), mutates_args=mutates_args)
+        namespace, _, name = qualname.partition("::")
+        if not namespace or not name:
+            raise PreconditionError(f"custom op '{qualname}': name it 'namespace::name'")
+        # torch.library's low-level registration: the dispatcher calls the body directly for
+        # CUDA tensors (torch.library.custom_op's Python wrappers cost tens of microseconds more
+        # per call), and the fake implementation serves FakeTensor and meta tensors.
+        self._library = torch.library.Library(namespace, "FRAGMENT")
+        self._library.define(name + schema)
+        self._library.impl(name, implementation, "CUDA")
+        torch.library.register_fake(qualname, fake, lib=self._library)
+        self.op = getattr(getattr(torch.ops, namespace), name).default
+        self._configs: dict[tuple, Any] = {}
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.op(*args, **kwargs)
@@ -216,9 +253,16 @@ class HotOp:
             k = self._kernel(kernel or self.kernel_name)
             if getattr(_state, "fake", False):
                 return None
-            config = _cubridge.LaunchConfig(grid=grid, block=block, shared_mem=shared_bytes,
-                                            stream=torch.cuda.current_stream())
-            if torch.cuda.is_current_stream_capturing():
+            key = (grid if isinstance(grid, int) else tuple(grid),
+                   block if isinstance(block, int) else tuple(block), shared_bytes, _current_stream())
+            config = self._configs.get(key)
+            if config is None:
+                if len(self._configs) >= 256:  # shapes vary: keep the cache bounded
+                    self._configs.clear()
+                config = _cubridge.LaunchConfig(grid=grid, block=block, shared_mem=shared_bytes,
+                                                stream=key[3])
+                self._configs[key] = config
+            if _is_capturing():
                 _note_capturing(self.hot)
                 version = k.capture(config, *args)
             else:
@@ -297,15 +341,14 @@ def follow_graphs() -> None:
         if _installed:
             return
         graph_class = torch.cuda.CUDAGraph
-        original_new = graph_class.__new__
+        base_init = graph_class.__mro__[1].__init__  # torch._C._CUDAGraph's: takes keep_graph
         original = {name: getattr(graph_class, name)
                     for name in ("capture_begin", "capture_end", "instantiate", "replay", "reset")}
 
-        def __new__(cls, keep_graph: bool | None = None):  # type: ignore[no-untyped-def]
-            graph = original_new(cls, True if keep_graph is None else keep_graph)
+        def __init__(self, keep_graph: bool | None = None) -> None:  # type: ignore[no-untyped-def]
+            base_init(self, True if keep_graph is None else keep_graph)
             # Kept by cubridge's default, not asked for: instantiated at capture_end as torch does.
-            graph._cubridge_kept = keep_graph is None
-            return graph
+            self._cubridge_kept = keep_graph is None
 
         def capture_begin(self, *args: Any, **kwargs: Any) -> None:
             _take_capturing()  # what an abandoned capture left on this thread
@@ -314,7 +357,7 @@ def follow_graphs() -> None:
         def capture_end(self) -> None:
             original["capture_end"](self)
             modules = _take_capturing()
-            if getattr(self, "_cubridge_kept", False) or modules:
+            if modules or getattr(self, "_cubridge_kept", False):
                 try:
                     self.raw_cuda_graph()
                 except RuntimeError as e:
@@ -356,7 +399,7 @@ def follow_graphs() -> None:
                 self._cubridge_follow = None
             original["reset"](self)
 
-        graph_class.__new__ = __new__  # type: ignore[method-assign]
+        graph_class.__init__ = __init__  # type: ignore[method-assign]
         for name, f in (("capture_begin", capture_begin), ("capture_end", capture_end),
                         ("instantiate", instantiate), ("replay", replay), ("reset", reset)):
             f.__doc__ = original[name].__doc__

@@ -374,12 +374,12 @@ void bind_hot_module_upkeep(nb::class_<py_hot_module>& c) {
        "Loads the serving version's kernels (HotModule.prewarm does this, then the warm-up "
        "launches).")
       .def(
-       "reclaim",
-       [](const py_hot_module& h) {
-         nb::gil_scoped_release unlocked;
-         return h.hot.reclaim();
-       },
-       "Unloads the retired versions that can be unloaded now; returns how many.")
+          "reclaim",
+          [](const py_hot_module& h) {
+            nb::gil_scoped_release unlocked;
+            return h.hot.reclaim();
+          },
+          "Unloads the retired versions that can be unloaded now; returns how many.")
       .def(
           "reload_from",
           [](nb::object self, const std::string& directory, nb::object smoke_test,

@@ -61,6 +61,10 @@ NB_MODULE(_cubridge, m) {
   m.doc() = "cubridge's C++ library; use the package `cubridge`, which wraps this module.";
   m.attr("__version__") = std::string(cubridge::version());
   register_errors(m);
+  // torch.library keeps a registered op (and the HotModule its body closes over) until the
+  // process ends: cubridge.torch turns nanobind's exit-time leak report off for that reason.
+  m.def("_set_leak_warnings", &nanobind::set_leak_warnings, nanobind::arg("enabled"),
+        "Turns nanobind's report of objects alive at exit on or off.");
   bind_images(m);
   bind_bundles(m);
   bind_contexts_and_streams(m);
