@@ -4,7 +4,7 @@
 #include <cubridge/bundle/detail/signing.hpp>
 #include <cubridge/bundle/unverified_bundle.hpp>
 
-#include "gpu_test.hpp"  // only for the test image paths
+#include "gpu_test.hpp"  // the test image paths and read_bytes
 
 #include <gtest/gtest.h>
 
@@ -12,8 +12,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <fstream>
-#include <iterator>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -24,15 +22,6 @@ using cubridge::bundle_reason;
 using cubridge::read_bundle_unverified;
 using bytes = std::vector<std::byte>;
 
-bytes read_file(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  const std::vector<char> chars((std::istreambuf_iterator<char>(in)),
-                                std::istreambuf_iterator<char>());
-  bytes out(chars.size());
-  std::memcpy(out.data(), chars.data(), chars.size());
-  return out;
-}
-
 bytes as_bytes(std::string_view text) {
   bytes out(text.size());
   std::memcpy(out.data(), text.data(), text.size());
@@ -42,7 +31,7 @@ bytes as_bytes(std::string_view text) {
 class UnverifiedBundle : public ::testing::Test {
  protected:
   cubridge::keypair keys = cubridge::generate_keypair();
-  bytes cubin = read_file(cubridge::testing::test_cubin_path());  // sm_90
+  bytes cubin = cubridge::testing::read_bytes(cubridge::testing::test_cubin_path());  // sm_90
   cubridge::bundle_manifest_input input{.name = "filters", .version = 3, .target = "sm_90"};
   bytes bundle = cubridge::sign_bundle(input, cubin, keys.secret_key);
 };

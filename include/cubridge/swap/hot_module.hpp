@@ -421,12 +421,7 @@ class hot_kernel {
   std::uint64_t capture(const launch_config& config, const Args&... args) const {
     auto lease = acquire(config);
     expect_capturing(config);
-    try {
-      lease.payload().kernels[index_].launch(config, args...);
-    } catch (...) {
-      count_failure(lease.payload());
-      throw;
-    }
+    launch_counted(lease, config, args...);
     captured(lease, config);
     return lease.id();
   }
@@ -438,12 +433,7 @@ class hot_kernel {
   std::uint64_t launch(const pinned_version& pinned, const launch_config& config,
                        const Args&... args) const {
     const auto& lease = checked_pin(pinned, config);
-    try {
-      lease.payload().kernels[index_].launch(config, args...);
-    } catch (...) {
-      count_failure(lease.payload());
-      throw;
-    }
+    launch_counted(lease, config, args...);
     finish(lease, config);
     return lease.id();
   }
@@ -507,6 +497,17 @@ class hot_kernel {
   void mirror_raw(const chain::lease& lease, const launch_config& config, void** arguments) const;
   /// Counts a launch that threw against its version (in a catch block: reads the exception).
   static void count_failure(const hot_version& version) noexcept;
+  /// Launches `lease`'s kernel, counting a failure against that version before it passes.
+  template <class... Args>
+  void launch_counted(const chain::lease& lease, const launch_config& config,
+                      const Args&... args) const {
+    try {
+      lease.payload().kernels[index_].launch(config, args...);
+    } catch (...) {
+      count_failure(lease.payload());
+      throw;
+    }
+  }
   /// Raises the launch configuration a new version must fit (stage(), promote() and rollback()
   /// check it) to `config`.
   void note_usage(const launch_config& config) const noexcept;
