@@ -49,6 +49,7 @@ struct inspect_options {
 
 int run_inspect(const inspect_options& o) {
   std::vector<cubridge::public_key> keys;
+  keys.reserve(o.key_files.size());
   for (const auto& k : o.key_files) keys.push_back(cubridge::read_public_key_file(k));
   const auto inspected = inspect_file(o.image_path, keys);
   // --sm asks of the image; a bundle of CUDA source has none (the receiver compiles it).
