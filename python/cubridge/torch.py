@@ -99,24 +99,30 @@ class TritonKernel:
                                       shared_mem=self.spec.shared_bytes, stream=stream,
                                       cluster=self.spec.cluster)
 
-    def arguments(self, grid: Any, args: Sequence[Any]) -> tuple:
-        """``args`` with Triton's two scratch pointers appended (allocated with torch when the
-        kernel asks for scratch, else null)."""
+    def arguments(self, grid: Any, args: Sequence[Any], stream: Any = None) -> tuple:
+        """``args`` with Triton's two scratch pointers appended: null when the kernel asks for no
+        scratch, else a torch buffer of size x programs x CTAs (torch's allocations are 512-byte
+        aligned, more than Triton asks), kept for ``stream``'s work (record_stream)."""
         if len(args) != len(self.spec.parameters):
             raise LaunchArgumentError(
                 f"Triton kernel '{self.spec.name}' takes {len(self.spec.parameters)} arguments "
                 f"({', '.join(self.spec.parameters)}), got {len(args)}")
         programs = 1
-        for d in (grid if isinstance(grid, tuple) else (grid,)):
+        for d in (grid if isinstance(grid, (tuple, list)) else (grid,)):
             programs *= int(d)
-        scratch = []
+        scratch: list[Any] = []
         for size, align in ((self.spec.global_scratch_bytes, self.spec.global_scratch_align),
                             (self.spec.profile_scratch_bytes, self.spec.profile_scratch_align)):
             if size == 0:
                 scratch.append(0)
                 continue
-            total = size * programs * self.spec.num_ctas + align
-            buffer = torch.empty(total, dtype=torch.uint8, device="cuda")
+            if align > 512:
+                raise PreconditionError(f"Triton kernel '{self.spec.name}' asks for scratch "
+                                        f"aligned to {align} B; torch's allocations give 512")
+            buffer = torch.empty(size * programs * self.spec.num_ctas, dtype=torch.uint8,
+                                 device="cuda")
+            if isinstance(stream, torch.cuda.Stream):
+                buffer.record_stream(stream)  # freed for reuse only after that stream's work
             scratch.append(buffer)
         return (*args, *scratch)
 
@@ -125,7 +131,7 @@ class TritonKernel:
         captures it when that stream is capturing. Returns the version's id."""
         stream = torch.cuda.current_stream() if stream is None else stream
         config = self.config(grid, stream)
-        full = self.arguments(grid, args)
+        full = self.arguments(grid, args, stream)
         if _is_capturing():
             _note_capturing(self.hot)
             return self.kernel.capture(config, *full)
