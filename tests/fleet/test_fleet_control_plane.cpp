@@ -908,6 +908,8 @@ TEST_F(FleetControlPlane, APoisonedNodeSaysSoAtOnceAndFailsItsServingVersion) {
       },
       10s));
   ASSERT_TRUE(all_live(*control, 1));
+  // The beat the controller saw is counted once its publish returned.
+  ASSERT_TRUE(eventually([&] { return n1.agent->stats().heartbeats >= 1; }, 10s));
   const auto beats = n1.agent->stats().heartbeats;
 
   cubridge::note_cuda_result(CUDA_ERROR_ILLEGAL_ADDRESS, "test");
@@ -920,7 +922,10 @@ TEST_F(FleetControlPlane, APoisonedNodeSaysSoAtOnceAndFailsItsServingVersion) {
       },
       10s))
       << "no heartbeat said poisoned; " << n1.agent->stats().heartbeats << " sent";
-  EXPECT_GT(n1.agent->stats().heartbeats, beats);
+  // The agent counts a heartbeat once its publish returned, which may be after the controller
+  // has read it.
+  EXPECT_TRUE(eventually([&] { return n1.agent->stats().heartbeats > beats; }, 10s))
+      << "the poisoned heartbeat was not a new one: " << n1.agent->stats().heartbeats;
   EXPECT_EQ(beat->poisoned->error, "CUDA_ERROR_ILLEGAL_ADDRESS");
   EXPECT_EQ(beat->poisoned->call, "test");
 
