@@ -132,10 +132,7 @@ class TritonKernel:
         stream = torch.cuda.current_stream() if stream is None else stream
         config = self.config(grid, stream)
         full = self.arguments(grid, args, stream)
-        if _is_capturing():
-            _note_capturing(self.hot)
-            return self.kernel.capture(config, *full)
-        return self.kernel.launch(config, *full)
+        return _launch_or_capture(self.hot, self.kernel, config, full)
 
 
 # -- custom ops -----------------------------------------------------------------------------------
@@ -268,11 +265,7 @@ class HotOp:
                 config = _cubridge.LaunchConfig(grid=grid, block=block, shared_mem=shared_bytes,
                                                 stream=key[3])
                 self._configs[key] = config
-            if _is_capturing():
-                _note_capturing(self.hot)
-                version = k.capture(config, *args)
-            else:
-                version = k.launch(config, *args)
+            version = _launch_or_capture(self.hot, k, config, args)
         self._versions.last = version
         return version
 
@@ -313,6 +306,15 @@ def launch(grid: Any, block: Any = None, args: Sequence[Any] = (), *, shared_byt
 _capturing = threading.local()  # .modules: hot modules captured into the capture on this thread
 _installed = False
 _install_lock = threading.Lock()
+
+
+def _launch_or_capture(hot: Any, kernel: Any, config: Any, args: Sequence[Any]) -> int:
+    """Launches `kernel` of `hot` on config's stream, or, while torch's current stream is
+    capturing, captures it and remembers the module for capture_end to track the graph."""
+    if _is_capturing():
+        _note_capturing(hot)
+        return kernel.capture(config, *args)
+    return kernel.launch(config, *args)
 
 
 def _note_capturing(hot: Any) -> None:
@@ -363,7 +365,7 @@ def follow_graphs() -> None:
         def capture_end(self) -> None:
             original["capture_end"](self)
             modules = _take_capturing()
-            if modules or getattr(self, "_cubridge_kept", False):
+            if modules:
                 try:
                     self.raw_cuda_graph()
                 except RuntimeError as e:
@@ -372,7 +374,8 @@ def follow_graphs() -> None:
                         f"{_graph_name(self)} captured hot module(s) {names} but was made with "
                         "keep_graph=False: its nodes could not follow a promote. Make it with "
                         "keep_graph=True (cubridge.torch's default)") from e
-                original["instantiate"](self)
+            if modules or getattr(self, "_cubridge_kept", False):
+                original["instantiate"](self)  # a kept graph is not instantiated by torch
             if modules:
                 _track(self, modules)
 

@@ -35,6 +35,21 @@ def _state_dir(tmp_path_factory, monkeypatch):
 
 
 @pytest.fixture(scope="session")
+def torch():
+    """torch, for the GPU tests that run beside it; they skip where it is not installed."""
+    return pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="module")
+def ctx(torch):
+    """The device's primary context as torch makes it (current on this thread), adopted by
+    cubridge: the context torch's tensors and streams live in. Adopted again for each module:
+    the isolation tests reset the device in between."""
+    torch.zeros(1, device="cuda")
+    return cubridge.PrimaryContext.adopt_runtime()
+
+
+@pytest.fixture(scope="session")
 def images(tmp_path_factory) -> dict[str, pathlib.Path]:
     """test_kernels.cu as an sm_90 cubin and as a fatbin of sm_80, sm_90 and compute_90."""
     folder = tmp_path_factory.mktemp("images")

@@ -20,20 +20,10 @@ extern "C" __global__ void tag(float* out, int n) {
 N = 256
 
 
-@pytest.fixture(scope="module")
-def torch():
-    return pytest.importorskip("torch")
-
-
-@pytest.fixture(scope="module")
-def primary(torch):
-    torch.zeros(1, device="cuda")
-    return cubridge.PrimaryContext.adopt_runtime()
-
-
 @pytest.fixture()
-def contexts(primary):
-    return [primary] + [cubridge.Context.create(primary.device) for _ in range(2)]
+def contexts(ctx):
+    """torch's primary context first."""
+    return [ctx] + [cubridge.Context.create(ctx.device) for _ in range(2)]
 
 
 def build(ctx, version):

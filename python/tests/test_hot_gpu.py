@@ -20,17 +20,6 @@ __global__ void tag(float* out, const float* in, int n) {
 """
 
 
-@pytest.fixture(scope="module")
-def torch():
-    return pytest.importorskip("torch")
-
-
-@pytest.fixture(scope="module")
-def ctx(torch):
-    torch.zeros(1, device="cuda")
-    return cubridge.PrimaryContext.adopt_runtime()
-
-
 def build(ctx, version, scale=1):
     return cubridge.compile_cuda(SOURCE, ctx.device.compute_capability,
                                  defines={"VERSION": str(version), "SCALE": str(scale)})

@@ -32,17 +32,6 @@ __device__ int counter = 41;
 
 
 @pytest.fixture(scope="module")
-def torch():
-    return pytest.importorskip("torch")
-
-
-@pytest.fixture(scope="module")
-def ctx(torch):
-    torch.zeros(1, device="cuda")  # torch makes the primary context current on this thread
-    return cubridge.PrimaryContext.adopt_runtime()
-
-
-@pytest.fixture(scope="module")
 def mod(ctx):
     return cubridge.Module.from_source(SOURCE, ctx, name="test_kernels_gpu.cu")
 

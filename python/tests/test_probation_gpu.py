@@ -26,17 +26,6 @@ extern "C" __global__ void scale(float* out, const float* in, float factor, unsi
 """
 
 
-@pytest.fixture(scope="module")
-def torch():
-    return pytest.importorskip("torch")
-
-
-@pytest.fixture(scope="module")
-def ctx(torch):
-    torch.zeros(1, device="cuda")
-    return cubridge.PrimaryContext.adopt_runtime()
-
-
 def build(ctx, wrong):
     return cubridge.compile_cuda(SOURCE, ctx.device.compute_capability,
                                  defines={"WRONG": "1" if wrong else "0"})

@@ -37,12 +37,6 @@ def reference(version, x):
     return x * scale + offset
 
 
-@pytest.fixture(scope="module")
-def ctx():
-    torch.zeros(1, device="cuda")  # torch makes the primary context; cubridge adopts it
-    return cubridge.PrimaryContext.adopt_runtime()
-
-
 def image(ctx, version):
     scale, offset = AFFINE[version]
     # No fused multiply-add: torch rounds the product and the sum apart.

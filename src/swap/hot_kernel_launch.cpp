@@ -69,6 +69,10 @@ void hot_kernel::finish(const chain::lease& lease, const launch_config& config) 
     noted_stream = stream;
     noted_generation = generation;
   }
+  count_launch(lease, config);
+}
+
+void hot_kernel::count_launch(const chain::lease& lease, const launch_config& config) const {
   note_usage(config);
   // For a poison record's suspect (process_health): written only when another kernel launches,
   // so that a serving loop of one kernel reads the line and never writes it.

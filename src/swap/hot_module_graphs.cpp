@@ -47,6 +47,7 @@ bool hot_module::state::restore_node_function(tracked_graph& g, CUgraphNode node
 
 void hot_module::state::retarget(tracked_graph& g, const hot_version& to, std::uint64_t to_id) {
   if (g.bound_version == to_id) return;
+  scoped_current in_context(ctx.ref());
   for (const auto& [node, index] : g.nodes) {
     int steps = 0;
     set_node_function(g, node, index, to.kernels[index].launch_handle(), to_id, steps);
@@ -138,12 +139,9 @@ void hot_module::track_graph(CUgraph graph, CUgraphExec exec, std::string graph_
                            s.name +
                            "' (neither captured by hot_kernel::capture nor launching the "
                            "serving version)");
-  if (had_captured) {
-    // Captured nodes may launch an older version: point every node at the serving one now,
-    // before the graph's first launch.
-    scoped_current in_context(s.ctx.ref());
-    s.retarget(*tracked, current.payload(), current.id());
-  }
+  // Captured nodes may launch an older version: point every node at the serving one now,
+  // before the graph's first launch. Scanned nodes launch it already.
+  if (had_captured) s.retarget(*tracked, current.payload(), current.id());
   tracked->bound_version = current.id();
   s.graphs.push_back(std::move(tracked));
 }
@@ -211,8 +209,7 @@ void hot_kernel::expect_capturing(const launch_config& config) const {
 }
 
 void hot_kernel::captured(const chain::lease& lease, const launch_config& config) const {
-  note_usage(config);
-  lease.payload().counters->launches.fetch_add(1, std::memory_order_relaxed);
+  count_launch(lease, config);
   state_->note_captured(config.stream.get(), index_, name_);
 }
 
@@ -244,10 +241,7 @@ std::uint64_t hot_module::launch_graph(CUgraphExec exec, stream_ref stream,
                                      "' does not track (track_graph first)");
   std::lock_guard lock(g->mutex);
   const auto lease = s.versions.acquire();
-  if (g->bound_version != lease.id()) {  // a failed undo may have left it unknown
-    scoped_current in_context(s.ctx.ref());
-    s.retarget(*g, lease.payload(), lease.id());
-  }
+  s.retarget(*g, lease.payload(), lease.id());  // a failed undo may have left it unknown
   launch();
   lease.note(stream.get());
   return lease.id();

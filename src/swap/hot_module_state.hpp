@@ -159,8 +159,9 @@ struct hot_module::state {
   /// false if the driver refused.
   static bool restore_node_function(tracked_graph& g, CUgraphNode node, CUfunction function,
                                     int steps) noexcept;
-  /// Points `g`'s nodes at version `to_id`'s kernels, if they point elsewhere (launch_graph(),
-  /// which retries after a failure). Caller holds g.mutex.
+  /// Points `g`'s nodes at version `to_id`'s kernels, if they point elsewhere (track_graph(),
+  /// and launch_graph(), which retries after a failure), with the module's context current.
+  /// Caller holds g.mutex (or owns a graph not listed yet).
   void retarget(tracked_graph& g, const hot_version& to, std::uint64_t to_id);
   /// Points every tracked graph at `to`, all or nothing: on a failure, every node changed so
   /// far is pointed back at `from` and the error rethrown (a graph whose undo the driver

@@ -465,7 +465,12 @@ class hot_kernel {
   /// not the per-thread default stream.
   [[nodiscard]] const chain::lease& checked_pin(const pinned_version& pinned,
                                                 const launch_config& config) const;
+  /// A launch's finish: notes its stream for the reclaimer (once per thread and stream) and
+  /// counts it.
   void finish(const chain::lease& lease, const launch_config& config) const;
+  /// Counts a launch against its version: usage (the shapes later versions must fit), the
+  /// last kernel launched (process_health's suspect) and the version's launch counter.
+  void count_launch(const chain::lease& lease, const launch_config& config) const;
   /// Refuses a capture() on a stream that is not capturing (hot_module_graphs.cpp).
   void expect_capturing(const launch_config& config) const;
   /// A capture()'s finish: counts it and remembers its node (not the stream: the reclaimer's
